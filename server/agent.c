@@ -1,0 +1,415 @@
+/* The agent: serves workers' calls, hosts collectives or forwards them to the agent that does. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <grpc/status.h>
+
+#include <paramsync/common.h>
+
+#include "daemon.h"
+#include "log.h"
+#include "rpc/frame.h"
+
+typedef struct peer_channel {
+    char *address;
+    ps__rpc_channel_t *ch;
+    struct peer_channel *next;
+} peer_channel_t;
+
+typedef struct job_route {
+    char *job;
+    uint64_t incarnation;
+    char *hub;
+    struct job_route *next;
+} job_route_t;
+
+struct ps__agent {
+    const ps__config_t *cfg;
+    char *self;
+    ps__rpc_channel_t *coord;
+    ps__hub_t *hub;
+    pthread_mutex_t lock;
+    peer_channel_t *peers;
+    job_route_t *routes;
+};
+
+/* Control calls to the coordinator are short; a coordinator that does not
+ * answer within this is reported as unavailable. */
+#define CONTROL_TIMEOUT_MS 30000
+
+/* ---- forwarding helpers ---- */
+
+typedef struct pipe_arg {
+    ps__rpc_call_t *from, *to;
+    int client_to; /* `to` is a client call: half-close it at the end */
+} pipe_arg_t;
+
+/* Copies messages from one call to another until the stream ends. A broken
+ * source cancels the destination so the far side learns at once. */
+static void *pipe_main(void *arg)
+{
+    pipe_arg_t *p = arg;
+    for (;;) {
+        grpc_byte_buffer *bb = NULL;
+        int rc = ps__rpc_call_recv(p->from, &bb);
+        if (rc < 0) {
+            ps__rpc_call_cancel(p->to, GRPC_STATUS_CANCELLED, "the worker's stream broke");
+            break;
+        }
+        if (!bb) {
+            if (p->client_to)
+                ps__rpc_call_close_send(p->to);
+            break;
+        }
+        rc = ps__rpc_call_send(p->to, bb);
+        grpc_byte_buffer_destroy(bb);
+        if (rc < 0)
+            break;
+    }
+    return NULL;
+}
+
+static ps__rpc_channel_t *peer_channel(ps__agent_t *a, const char *address)
+{
+    pthread_mutex_lock(&a->lock);
+    peer_channel_t *p = a->peers;
+    while (p && strcmp(p->address, address) != 0)
+        p = p->next;
+    if (!p && (p = calloc(1, sizeof(*p)))) {
+        p->address = strdup(address);
+        if (!p->address || ps__rpc_channel_create(address, &p->ch) < 0) {
+            free(p->address);
+            free(p);
+            p = NULL;
+        } else {
+            p->next = a->peers;
+            a->peers = p;
+        }
+    }
+    pthread_mutex_unlock(&a->lock);
+    return p ? p->ch : NULL;
+}
+
+/* Serves a unary call by forwarding it, bytes untouched, to the coordinator. */
+static void forward_unary(ps__agent_t *a, ps__rpc_call_t *down, const char *method)
+{
+    grpc_byte_buffer *req = NULL, *resp = NULL;
+    ps__rpc_call_t *up = NULL;
+    char *msg = NULL;
+    if (ps__rpc_call_recv(down, &req) < 0 || !req) {
+        ps__rpc_call_send_status(down, GRPC_STATUS_INVALID_ARGUMENT, "missing request");
+        return;
+    }
+    int rc = ps__rpc_call_start(a->coord, method, CONTROL_TIMEOUT_MS, &up);
+    if (rc == 0) {
+        ps__rpc_call_send(up, req);
+        ps__rpc_call_close_send(up);
+        ps__rpc_call_recv(up, &resp);
+        rc = ps__rpc_call_finish(up, &msg);
+    }
+    if (rc == 0 && resp)
+        ps__rpc_call_send(down, resp);
+    if (rc == -GRPC_STATUS_UNAVAILABLE || rc == -GRPC_STATUS_DEADLINE_EXCEEDED) {
+        char m[512];
+        snprintf(m, sizeof(m), "the coordinator at %s did not answer: %s",
+                 ps__rpc_channel_target(a->coord), msg ? msg : ps_strerror(rc));
+        ps__rpc_call_send_status(down, -rc, m);
+    } else {
+        ps__rpc_call_send_status(down, -rc, msg ? msg : "");
+    }
+    free(msg);
+    if (req)
+        grpc_byte_buffer_destroy(req);
+    if (resp)
+        grpc_byte_buffer_destroy(resp);
+    ps__rpc_call_destroy(up);
+}
+
+/* ---- job lookup (for the hub and for routing) ---- */
+
+static int agent_lookup(void *arg, const char *job, ps__job_info_t *info, char **errmsg)
+{
+    ps__agent_t *a = arg;
+    Paramsync__V1__DescribeJobRequest req = PARAMSYNC__V1__DESCRIBE_JOB_REQUEST__INIT;
+    Paramsync__V1__DescribeJobResponse *resp = NULL;
+    req.job = (char *)job;
+    int rc = ps__rpc_unary(a->coord, PS_M_COORD_DESCRIBE_JOB, &req.base,
+                           &paramsync__v1__describe_job_response__descriptor,
+                           (ProtobufCMessage **)&resp, CONTROL_TIMEOUT_MS, errmsg);
+    if (rc < 0)
+        return rc;
+    memset(info, 0, sizeof(*info));
+    info->world_size = resp->world_size;
+    info->incarnation = resp->incarnation;
+    info->hub = strdup(resp->hub);
+    info->groups = calloc(resp->n_groups ? resp->n_groups : 1, sizeof(*info->groups));
+    if (!info->hub || !info->groups) {
+        ps__job_info_clear(info);
+        protobuf_c_message_free_unpacked(&resp->base, NULL);
+        return PS_ENOMEM;
+    }
+    for (size_t g = 0; g < resp->n_groups; g++) {
+        Paramsync__V1__GroupInfo *gi = resp->groups[g];
+        info->groups[g].id = gi->group;
+        info->groups[g].nranks = (int)gi->n_ranks;
+        info->groups[g].ranks = malloc((gi->n_ranks ? gi->n_ranks : 1) * sizeof(int));
+        if (info->groups[g].ranks)
+            memcpy(info->groups[g].ranks, gi->ranks, gi->n_ranks * sizeof(int));
+        info->ngroups++;
+    }
+    protobuf_c_message_free_unpacked(&resp->base, NULL);
+    return 0;
+}
+
+static void route_set(ps__agent_t *a, const char *job, uint64_t inc, const char *hub)
+{
+    pthread_mutex_lock(&a->lock);
+    job_route_t *r = a->routes;
+    while (r && strcmp(r->job, job) != 0)
+        r = r->next;
+    if (!r && (r = calloc(1, sizeof(*r)))) {
+        r->job = strdup(job);
+        r->next = a->routes;
+        a->routes = r;
+    }
+    if (r) {
+        free(r->hub);
+        r->hub = strdup(hub);
+        r->incarnation = inc;
+    }
+    pthread_mutex_unlock(&a->lock);
+}
+
+/* The hub of a job's incarnation (malloc'd), from the cache or the coordinator. */
+static char *route_get(ps__agent_t *a, const char *job, uint64_t inc, int *code, char **msg)
+{
+    char *hub = NULL;
+    pthread_mutex_lock(&a->lock);
+    for (job_route_t *r = a->routes; r; r = r->next)
+        if (strcmp(r->job, job) == 0 && (inc == 0 || r->incarnation == inc) && r->hub)
+            hub = strdup(r->hub);
+    pthread_mutex_unlock(&a->lock);
+    if (hub)
+        return hub;
+    ps__job_info_t info;
+    int rc = agent_lookup(a, job, &info, msg);
+    if (rc < 0) {
+        *code = -rc;
+        return NULL;
+    }
+    route_set(a, job, info.incarnation, info.hub);
+    hub = strdup(info.hub);
+    ps__job_info_clear(&info);
+    return hub;
+}
+
+/* ---- Worker service ---- */
+
+static void worker_join(ps__rpc_call_t *down, void *arg)
+{
+    ps__agent_t *a = arg;
+    Paramsync__V1__JoinRequest *req = NULL;
+    ps__rpc_call_t *up = NULL;
+    char *msg = NULL;
+    pthread_t watcher;
+    int watching = 0;
+    if (ps__rpc_recv_msg(down, &paramsync__v1__join_request__descriptor,
+                         (ProtobufCMessage **)&req) != 0) {
+        ps__rpc_call_send_status(down, GRPC_STATUS_INVALID_ARGUMENT,
+                                 "join: expected a JoinRequest");
+        return;
+    }
+    char *job = strdup(req->job);
+    char *asked = req->agent;
+    req->agent = a->self; /* borrowed; the request's own value is put back before freeing */
+    int rc = ps__rpc_call_start(a->coord, PS_M_COORD_JOIN, 0, &up);
+    if (rc == 0)
+        rc = ps__rpc_send_msg(up, &req->base);
+    req->agent = asked;
+    protobuf_c_message_free_unpacked(&req->base, NULL);
+    pipe_arg_t pa = {down, up, 1};
+    if (rc == 0 && pthread_create(&watcher, NULL, pipe_main, &pa) == 0)
+        watching = 1;
+    for (;;) {
+        Paramsync__V1__JoinEvent *ev = NULL;
+        if (!watching || ps__rpc_recv_msg(up, &paramsync__v1__join_event__descriptor,
+                                          (ProtobufCMessage **)&ev) != 0)
+            break;
+        if (ev->kind == PARAMSYNC__V1__JOIN_EVENT__KIND__READY && job)
+            route_set(a, job, ev->incarnation, ev->hub);
+        int src = ps__rpc_send_msg(down, &ev->base);
+        protobuf_c_message_free_unpacked(&ev->base, NULL);
+        if (src < 0)
+            break;
+    }
+    if (up) {
+        rc = ps__rpc_call_finish(up, &msg);
+        if (rc == -GRPC_STATUS_UNAVAILABLE) {
+            char m[512];
+            snprintf(m, sizeof(m), "the coordinator at %s is unreachable: %s",
+                     ps__rpc_channel_target(a->coord), msg ? msg : "");
+            ps__rpc_call_send_status(down, GRPC_STATUS_UNAVAILABLE, m);
+        } else {
+            ps__rpc_call_send_status(down, -rc, msg ? msg : "");
+        }
+    } else {
+        ps__rpc_call_send_status(down, -rc, "join: cannot reach the coordinator");
+    }
+    if (watching) {
+        ps__rpc_call_cancel(down, GRPC_STATUS_CANCELLED, "join ended");
+        pthread_join(watcher, NULL);
+    }
+    ps__rpc_call_destroy(up);
+    free(msg);
+    free(job);
+}
+
+static void worker_leave(ps__rpc_call_t *call, void *arg)
+{
+    forward_unary(arg, call, PS_M_COORD_LEAVE);
+}
+
+static void worker_new_group(ps__rpc_call_t *call, void *arg)
+{
+    forward_unary(arg, call, PS_M_COORD_NEW_GROUP);
+}
+
+/* Forwards a collective whose hub is another agent, frames untouched. */
+static void collective_proxy(ps__agent_t *a, ps__rpc_call_t *down, grpc_byte_buffer *first,
+                             const char *hub)
+{
+    ps__rpc_call_t *up = NULL;
+    char *msg = NULL;
+    pthread_t t;
+    ps__rpc_channel_t *ch = peer_channel(a, hub);
+    int rc = ch ? ps__rpc_call_start(ch, PS_M_WORKER_COLLECTIVE, 0, &up) : PS_ENOMEM;
+    if (rc == 0)
+        rc = ps__rpc_call_send(up, first);
+    pipe_arg_t pa = {down, up, 1};
+    int piping = rc == 0 && pthread_create(&t, NULL, pipe_main, &pa) == 0;
+    while (piping) {
+        grpc_byte_buffer *bb = NULL;
+        if (ps__rpc_call_recv(up, &bb) < 0 || !bb)
+            break;
+        int src = ps__rpc_call_send(down, bb);
+        grpc_byte_buffer_destroy(bb);
+        if (src < 0) {
+            ps__rpc_call_cancel(up, GRPC_STATUS_CANCELLED, "the worker's stream broke");
+            break;
+        }
+    }
+    if (up) {
+        rc = ps__rpc_call_finish(up, &msg);
+        if (rc == -GRPC_STATUS_UNAVAILABLE) {
+            char m[512];
+            snprintf(m, sizeof(m), "the agent hosting this job at %s is unreachable: %s", hub,
+                     msg ? msg : "");
+            ps__rpc_call_send_status(down, GRPC_STATUS_UNAVAILABLE, m);
+        } else {
+            ps__rpc_call_send_status(down, -rc, msg ? msg : "");
+        }
+    } else {
+        ps__rpc_call_send_status(down, -rc, "cannot reach the agent hosting this job");
+    }
+    if (piping) {
+        ps__rpc_call_cancel(up, GRPC_STATUS_CANCELLED, "done");
+        pthread_join(t, NULL);
+    }
+    ps__rpc_call_destroy(up);
+    free(msg);
+}
+
+static void worker_collective(ps__rpc_call_t *call, void *arg)
+{
+    ps__agent_t *a = arg;
+    grpc_byte_buffer *bb = NULL;
+    ps__frame_t first;
+    char *msg = NULL;
+    int code = GRPC_STATUS_NOT_FOUND;
+    if (ps__rpc_call_recv(call, &bb) < 0 || !bb) {
+        ps__rpc_call_send_status(call, GRPC_STATUS_INVALID_ARGUMENT, "missing first frame");
+        return;
+    }
+    if (ps__frame_decode(bb, &first) < 0 || !first.meta->header || !*first.meta->header->job) {
+        grpc_byte_buffer_destroy(bb);
+        ps__rpc_call_send_status(call, GRPC_STATUS_INVALID_ARGUMENT,
+                                 "the first frame must carry a header with a job id");
+        return;
+    }
+    const Paramsync__V1__CollectiveHeader *hd = first.meta->header;
+    char *hub = route_get(a, hd->job, hd->incarnation, &code, &msg);
+    if (!hub) {
+        char m[512];
+        snprintf(m, sizeof(m), "collective on job %s: %s", hd->job, msg ? msg : "unknown job");
+        ps__frame_clear(&first);
+        grpc_byte_buffer_destroy(bb);
+        ps__rpc_call_send_status(call, code, m);
+        free(msg);
+        return;
+    }
+    if (strcmp(hub, a->self) == 0) {
+        grpc_byte_buffer_destroy(bb);
+        ps__hub_serve(a->hub, call, &first);
+    } else {
+        ps__frame_clear(&first);
+        collective_proxy(a, call, bb, hub);
+        grpc_byte_buffer_destroy(bb);
+    }
+    free(hub);
+}
+
+int ps__agent_create(const ps__config_t *cfg, ps__rpc_server_t *srv, const char *self,
+                     const char *coordinator, ps__agent_t **out)
+{
+    ps__agent_t *a = calloc(1, sizeof(*a));
+    if (!a)
+        return PS_ENOMEM;
+    a->cfg = cfg;
+    pthread_mutex_init(&a->lock, NULL);
+    int rc = PS_ENOMEM;
+    a->self = strdup(self);
+    if (!a->self)
+        goto fail;
+    if ((rc = ps__rpc_channel_create(coordinator, &a->coord)) < 0)
+        goto fail;
+    if ((rc = ps__hub_create(cfg, agent_lookup, a, &a->hub)) < 0)
+        goto fail;
+    rc = ps__rpc_server_add_method(srv, PS_M_WORKER_JOIN, worker_join, a);
+    rc = rc ? rc : ps__rpc_server_add_method(srv, PS_M_WORKER_LEAVE, worker_leave, a);
+    rc = rc ? rc : ps__rpc_server_add_method(srv, PS_M_WORKER_NEW_GROUP, worker_new_group, a);
+    rc = rc ? rc : ps__rpc_server_add_method(srv, PS_M_WORKER_COLLECTIVE, worker_collective, a);
+    if (rc)
+        goto fail;
+    *out = a;
+    return 0;
+fail:
+    ps__agent_destroy(a);
+    return rc;
+}
+
+void ps__agent_destroy(ps__agent_t *a)
+{
+    if (!a)
+        return;
+    ps__hub_destroy(a->hub);
+    while (a->peers) {
+        peer_channel_t *p = a->peers;
+        a->peers = p->next;
+        ps__rpc_channel_destroy(p->ch);
+        free(p->address);
+        free(p);
+    }
+    while (a->routes) {
+        job_route_t *r = a->routes;
+        a->routes = r->next;
+        free(r->job);
+        free(r->hub);
+        free(r);
+    }
+    ps__rpc_channel_destroy(a->coord);
+    pthread_mutex_destroy(&a->lock);
+    free(a->self);
+    free(a);
+}

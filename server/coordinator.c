@@ -1,0 +1,687 @@
+/* The coordinator: job membership, rank assignment, groups and the liveness of ranks. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <grpc/status.h>
+
+#include <paramsync/common.h>
+
+#include "daemon.h"
+#include "log.h"
+#include "paramsync/v1/paramsync.pb-c.h"
+
+typedef enum member_state { M_FREE = 0, M_JOINED, M_LEFT, M_LOST } member_state_t;
+
+typedef struct event {
+    Paramsync__V1__JoinEvent__Kind kind;
+    int rank;
+    char *message;
+    struct event *next;
+} event_t;
+
+typedef struct member {
+    member_state_t state;
+    char *agent;
+    char *peer;
+    event_t *events, **events_tail;
+} member_t;
+
+typedef struct group {
+    uint32_t id;
+    int nranks;
+    int *ranks;
+    struct group *next;
+} group_t;
+
+typedef struct job {
+    char *name;
+    int world_size;
+    int njoined;
+    int ready;
+    int aborted;
+    uint64_t incarnation;
+    member_t *members;
+    group_t *groups;
+    struct job *next;
+} job_t;
+
+struct ps__coordinator {
+    const ps__config_t *cfg;
+    pthread_mutex_t lock;
+    pthread_cond_t changed;
+    job_t *jobs;
+    uint64_t next_incarnation;
+    int nagents;
+};
+
+static job_t *job_find(ps__coordinator_t *c, const char *name)
+{
+    for (job_t *j = c->jobs; j; j = j->next)
+        if (strcmp(j->name, name) == 0)
+            return j;
+    return NULL;
+}
+
+static void job_free(job_t *j)
+{
+    for (int r = 0; r < j->world_size; r++) {
+        member_t *m = &j->members[r];
+        while (m->events) {
+            event_t *e = m->events;
+            m->events = e->next;
+            free(e->message);
+            free(e);
+        }
+        free(m->agent);
+        free(m->peer);
+    }
+    while (j->groups) {
+        group_t *g = j->groups;
+        j->groups = g->next;
+        free(g->ranks);
+        free(g);
+    }
+    free(j->members);
+    free(j->name);
+    free(j);
+}
+
+static void job_unlink(ps__coordinator_t *c, job_t *j)
+{
+    for (job_t **p = &c->jobs; *p; p = &(*p)->next)
+        if (*p == j) {
+            *p = j->next;
+            return;
+        }
+}
+
+static void push_event(member_t *m, Paramsync__V1__JoinEvent__Kind kind, int rank, const char *msg)
+{
+    event_t *e = calloc(1, sizeof(*e));
+    if (!e)
+        return;
+    e->kind = kind;
+    e->rank = rank;
+    e->message = msg ? strdup(msg) : NULL;
+    *m->events_tail = e;
+    m->events_tail = &e->next;
+}
+
+static event_t *pop_event(member_t *m)
+{
+    event_t *e = m->events;
+    if (e) {
+        m->events = e->next;
+        if (!m->events)
+            m->events_tail = &m->events;
+    }
+    return e;
+}
+
+static struct timespec abs_deadline(int64_t ms_from_now)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_sec += ms_from_now / 1000;
+    ts.tv_nsec += (ms_from_now % 1000) * 1000000;
+    if (ts.tv_nsec >= 1000000000) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000;
+    }
+    return ts;
+}
+
+/* ---- Join: rendezvous, then the membership stream ---- */
+
+typedef struct join_watch {
+    ps__coordinator_t *c;
+    ps__rpc_call_t *call;
+    job_t *job;
+    int rank;
+    int ended; /* 1: graceful (half-close), 2: broken */
+    int done;
+} join_watch_t;
+
+/* Blocks on the member's stream: its end is how we learn that the rank left
+ * or died, without any polling. */
+static void *join_watch_main(void *arg)
+{
+    join_watch_t *w = arg;
+    grpc_byte_buffer *bb = NULL;
+    int graceful = 0;
+    for (;;) {
+        int rc = ps__rpc_call_recv(w->call, &bb);
+        if (rc < 0)
+            break;
+        if (!bb) {
+            graceful = 1;
+            break;
+        }
+        grpc_byte_buffer_destroy(bb); /* extra requests are ignored */
+    }
+    pthread_mutex_lock(&w->c->lock);
+    w->ended = graceful ? 1 : 2;
+    pthread_cond_broadcast(&w->c->changed);
+    pthread_mutex_unlock(&w->c->lock);
+    return NULL;
+}
+
+static int send_event(ps__rpc_call_t *call, Paramsync__V1__JoinEvent__Kind kind, int rank,
+                      int world, const char *hub, uint64_t inc, const char *msg)
+{
+    Paramsync__V1__JoinEvent ev = PARAMSYNC__V1__JOIN_EVENT__INIT;
+    ev.kind = kind;
+    ev.rank = rank;
+    ev.world_size = world;
+    ev.hub = (char *)(hub ? hub : "");
+    ev.incarnation = inc;
+    ev.message = (char *)(msg ? msg : "");
+    return ps__rpc_send_msg(call, &ev.base);
+}
+
+/* Registers the joiner; returns the rank or a negative code with msg set. */
+static int join_register(ps__coordinator_t *c, const Paramsync__V1__JoinRequest *req,
+                         const char *peer, job_t **jobp, char *msg, size_t msglen)
+{
+    if (!req->job || !*req->job) {
+        snprintf(msg, msglen, "join: the job id is empty");
+        return PS_EINVAL;
+    }
+    if (req->world_size <= 0 || req->world_size > 65536) {
+        snprintf(msg, msglen, "join job %s: world_size %d is out of range (1..65536)", req->job,
+                 req->world_size);
+        return PS_EINVAL;
+    }
+    if (req->rank < -1 || req->rank >= req->world_size) {
+        snprintf(msg, msglen, "join job %s: rank %d is out of range for world_size %d", req->job,
+                 req->rank, req->world_size);
+        return PS_EINVAL;
+    }
+    job_t *j = job_find(c, req->job);
+    if (j && (j->ready || j->aborted)) {
+        /* A job whose members all went away is replaced by a new one. */
+        int live = 0;
+        for (int r = 0; r < j->world_size; r++)
+            live += j->members[r].state == M_JOINED;
+        if (j->aborted && live == 0) {
+            job_unlink(c, j);
+            job_free(j);
+            j = NULL;
+        } else {
+            snprintf(msg, msglen,
+                     "join job %s: the job is already %s with world_size %d; wait for its ranks "
+                     "to leave or use another job id",
+                     req->job, j->aborted ? "aborted but not yet left" : "running", j->world_size);
+            return j->aborted ? PS_EPRECOND : PS_EEXIST;
+        }
+    }
+    if (!j) {
+        j = calloc(1, sizeof(*j));
+        if (!j)
+            return PS_ENOMEM;
+        j->name = strdup(req->job);
+        j->world_size = req->world_size;
+        j->members = calloc((size_t)req->world_size, sizeof(member_t));
+        if (!j->name || !j->members) {
+            free(j->name);
+            free(j->members);
+            free(j);
+            return PS_ENOMEM;
+        }
+        for (int r = 0; r < j->world_size; r++)
+            j->members[r].events_tail = &j->members[r].events;
+        j->next = c->jobs;
+        c->jobs = j;
+    }
+    if (j->world_size != req->world_size) {
+        snprintf(msg, msglen,
+                 "join job %s: world_size mismatch: this rank asked for %d but the job was "
+                 "started with %d",
+                 req->job, req->world_size, j->world_size);
+        return PS_EINVAL;
+    }
+    int rank = req->rank;
+    if (rank >= 0 && j->members[rank].state == M_JOINED) {
+        snprintf(msg, msglen, "join job %s: rank %d has already joined (from %s)", req->job, rank,
+                 j->members[rank].peer ? j->members[rank].peer : "?");
+        return PS_EEXIST;
+    }
+    if (rank < 0) {
+        for (int r = 0; r < j->world_size && rank < 0; r++)
+            if (j->members[r].state != M_JOINED)
+                rank = r;
+    }
+    member_t *m = &j->members[rank];
+    m->state = M_JOINED;
+    free(m->agent);
+    free(m->peer);
+    m->agent = strdup(req->agent ? req->agent : "");
+    m->peer = strdup(peer);
+    j->njoined++;
+    if (j->njoined == j->world_size) {
+        j->ready = 1;
+        j->incarnation = ++c->next_incarnation;
+        PS_LOG(PS_LOG_INFO, "job %s: ready, world_size %d, incarnation %llu, hub %s", j->name,
+               j->world_size, (unsigned long long)j->incarnation, j->members[0].agent);
+        pthread_cond_broadcast(&c->changed);
+    }
+    *jobp = j;
+    return rank;
+}
+
+static void coord_join(ps__rpc_call_t *call, void *arg)
+{
+    ps__coordinator_t *c = arg;
+    Paramsync__V1__JoinRequest *req = NULL;
+    char msg[512] = "";
+    int code = GRPC_STATUS_OK;
+    join_watch_t w = {.c = c, .call = call};
+    pthread_t watcher;
+    int watching = 0;
+
+    int rc =
+        ps__rpc_recv_msg(call, &paramsync__v1__join_request__descriptor, (ProtobufCMessage **)&req);
+    if (rc != 0) {
+        ps__rpc_call_send_status(call, GRPC_STATUS_INVALID_ARGUMENT,
+                                 "join: expected a JoinRequest");
+        return;
+    }
+    const char *peer = ps__rpc_call_peer(call);
+    int64_t timeout = req->timeout_ms ? (int64_t)req->timeout_ms : c->cfg->join_timeout_ms;
+
+    pthread_mutex_lock(&c->lock);
+    job_t *j = NULL;
+    int rank = join_register(c, req, peer, &j, msg, sizeof(msg));
+    if (rank < 0) {
+        pthread_mutex_unlock(&c->lock);
+        PS_LOG(PS_LOG_WARN, "%s", msg);
+        code = -rank;
+        goto out;
+    }
+    PS_LOG(PS_LOG_INFO, "job %s: rank %d joined (%d of %d) from %s via agent %s", j->name, rank,
+           j->njoined, j->world_size, peer, req->agent && *req->agent ? req->agent : "local");
+    pthread_mutex_unlock(&c->lock);
+
+    w.job = j;
+    w.rank = rank;
+    if (pthread_create(&watcher, NULL, join_watch_main, &w) != 0) {
+        code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+        snprintf(msg, sizeof(msg), "join: no thread");
+        pthread_mutex_lock(&c->lock);
+        j->members[rank].state = M_FREE;
+        j->njoined--;
+        pthread_mutex_unlock(&c->lock);
+        goto out;
+    }
+    watching = 1;
+
+    pthread_mutex_lock(&c->lock);
+    struct timespec deadline = abs_deadline(timeout);
+    int sent_ready = 0;
+    for (;;) {
+        member_t *m = &j->members[rank];
+        if (w.ended)
+            break;
+        if (j->ready && !sent_ready) {
+            uint64_t inc = j->incarnation;
+            int world = j->world_size;
+            char *hub = strdup(j->members[0].agent);
+            pthread_mutex_unlock(&c->lock);
+            send_event(call, PARAMSYNC__V1__JOIN_EVENT__KIND__READY, rank, world, hub, inc, NULL);
+            free(hub);
+            pthread_mutex_lock(&c->lock);
+            sent_ready = 1;
+            continue;
+        }
+        event_t *e = sent_ready ? pop_event(m) : NULL;
+        if (e) {
+            pthread_mutex_unlock(&c->lock);
+            send_event(call, e->kind, e->rank, 0, NULL, 0, e->message);
+            free(e->message);
+            free(e);
+            pthread_mutex_lock(&c->lock);
+            continue;
+        }
+        if (!j->ready) {
+            if (pthread_cond_timedwait(&c->changed, &c->lock, &deadline) == ETIMEDOUT &&
+                !j->ready) {
+                int n = snprintf(msg, sizeof(msg),
+                                 "join job %s: rendezvous timed out after %lld ms with %d of %d "
+                                 "ranks; missing ranks:",
+                                 j->name, (long long)timeout, j->njoined, j->world_size);
+                for (int r = 0; r < j->world_size && n < (int)sizeof(msg) - 8; r++)
+                    if (j->members[r].state != M_JOINED)
+                        n += snprintf(msg + n, sizeof(msg) - (size_t)n, " %d", r);
+                code = GRPC_STATUS_DEADLINE_EXCEEDED;
+                break;
+            }
+        } else {
+            pthread_cond_wait(&c->changed, &c->lock);
+        }
+    }
+    /* Leaving: graceful, lost, or a rendezvous that never completed. */
+    member_t *m = &j->members[rank];
+    if (code != GRPC_STATUS_OK || w.ended == 1) {
+        m->state = j->ready ? M_LEFT : M_FREE;
+        PS_LOG(PS_LOG_INFO, "job %s: rank %d left", j->name, rank);
+    } else {
+        m->state = M_LOST;
+        j->aborted = 1;
+        char lost[256];
+        snprintf(lost, sizeof(lost), "job %s: rank %d was lost (its stream from %s broke)", j->name,
+                 rank, m->peer ? m->peer : "?");
+        PS_LOG(PS_LOG_WARN, "%s", lost);
+        for (int r = 0; r < j->world_size; r++)
+            if (r != rank && j->members[r].state == M_JOINED)
+                push_event(&j->members[r], PARAMSYNC__V1__JOIN_EVENT__KIND__MEMBER_LOST, rank,
+                           lost);
+        pthread_cond_broadcast(&c->changed);
+    }
+    j->njoined--;
+    if (j->njoined == 0) {
+        PS_LOG(PS_LOG_INFO, "job %s: ended", j->name);
+        job_unlink(c, j);
+        job_free(j);
+    }
+    pthread_mutex_unlock(&c->lock);
+out:
+    if (code == GRPC_STATUS_OK)
+        ps__rpc_call_send_status(call, GRPC_STATUS_OK, "");
+    else
+        ps__rpc_call_send_status(call, code, msg);
+    if (watching) {
+        /* The status ends the call, which ends the watcher's receive. */
+        ps__rpc_call_cancel(call, GRPC_STATUS_CANCELLED, "join ended");
+        pthread_join(watcher, NULL);
+    }
+    if (req)
+        protobuf_c_message_free_unpacked(&req->base, NULL);
+}
+
+/* ---- unary methods ---- */
+
+typedef int (*unary_fn)(ps__coordinator_t *c, const ProtobufCMessage *req, ProtobufCMessage *resp,
+                        char *msg, size_t msglen);
+
+static void serve_unary(ps__coordinator_t *c, ps__rpc_call_t *call,
+                        const ProtobufCMessageDescriptor *req_desc, ProtobufCMessage *resp,
+                        unary_fn fn, void (*resp_clear)(ProtobufCMessage *))
+{
+    ProtobufCMessage *req = NULL;
+    char msg[512] = "";
+    if (ps__rpc_recv_msg(call, req_desc, &req) != 0) {
+        ps__rpc_call_send_status(call, GRPC_STATUS_INVALID_ARGUMENT, "malformed request");
+        return;
+    }
+    int rc = fn(c, req, resp, msg, sizeof(msg));
+    if (rc == 0) {
+        ps__rpc_send_msg(call, resp);
+        ps__rpc_call_send_status(call, GRPC_STATUS_OK, "");
+    } else {
+        ps__rpc_call_send_status(call, -rc, msg);
+    }
+    if (resp_clear)
+        resp_clear(resp);
+    protobuf_c_message_free_unpacked(req, NULL);
+}
+
+static int do_register(ps__coordinator_t *c, const ProtobufCMessage *rq, ProtobufCMessage *rs,
+                       char *msg, size_t msglen)
+{
+    const Paramsync__V1__RegisterAgentRequest *req = (const void *)rq;
+    Paramsync__V1__RegisterAgentResponse *resp = (void *)rs;
+    static char id[32];
+    (void)msg;
+    (void)msglen;
+    pthread_mutex_lock(&c->lock);
+    snprintf(id, sizeof(id), "agent-%d", ++c->nagents);
+    pthread_mutex_unlock(&c->lock);
+    resp->agent_id = id;
+    PS_LOG(PS_LOG_INFO, "agent %s registered at %s", id, req->address);
+    return 0;
+}
+
+static void coord_register(ps__rpc_call_t *call, void *arg)
+{
+    Paramsync__V1__RegisterAgentResponse resp = PARAMSYNC__V1__REGISTER_AGENT_RESPONSE__INIT;
+    serve_unary(arg, call, &paramsync__v1__register_agent_request__descriptor, &resp.base,
+                do_register, NULL);
+}
+
+static int do_leave(ps__coordinator_t *c, const ProtobufCMessage *rq, ProtobufCMessage *rs,
+                    char *msg, size_t msglen)
+{
+    const Paramsync__V1__LeaveRequest *req = (const void *)rq;
+    (void)rs;
+    pthread_mutex_lock(&c->lock);
+    job_t *j = job_find(c, req->job);
+    int rc = 0;
+    if (!j) {
+        snprintf(msg, msglen, "leave: unknown job %s", req->job);
+        rc = PS_ENOTFOUND;
+    } else if (req->rank < 0 || req->rank >= j->world_size ||
+               j->members[req->rank].state != M_JOINED) {
+        snprintf(msg, msglen, "leave job %s: rank %d is not a member", req->job, req->rank);
+        rc = PS_EINVAL;
+    }
+    pthread_mutex_unlock(&c->lock);
+    /* The membership stream's half-close completes the leave. */
+    return rc;
+}
+
+static void coord_leave(ps__rpc_call_t *call, void *arg)
+{
+    Paramsync__V1__LeaveResponse resp = PARAMSYNC__V1__LEAVE_RESPONSE__INIT;
+    serve_unary(arg, call, &paramsync__v1__leave_request__descriptor, &resp.base, do_leave, NULL);
+}
+
+static group_t *group_find(job_t *j, uint32_t id)
+{
+    for (group_t *g = j->groups; g; g = g->next)
+        if (g->id == id)
+            return g;
+    return NULL;
+}
+
+static void format_ranks(char *buf, size_t len, const int *ranks, size_t n)
+{
+    size_t off = 0;
+    off += (size_t)snprintf(buf, len, "[");
+    for (size_t i = 0; i < n && off + 12 < len; i++)
+        off += (size_t)snprintf(buf + off, len - off, "%s%d", i ? "," : "", ranks[i]);
+    snprintf(buf + off, len - off, "]");
+}
+
+static int do_new_group(ps__coordinator_t *c, const ProtobufCMessage *rq, ProtobufCMessage *rs,
+                        char *msg, size_t msglen)
+{
+    const Paramsync__V1__NewGroupRequest *req = (const void *)rq;
+    Paramsync__V1__NewGroupResponse *resp = (void *)rs;
+    int rc = 0;
+    pthread_mutex_lock(&c->lock);
+    job_t *j = job_find(c, req->job);
+    if (!j || !j->ready) {
+        snprintf(msg, msglen, "new_group: job %s %s", req->job,
+                 j ? "has not completed its rendezvous" : "is unknown (call init first)");
+        rc = j ? PS_EPRECOND : PS_ENOTFOUND;
+        goto out;
+    }
+    if (req->group == 0 || req->n_ranks == 0) {
+        snprintf(msg, msglen, "new_group job %s: %s", req->job,
+                 req->group == 0 ? "group id 0 is the whole job" : "the rank list is empty");
+        rc = PS_EINVAL;
+        goto out;
+    }
+    for (size_t i = 0; i < req->n_ranks; i++) {
+        if (req->ranks[i] < 0 || req->ranks[i] >= j->world_size) {
+            snprintf(msg, msglen, "new_group job %s: rank %d is out of range for world_size %d",
+                     req->job, req->ranks[i], j->world_size);
+            rc = PS_EINVAL;
+            goto out;
+        }
+        for (size_t k = 0; k < i; k++)
+            if (req->ranks[k] == req->ranks[i]) {
+                snprintf(msg, msglen, "new_group job %s: rank %d is listed twice", req->job,
+                         req->ranks[i]);
+                rc = PS_EINVAL;
+                goto out;
+            }
+    }
+    group_t *g = group_find(j, req->group);
+    if (g) {
+        if ((size_t)g->nranks != req->n_ranks ||
+            memcmp(g->ranks, req->ranks, req->n_ranks * sizeof(int)) != 0) {
+            char a[128], b[128];
+            format_ranks(a, sizeof(a), req->ranks, req->n_ranks);
+            format_ranks(b, sizeof(b), g->ranks, (size_t)g->nranks);
+            snprintf(msg, msglen,
+                     "new_group job %s, group %u: rank %d passed ranks %s but an earlier call "
+                     "passed %s; every rank must call new_group in the same order with the "
+                     "same ranks",
+                     req->job, req->group, req->rank, a, b);
+            rc = PS_EINVAL;
+            goto out;
+        }
+    } else {
+        g = calloc(1, sizeof(*g));
+        int *ranks = malloc(req->n_ranks * sizeof(int));
+        if (!g || !ranks) {
+            free(g);
+            free(ranks);
+            rc = PS_ENOMEM;
+            goto out;
+        }
+        memcpy(ranks, req->ranks, req->n_ranks * sizeof(int));
+        g->id = req->group;
+        g->nranks = (int)req->n_ranks;
+        g->ranks = ranks;
+        g->next = j->groups;
+        j->groups = g;
+        PS_LOG(PS_LOG_INFO, "job %s: group %u created with %d ranks", j->name, g->id, g->nranks);
+    }
+    resp->group = g->id;
+    resp->group_size = g->nranks;
+    resp->group_rank = -1;
+    for (int i = 0; i < g->nranks; i++)
+        if (g->ranks[i] == req->rank)
+            resp->group_rank = i;
+out:
+    pthread_mutex_unlock(&c->lock);
+    return rc;
+}
+
+static void coord_new_group(ps__rpc_call_t *call, void *arg)
+{
+    Paramsync__V1__NewGroupResponse resp = PARAMSYNC__V1__NEW_GROUP_RESPONSE__INIT;
+    serve_unary(arg, call, &paramsync__v1__new_group_request__descriptor, &resp.base, do_new_group,
+                NULL);
+}
+
+static int do_describe(ps__coordinator_t *c, const ProtobufCMessage *rq, ProtobufCMessage *rs,
+                       char *msg, size_t msglen)
+{
+    const Paramsync__V1__DescribeJobRequest *req = (const void *)rq;
+    Paramsync__V1__DescribeJobResponse *resp = (void *)rs;
+    int rc = 0;
+    pthread_mutex_lock(&c->lock);
+    job_t *j = job_find(c, req->job);
+    if (!j || !j->ready) {
+        snprintf(msg, msglen, "job %s is %s", req->job,
+                 j ? "still in its rendezvous" : "unknown (no rank has joined it)");
+        rc = j ? PS_EPRECOND : PS_ENOTFOUND;
+        goto out;
+    }
+    resp->job = strdup(j->name);
+    resp->world_size = j->world_size;
+    resp->incarnation = j->incarnation;
+    resp->hub = strdup(j->members[0].agent ? j->members[0].agent : "");
+    size_t ng = 0;
+    for (group_t *g = j->groups; g; g = g->next)
+        ng++;
+    resp->groups = calloc(ng ? ng : 1, sizeof(*resp->groups));
+    for (group_t *g = j->groups; g && resp->groups; g = g->next) {
+        Paramsync__V1__GroupInfo *gi = malloc(sizeof(*gi));
+        if (!gi)
+            break;
+        paramsync__v1__group_info__init(gi);
+        gi->group = g->id;
+        gi->n_ranks = (size_t)g->nranks;
+        gi->ranks = malloc((size_t)g->nranks * sizeof(int));
+        if (gi->ranks)
+            memcpy(gi->ranks, g->ranks, (size_t)g->nranks * sizeof(int));
+        resp->groups[resp->n_groups++] = gi;
+    }
+    resp->joined = malloc((size_t)j->world_size * sizeof(int));
+    for (int r = 0; r < j->world_size && resp->joined; r++)
+        if (j->members[r].state == M_JOINED)
+            resp->joined[resp->n_joined++] = r;
+out:
+    pthread_mutex_unlock(&c->lock);
+    return rc;
+}
+
+static void describe_clear(ProtobufCMessage *m)
+{
+    Paramsync__V1__DescribeJobResponse *r = (void *)m;
+    for (size_t i = 0; i < r->n_groups; i++) {
+        free(r->groups[i]->ranks);
+        free(r->groups[i]);
+    }
+    free(r->groups);
+    free(r->joined);
+    if (r->job != protobuf_c_empty_string)
+        free(r->job);
+    if (r->hub != protobuf_c_empty_string)
+        free(r->hub);
+}
+
+static void coord_describe(ps__rpc_call_t *call, void *arg)
+{
+    Paramsync__V1__DescribeJobResponse resp = PARAMSYNC__V1__DESCRIBE_JOB_RESPONSE__INIT;
+    serve_unary(arg, call, &paramsync__v1__describe_job_request__descriptor, &resp.base,
+                do_describe, describe_clear);
+}
+
+int ps__coordinator_create(const ps__config_t *cfg, ps__rpc_server_t *srv, ps__coordinator_t **out)
+{
+    ps__coordinator_t *c = calloc(1, sizeof(*c));
+    if (!c)
+        return PS_ENOMEM;
+    c->cfg = cfg;
+    pthread_mutex_init(&c->lock, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&c->changed, &ca);
+    pthread_condattr_destroy(&ca);
+    int rc = 0;
+    rc = rc ? rc : ps__rpc_server_add_method(srv, PS_M_COORD_REGISTER, coord_register, c);
+    rc = rc ? rc : ps__rpc_server_add_method(srv, PS_M_COORD_JOIN, coord_join, c);
+    rc = rc ? rc : ps__rpc_server_add_method(srv, PS_M_COORD_LEAVE, coord_leave, c);
+    rc = rc ? rc : ps__rpc_server_add_method(srv, PS_M_COORD_NEW_GROUP, coord_new_group, c);
+    rc = rc ? rc : ps__rpc_server_add_method(srv, PS_M_COORD_DESCRIBE_JOB, coord_describe, c);
+    if (rc) {
+        ps__coordinator_destroy(c);
+        return rc;
+    }
+    *out = c;
+    return 0;
+}
+
+void ps__coordinator_destroy(ps__coordinator_t *c)
+{
+    if (!c)
+        return;
+    while (c->jobs) {
+        job_t *j = c->jobs;
+        c->jobs = j->next;
+        job_free(j);
+    }
+    pthread_mutex_destroy(&c->lock);
+    pthread_cond_destroy(&c->changed);
+    free(c);
+}

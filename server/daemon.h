@@ -1,0 +1,84 @@
+/* paramsyncd internals shared across server/ files: configuration and the roles' entry points. */
+#ifndef PS_DAEMON_H
+#define PS_DAEMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rpc/rpc.h"
+
+typedef enum ps__role { PS_ROLE_EMBEDDED = 0, PS_ROLE_COORDINATOR, PS_ROLE_AGENT } ps__role_t;
+
+typedef struct ps__config {
+    ps__role_t role;
+    const char *listen;        /* gRPC address served */
+    const char *coordinator;   /* agent: the coordinator's address */
+    const char *advertise;     /* agent: the address other agents use for it */
+    const char *announce_file; /* written with the listen address once serving */
+    int64_t timeout_ms;        /* default collective timeout */
+    int64_t join_timeout_ms;   /* default rendezvous timeout */
+    uint64_t max_tensor_bytes; /* largest payload one rank may send or receive */
+    size_t step_bytes;         /* pipeline step of the collective engine */
+    int window;                /* steps in flight per collective */
+} ps__config_t;
+
+/* Method names. */
+#define PS_M_WORKER_JOIN        "/paramsync.v1.Worker/Join"
+#define PS_M_WORKER_LEAVE       "/paramsync.v1.Worker/Leave"
+#define PS_M_WORKER_NEW_GROUP   "/paramsync.v1.Worker/NewGroup"
+#define PS_M_WORKER_COLLECTIVE  "/paramsync.v1.Worker/Collective"
+#define PS_M_COORD_REGISTER     "/paramsync.v1.Coordinator/RegisterAgent"
+#define PS_M_COORD_JOIN         "/paramsync.v1.Coordinator/Join"
+#define PS_M_COORD_LEAVE        "/paramsync.v1.Coordinator/Leave"
+#define PS_M_COORD_NEW_GROUP    "/paramsync.v1.Coordinator/NewGroup"
+#define PS_M_COORD_DESCRIBE_JOB "/paramsync.v1.Coordinator/DescribeJob"
+
+/* ---- coordinator (coordinator.c) ---- */
+
+typedef struct ps__coordinator ps__coordinator_t;
+
+/** Creates the coordinator and registers its methods on srv. 0 or PS_ENOMEM. */
+int ps__coordinator_create(const ps__config_t *cfg, ps__rpc_server_t *srv, ps__coordinator_t **out);
+void ps__coordinator_destroy(ps__coordinator_t *c);
+
+/* ---- agent (agent.c) and its collective engine (hub.c) ---- */
+
+typedef struct ps__agent ps__agent_t;
+
+/** Creates the agent and registers the Worker methods on srv. self is the
+ * address other agents reach it at; coordinator the coordinator's address. */
+int ps__agent_create(const ps__config_t *cfg, ps__rpc_server_t *srv, const char *self,
+                     const char *coordinator, ps__agent_t **out);
+void ps__agent_destroy(ps__agent_t *a);
+
+typedef struct ps__hub ps__hub_t;
+
+/** What the hub must know of a job; filled from the coordinator. */
+typedef struct ps__job_info {
+    int world_size;
+    uint64_t incarnation;
+    char *hub; /* the agent hosting the job's collectives */
+    int ngroups;
+    struct {
+        uint32_t id;
+        int nranks;
+        int *ranks;
+    } * groups;
+} ps__job_info_t;
+
+/** Looks a job up at the coordinator: 0, PS_ENOTFOUND, or a transport error
+ * with *errmsg (malloc'd) set. Free the info with ps__job_info_clear. */
+typedef int (*ps__job_lookup_fn)(void *arg, const char *job, ps__job_info_t *info, char **errmsg);
+
+void ps__job_info_clear(ps__job_info_t *info);
+
+int ps__hub_create(const ps__config_t *cfg, ps__job_lookup_fn lookup, void *lookup_arg,
+                   ps__hub_t **out);
+void ps__hub_destroy(ps__hub_t *h);
+
+/** Serves one Collective call whose first frame (already decoded) is
+ * `first`; the hub takes over `first` and ends the call with a status. */
+struct ps__frame;
+void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, struct ps__frame *first);
+
+#endif

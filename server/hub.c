@@ -1,0 +1,1256 @@
+/* The collective engine of the agent that hosts a job: matching, checking and pipelined data steps.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <grpc/status.h>
+
+#include <paramsync/reduce.h>
+
+#include "daemon.h"
+#include "log.h"
+#include "rpc/frame.h"
+
+/*
+ * Every collective is a sequence of steps. In a step some members contribute
+ * a piece of their input and some receive a piece of their output; a step
+ * that several members contribute to is a reduction. Each member's input
+ * and output pieces are consecutive, so members stream their payloads in
+ * order and the engine needs only `window` steps in memory at once.
+ *
+ * Each member's call is served by its own thread (the reader: it receives
+ * frames and deposits contributions); a member whose output spans several
+ * steps also gets a writer thread, so receiving and sending overlap and
+ * HTTP/2 flow control cannot deadlock a rank that is still sending.
+ */
+
+typedef Paramsync__V1__CollectiveHeader header_t;
+
+/* A reference-counted buffer, handed to gRPC without a copy when sent. */
+typedef struct blob {
+    int refs;
+    size_t len;
+    uint8_t data[];
+} blob_t;
+
+static pthread_mutex_t blob_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static blob_t *blob_new(size_t len)
+{
+    blob_t *b = malloc(sizeof(*b) + len);
+    if (b) {
+        b->refs = 1;
+        b->len = len;
+    }
+    return b;
+}
+
+static void blob_ref(blob_t *b)
+{
+    pthread_mutex_lock(&blob_lock);
+    b->refs++;
+    pthread_mutex_unlock(&blob_lock);
+}
+
+static void blob_unref(void *arg)
+{
+    blob_t *b = arg;
+    if (!b)
+        return;
+    pthread_mutex_lock(&blob_lock);
+    int last = --b->refs == 0;
+    pthread_mutex_unlock(&blob_lock);
+    if (last)
+        free(b);
+}
+
+typedef struct slot {
+    int64_t step;      /* -1: free */
+    int64_t last_done; /* the last step that used this slot and was consumed */
+    size_t len;
+    int need, have; /* contributions */
+    int recv_need, recv_done;
+    int computed;
+    blob_t **in; /* per member */
+    blob_t *out;
+} slot_t;
+
+struct coll;
+
+typedef struct member {
+    struct coll *coll;
+    Paramsync__V1__Frame *first; /* the first frame's fields; owns header */
+    int index;                   /* member index in the collective */
+    ps__rpc_call_t *call;
+    header_t *header;  /* owned by `first` frame */
+    ps__frame_t frame; /* current input frame */
+    size_t frame_pos;  /* bytes of frame data consumed */
+    uint64_t in_off;   /* input bytes consumed so far */
+    uint64_t in_total, out_total;
+    int finished;
+    struct member *next_wait; /* p2p mailbox */
+    int64_t arrival_ms;
+} member_t;
+
+#define K_BARRIER        PARAMSYNC__V1__COLLECTIVE_KIND__BARRIER
+#define K_BROADCAST      PARAMSYNC__V1__COLLECTIVE_KIND__BROADCAST
+#define K_ALL_REDUCE     PARAMSYNC__V1__COLLECTIVE_KIND__ALL_REDUCE
+#define K_REDUCE         PARAMSYNC__V1__COLLECTIVE_KIND__REDUCE
+#define K_ALL_GATHER     PARAMSYNC__V1__COLLECTIVE_KIND__ALL_GATHER
+#define K_GATHER         PARAMSYNC__V1__COLLECTIVE_KIND__GATHER
+#define K_SCATTER        PARAMSYNC__V1__COLLECTIVE_KIND__SCATTER
+#define K_REDUCE_SCATTER PARAMSYNC__V1__COLLECTIVE_KIND__REDUCE_SCATTER
+#define K_ALL_TO_ALL     PARAMSYNC__V1__COLLECTIVE_KIND__ALL_TO_ALL
+#define K_SEND           PARAMSYNC__V1__COLLECTIVE_KIND__SEND
+#define K_RECV           PARAMSYNC__V1__COLLECTIVE_KIND__RECV
+typedef int coll_kind_t;
+
+typedef struct job job_t;
+
+typedef struct coll {
+    job_t *job;
+    uint32_t group;
+    uint64_t seq;
+    int p2p; /* a matched send/recv pair: member 0 sends, member 1 receives */
+    coll_kind_t kind;
+    int op, dtype, root;
+    uint64_t count;
+    int n;      /* members */
+    int *ranks; /* group ranks of the members (p2p: sender, receiver) */
+    member_t **members;
+    int narrived, nfinished;
+    int failed;
+    int code;
+    char message[512];
+    int64_t nsteps;
+    uint64_t block;  /* bytes per rank block */
+    uint64_t chunks; /* steps per block */
+    size_t step_bytes;
+    int window;
+    slot_t *slots;
+    pthread_cond_t cond;
+    pthread_mutex_t *lock; /* the hub's */
+    struct coll *next;
+} coll_t;
+
+typedef struct mailbox {
+    uint32_t group;
+    int dst;
+    member_t *sends; /* pending, arrival order */
+    member_t *recvs;
+    uint64_t next_recv_seq;
+    uint64_t *next_send_seq; /* per source */
+    int nsrc;
+    struct mailbox *next;
+} mailbox_t;
+
+struct job {
+    char *name;
+    ps__job_info_t info;
+    coll_t *colls;
+    mailbox_t *mailboxes;
+    int refs;  /* handlers using it */
+    int stale; /* replaced by a newer incarnation: freed when unused */
+    job_t *next;
+};
+
+struct ps__hub {
+    const ps__config_t *cfg;
+    ps__job_lookup_fn lookup;
+    void *lookup_arg;
+    pthread_mutex_t lock;
+    pthread_cond_t p2p_changed;
+    job_t *jobs;
+};
+
+static const char *kind_name(int k)
+{
+    static const char *const names[] = {"unspecified",    "barrier",    "broadcast", "all_reduce",
+                                        "reduce",         "all_gather", "gather",    "scatter",
+                                        "reduce_scatter", "all_to_all", "send",      "recv"};
+    return k >= 0 && k <= K_RECV ? names[k] : "unknown";
+}
+
+static int kind_reduces(coll_kind_t k)
+{
+    return k == K_ALL_REDUCE || k == K_REDUCE || k == K_REDUCE_SCATTER;
+}
+
+static int kind_rooted(coll_kind_t k)
+{
+    return k == K_BROADCAST || k == K_REDUCE || k == K_GATHER || k == K_SCATTER;
+}
+
+static struct timespec abs_ms(int64_t ms)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_sec += ms / 1000;
+    ts.tv_nsec += (ms % 1000) * 1000000;
+    if (ts.tv_nsec >= 1000000000) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000;
+    }
+    return ts;
+}
+
+/* ---- jobs ---- */
+
+void ps__job_info_clear(ps__job_info_t *info)
+{
+    for (int i = 0; i < info->ngroups; i++)
+        free(info->groups[i].ranks);
+    free(info->groups);
+    free(info->hub);
+    memset(info, 0, sizeof(*info));
+}
+
+static void coll_free(struct coll *c);
+
+static void job_free(job_t *j)
+{
+    while (j->colls) {
+        coll_t *c = j->colls;
+        j->colls = c->next;
+        coll_free(c);
+    }
+    while (j->mailboxes) {
+        mailbox_t *m = j->mailboxes;
+        j->mailboxes = m->next;
+        free(m->next_send_seq);
+        free(m);
+    }
+    ps__job_info_clear(&j->info);
+    free(j->name);
+    free(j);
+}
+
+/* Jobs stay cached between collectives; a stale one goes when unused. */
+static void job_release(job_t *j)
+{
+    if (--j->refs == 0 && j->stale)
+        job_free(j);
+}
+
+/* Finds the job, asking the coordinator when it is unknown, of another
+ * incarnation, or lacks the group. Called with the lock held; drops it
+ * while asking. Returns a referenced job or NULL with code/msg set. */
+static job_t *job_get(ps__hub_t *h, const header_t *hd, int *code, char *msg, size_t msglen)
+{
+    for (int attempt = 0; attempt < 2; attempt++) {
+        job_t *j = NULL;
+        for (job_t *x = h->jobs; x; x = x->next)
+            if (strcmp(x->name, hd->job) == 0)
+                j = x;
+        if (j && (hd->incarnation == 0 || j->info.incarnation == hd->incarnation)) {
+            int have_group = hd->group == 0;
+            for (int g = 0; g < j->info.ngroups && !have_group; g++)
+                have_group = j->info.groups[g].id == hd->group;
+            if (have_group) {
+                j->refs++;
+                return j;
+            }
+        }
+        if (attempt == 1)
+            break;
+        ps__job_info_t info;
+        char *err = NULL;
+        memset(&info, 0, sizeof(info));
+        pthread_mutex_unlock(&h->lock);
+        int rc = h->lookup(h->lookup_arg, hd->job, &info, &err);
+        pthread_mutex_lock(&h->lock);
+        if (rc < 0) {
+            *code = -rc;
+            snprintf(msg, msglen, "%s: %s", kind_name(hd->kind), err ? err : ps_strerror(rc));
+            free(err);
+            return NULL;
+        }
+        free(err);
+        /* Re-find: another thread may have refreshed it meanwhile. */
+        j = NULL;
+        for (job_t *x = h->jobs; x; x = x->next)
+            if (strcmp(x->name, hd->job) == 0)
+                j = x;
+        if (j && j->info.incarnation != info.incarnation) {
+            /* A new incarnation: the old state is dropped once unused. */
+            for (job_t **p = &h->jobs; *p; p = &(*p)->next)
+                if (*p == j) {
+                    *p = j->next;
+                    break;
+                }
+            j->next = NULL;
+            j->stale = 1;
+            if (j->refs == 0)
+                job_free(j);
+            j = NULL;
+        }
+        if (!j) {
+            j = calloc(1, sizeof(*j));
+            if (!j || !(j->name = strdup(hd->job))) {
+                free(j);
+                ps__job_info_clear(&info);
+                *code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+                snprintf(msg, msglen, "out of memory");
+                return NULL;
+            }
+            j->next = h->jobs;
+            h->jobs = j;
+            j->info = info;
+        } else {
+            ps__job_info_clear(&j->info);
+            j->info = info;
+        }
+    }
+    if (hd->incarnation != 0) {
+        job_t *j = NULL;
+        for (job_t *x = h->jobs; x; x = x->next)
+            if (strcmp(x->name, hd->job) == 0)
+                j = x;
+        if (j && j->info.incarnation != hd->incarnation) {
+            *code = GRPC_STATUS_FAILED_PRECONDITION;
+            snprintf(msg, msglen,
+                     "%s: job %s was formed anew (incarnation %" PRIu64 ", the caller has %" PRIu64
+                     "); call init again",
+                     kind_name(hd->kind), hd->job, j->info.incarnation, hd->incarnation);
+            return NULL;
+        }
+    }
+    *code = GRPC_STATUS_NOT_FOUND;
+    snprintf(msg, msglen, "%s: job %s has no group %u (create it with new_group on every rank)",
+             kind_name(hd->kind), hd->job, hd->group);
+    return NULL;
+}
+
+/* Group size and the member list of a group (group 0: the job). */
+static int group_size(const job_t *j, uint32_t group)
+{
+    if (group == 0)
+        return j->info.world_size;
+    for (int g = 0; g < j->info.ngroups; g++)
+        if (j->info.groups[g].id == group)
+            return j->info.groups[g].nranks;
+    return -1;
+}
+
+/* ---- failure ---- */
+
+static void coll_fail(coll_t *c, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Called with the hub lock held. The first failure wins; every member call
+ * is ended with it so no rank waits on a collective that cannot finish. */
+static void coll_fail(coll_t *c, int code, const char *fmt, ...)
+{
+    if (c->failed)
+        return;
+    c->failed = 1;
+    c->code = code;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->message, sizeof(c->message), fmt, ap);
+    va_end(ap);
+    PS_LOG(PS_LOG_WARN, "job %s: %s", c->job->name, c->message);
+    for (int i = 0; i < c->n; i++)
+        if (c->members[i] && !c->members[i]->finished)
+            ps__rpc_call_cancel(c->members[i]->call, code, c->message);
+    pthread_cond_broadcast(&c->cond);
+}
+
+/* ---- the step plan ---- */
+
+typedef struct step_plan {
+    size_t len;
+    int ncontrib;
+    int contrib_one; /* the single contributor, or -1 for all */
+    int recv_one;    /* the single receiver, -1 for all, -2 all but root */
+} step_plan_t;
+
+static void plan_step(const coll_t *c, int64_t s, step_plan_t *p)
+{
+    uint64_t m = c->chunks;
+    uint64_t ch = (uint64_t)s % m;
+    uint64_t blk = (uint64_t)s / m;
+    uint64_t left = c->block - ch * c->step_bytes;
+    p->len = left < c->step_bytes ? left : c->step_bytes;
+    switch (c->kind) {
+    case K_BROADCAST:
+        p->contrib_one = c->root;
+        p->recv_one = -2;
+        break;
+    case K_ALL_REDUCE:
+        p->contrib_one = -1;
+        p->recv_one = -1;
+        break;
+    case K_REDUCE:
+        p->contrib_one = -1;
+        p->recv_one = c->root;
+        break;
+    case K_ALL_GATHER:
+        p->contrib_one = (int)blk;
+        p->recv_one = -1;
+        break;
+    case K_GATHER:
+        p->contrib_one = (int)blk;
+        p->recv_one = c->root;
+        break;
+    case K_SCATTER:
+        p->contrib_one = c->root;
+        p->recv_one = (int)blk;
+        break;
+    case K_REDUCE_SCATTER:
+        p->contrib_one = -1;
+        p->recv_one = (int)blk;
+        break;
+    case K_ALL_TO_ALL:
+        p->contrib_one = (int)(blk / (uint64_t)c->n);
+        p->recv_one = (int)(blk % (uint64_t)c->n);
+        break;
+    default: /* p2p */
+        p->contrib_one = 0;
+        p->recv_one = 1;
+        break;
+    }
+    p->ncontrib = p->contrib_one >= 0 ? 1 : c->n;
+}
+
+static int step_contributes(const step_plan_t *p, int i)
+{
+    return p->contrib_one < 0 || p->contrib_one == i;
+}
+
+static int step_receives(const coll_t *c, const step_plan_t *p, int i)
+{
+    if (p->recv_one == -1)
+        return 1;
+    if (p->recv_one == -2)
+        return i != c->root;
+    return p->recv_one == i;
+}
+
+static int step_nreceivers(const coll_t *c, const step_plan_t *p)
+{
+    if (p->recv_one == -1)
+        return c->n;
+    if (p->recv_one == -2)
+        return c->n - 1;
+    return 1;
+}
+
+/* Bytes a member sends and receives in total. */
+static void member_totals(const coll_t *c, int i, uint64_t *in, uint64_t *out)
+{
+    uint64_t P = c->block, n = (uint64_t)c->n;
+    *in = *out = 0;
+    switch (c->kind) {
+    case K_BARRIER:
+        break;
+    case K_BROADCAST:
+        *in = i == c->root ? P : 0;
+        *out = i == c->root ? 0 : P;
+        break;
+    case K_ALL_REDUCE:
+        *in = *out = P;
+        break;
+    case K_REDUCE:
+        *in = P;
+        *out = i == c->root ? P : 0;
+        break;
+    case K_ALL_GATHER:
+        *in = P;
+        *out = n * P;
+        break;
+    case K_GATHER:
+        *in = P;
+        *out = i == c->root ? n * P : 0;
+        break;
+    case K_SCATTER:
+        *in = i == c->root ? n * P : 0;
+        *out = P;
+        break;
+    case K_REDUCE_SCATTER:
+        *in = n * P;
+        *out = P;
+        break;
+    case K_ALL_TO_ALL:
+        *in = *out = n * P;
+        break;
+    default:
+        *in = i == 0 ? P : 0;
+        *out = i == 1 ? P : 0;
+        break;
+    }
+}
+
+/* ---- collective instances ---- */
+
+static coll_t *coll_new(ps__hub_t *h, job_t *j, const header_t *hd, int n, int p2p)
+{
+    coll_t *c = calloc(1, sizeof(*c));
+    if (!c)
+        return NULL;
+    c->job = j;
+    c->group = hd->group;
+    c->seq = hd->seq;
+    c->p2p = p2p;
+    c->kind = p2p ? K_SEND : (coll_kind_t)hd->kind;
+    c->op = hd->op;
+    c->dtype = hd->dtype;
+    c->root = hd->root;
+    c->count = hd->count;
+    c->n = n;
+    c->members = calloc((size_t)n, sizeof(*c->members));
+    c->ranks = calloc((size_t)n, sizeof(int));
+    c->window = h->cfg->window;
+    c->slots = calloc((size_t)c->window, sizeof(slot_t));
+    if (!c->members || !c->ranks || !c->slots) {
+        free(c->members);
+        free(c->ranks);
+        free(c->slots);
+        free(c);
+        return NULL;
+    }
+    for (int i = 0; i < n; i++)
+        c->ranks[i] = i;
+    size_t esize = ps_dtype_size((ps_dtype_t)hd->dtype);
+    c->block = hd->count * (esize ? esize : 1);
+    /* Steps hold whole elements, so reductions never split one. */
+    size_t sb = h->cfg->step_bytes;
+    if (esize)
+        sb -= sb % esize;
+    c->step_bytes = sb ? sb : esize;
+    c->chunks = c->block ? (c->block + c->step_bytes - 1) / c->step_bytes : 0;
+    uint64_t blocks = 1;
+    if (c->kind == K_ALL_GATHER || c->kind == K_GATHER || c->kind == K_SCATTER ||
+        c->kind == K_REDUCE_SCATTER)
+        blocks = (uint64_t)n;
+    else if (c->kind == K_ALL_TO_ALL)
+        blocks = (uint64_t)n * (uint64_t)n;
+    c->nsteps = c->kind == K_BARRIER ? 0 : (int64_t)(blocks * c->chunks);
+    for (int w = 0; w < c->window; w++) {
+        c->slots[w].step = -1;
+        c->slots[w].last_done = w - c->window;
+    }
+    c->lock = &h->lock;
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&c->cond, &ca);
+    pthread_condattr_destroy(&ca);
+    return c;
+}
+
+static void slot_clear(slot_t *s, int n)
+{
+    int64_t done = s->step >= 0 ? s->step : s->last_done;
+    if (s->in) {
+        for (int i = 0; i < n; i++)
+            blob_unref(s->in[i]);
+        free(s->in);
+    }
+    blob_unref(s->out);
+    memset(s, 0, sizeof(*s));
+    s->step = -1;
+    s->last_done = done;
+}
+
+static void member_free(member_t *m);
+
+/* Frees the collective and its members (whose handlers have all returned). */
+static void coll_free(coll_t *c)
+{
+    for (int i = 0; i < c->n; i++)
+        member_free(c->members[i]);
+    for (int w = 0; w < c->window; w++)
+        slot_clear(&c->slots[w], c->n);
+    pthread_cond_destroy(&c->cond);
+    free(c->slots);
+    free(c->members);
+    free(c->ranks);
+    free(c);
+}
+
+static void coll_unlink(job_t *j, coll_t *c)
+{
+    for (coll_t **p = &j->colls; *p; p = &(*p)->next)
+        if (*p == c) {
+            *p = c->next;
+            return;
+        }
+}
+
+/* Claims the slot of step s, waiting until the step `window` earlier has
+ * been consumed. Lock held. NULL when the collective failed. */
+static slot_t *slot_claim(coll_t *c, int64_t s)
+{
+    slot_t *sl = &c->slots[s % c->window];
+    while (!c->failed && sl->step != s) {
+        if (sl->step == -1 && sl->last_done == s - c->window) {
+            step_plan_t p;
+            plan_step(c, s, &p);
+            sl->in = calloc((size_t)c->n, sizeof(blob_t *));
+            if (!sl->in) {
+                coll_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: out of memory",
+                          kind_name(c->kind));
+                break;
+            }
+            sl->step = s;
+            sl->len = p.len;
+            sl->need = p.ncontrib;
+            sl->recv_need = step_nreceivers(c, &p);
+            break;
+        }
+        pthread_cond_wait(&c->cond, c->lock);
+    }
+    return c->failed ? NULL : sl;
+}
+
+/* A step whose every receiver has its output frees its slot. Lock held. */
+static void slot_consumed(coll_t *c, slot_t *sl)
+{
+    slot_clear(sl, c->n);
+    pthread_cond_broadcast(&c->cond);
+}
+
+/* ---- member input ---- */
+
+/* Copies the member's next len input bytes to dst, receiving frames as
+ * needed. 0, or a negative code with the collective failed. */
+static int member_read(member_t *m, uint8_t *dst, size_t len)
+{
+    coll_t *c = m->coll;
+    while (len > 0) {
+        if (m->frame_pos == m->frame.data_len) {
+            grpc_byte_buffer *bb = NULL;
+            ps__frame_clear(&m->frame);
+            m->frame_pos = 0;
+            int rc = ps__rpc_call_recv(m->call, &bb);
+            if (rc < 0 || !bb) {
+                pthread_mutex_lock(c->lock);
+                if (rc < 0)
+                    coll_fail(c, GRPC_STATUS_ABORTED,
+                              "%s (group %u, seq %" PRIu64
+                              "): rank %d's stream broke after %" PRIu64 " of %" PRIu64
+                              " input bytes (the process or its connection died?)",
+                              kind_name(c->kind), c->group, c->seq, c->ranks[m->index], m->in_off,
+                              m->in_total);
+                else
+                    coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
+                              "%s (group %u, seq %" PRIu64
+                              "): rank %d ended its input after %" PRIu64 " of %" PRIu64 " bytes",
+                              kind_name(c->kind), c->group, c->seq, c->ranks[m->index], m->in_off,
+                              m->in_total);
+                pthread_mutex_unlock(c->lock);
+                return PS_EABORTED;
+            }
+            rc = ps__frame_decode(bb, &m->frame);
+            grpc_byte_buffer_destroy(bb);
+            const char *why = NULL;
+            if (rc < 0)
+                why = "a malformed frame";
+            else if (m->frame.meta->offset != m->in_off)
+                why = "a frame at the wrong offset";
+            else if (m->frame.data_len > m->in_total - m->in_off)
+                why = "more bytes than its count implies";
+            if (why) {
+                pthread_mutex_lock(c->lock);
+                coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
+                          "%s (group %u, seq %" PRIu64 "): rank %d sent %s (at input byte %" PRIu64
+                          ")",
+                          kind_name(c->kind), c->group, c->seq, c->ranks[m->index], why, m->in_off);
+                pthread_mutex_unlock(c->lock);
+                return PS_EINVAL;
+            }
+            continue;
+        }
+        size_t k = m->frame.data_len - m->frame_pos;
+        if (k > len)
+            k = len;
+        ps__frame_copy_data(&m->frame, m->frame_pos, dst, k);
+        m->frame_pos += k;
+        m->in_off += k;
+        dst += k;
+        len -= k;
+    }
+    return 0;
+}
+
+/* Deposits the member's contributions, step by step. */
+static void member_deposit(member_t *m)
+{
+    coll_t *c = m->coll;
+    size_t esize = ps_dtype_size((ps_dtype_t)c->dtype);
+    for (int64_t s = 0; s < c->nsteps; s++) {
+        step_plan_t p;
+        plan_step(c, s, &p);
+        if (!step_contributes(&p, m->index))
+            continue;
+        blob_t *b = blob_new(p.len);
+        pthread_mutex_lock(c->lock);
+        slot_t *sl = b ? slot_claim(c, s) : NULL;
+        if (!b && !c->failed)
+            coll_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", kind_name(c->kind));
+        pthread_mutex_unlock(c->lock);
+        if (!sl || member_read(m, b->data, p.len) < 0) {
+            blob_unref(b);
+            return;
+        }
+        pthread_mutex_lock(c->lock);
+        if (c->failed) {
+            pthread_mutex_unlock(c->lock);
+            blob_unref(b);
+            return;
+        }
+        sl->in[m->index] = b;
+        if (++sl->have == sl->need) {
+            if (p.ncontrib == 1) {
+                sl->out = b;
+                sl->in[m->index] = NULL;
+            } else {
+                /* The last contributor reduces, outside the lock, in rank
+                 * order so every run gives the same bits. */
+                pthread_mutex_unlock(c->lock);
+                blob_t *out = blob_new(p.len);
+                const void **srcs = malloc((size_t)c->n * sizeof(void *));
+                int rc = PS_ENOMEM;
+                if (out && srcs) {
+                    for (int i = 0; i < c->n; i++)
+                        srcs[i] = sl->in[i]->data;
+                    rc = ps_reduce_multi((ps_op_t)c->op, (ps_dtype_t)c->dtype, out->data, srcs,
+                                         (size_t)c->n, p.len / esize);
+                }
+                free(srcs);
+                pthread_mutex_lock(c->lock);
+                if (rc < 0) {
+                    blob_unref(out);
+                    coll_fail(c,
+                              rc == PS_ENOMEM ? GRPC_STATUS_RESOURCE_EXHAUSTED
+                                              : GRPC_STATUS_INVALID_ARGUMENT,
+                              "%s: reduction failed: %s", kind_name(c->kind), ps_strerror(rc));
+                    pthread_mutex_unlock(c->lock);
+                    return;
+                }
+                for (int i = 0; i < c->n; i++) {
+                    blob_unref(sl->in[i]);
+                    sl->in[i] = NULL;
+                }
+                sl->out = out;
+            }
+            sl->computed = 1;
+            if (sl->recv_need == 0)
+                slot_consumed(c, sl);
+            pthread_cond_broadcast(&c->cond);
+        }
+        pthread_mutex_unlock(c->lock);
+    }
+}
+
+/* ---- member output ---- */
+
+static int send_frame(member_t *m, const Paramsync__V1__CollectiveResult *res, uint64_t off,
+                      blob_t *b, size_t len)
+{
+    if (b)
+        blob_ref(b);
+    grpc_byte_buffer *bb =
+        ps__frame_encode(NULL, res, off, b ? b->data : NULL, len, b ? blob_unref : NULL, b);
+    if (!bb)
+        return PS_ENOMEM;
+    int rc = ps__rpc_call_send(m->call, bb);
+    grpc_byte_buffer_destroy(bb);
+    return rc;
+}
+
+static void result_init(const coll_t *c, const member_t *m, Paramsync__V1__CollectiveResult *res)
+{
+    paramsync__v1__collective_result__init(res);
+    res->bytes = m->out_total;
+    res->source = c->p2p ? c->ranks[0] : -1;
+}
+
+/* Sends the member's outputs; the first frame also carries the result. */
+static void member_write(member_t *m)
+{
+    coll_t *c = m->coll;
+    Paramsync__V1__CollectiveResult res;
+    result_init(c, m, &res);
+    uint64_t off = 0;
+    int first = 1;
+    for (int64_t s = 0; s < c->nsteps; s++) {
+        step_plan_t p;
+        plan_step(c, s, &p);
+        if (!step_receives(c, &p, m->index))
+            continue;
+        slot_t *sl = &c->slots[s % c->window];
+        pthread_mutex_lock(c->lock);
+        while (!c->failed && !(sl->step == s && sl->computed))
+            pthread_cond_wait(&c->cond, c->lock);
+        if (c->failed) {
+            pthread_mutex_unlock(c->lock);
+            return;
+        }
+        blob_t *out = sl->out;
+        blob_ref(out);
+        pthread_mutex_unlock(c->lock);
+        int rc = send_frame(m, first ? &res : NULL, off, out, p.len);
+        blob_unref(out);
+        first = 0;
+        off += p.len;
+        pthread_mutex_lock(c->lock);
+        if (rc < 0)
+            coll_fail(c, GRPC_STATUS_ABORTED,
+                      "%s (group %u, seq %" PRIu64 "): sending to rank %d failed (the process or "
+                      "its connection died?)",
+                      kind_name(c->kind), c->group, c->seq, c->ranks[m->index]);
+        if (sl->step == s && ++sl->recv_done == sl->recv_need)
+            slot_consumed(c, sl);
+        pthread_mutex_unlock(c->lock);
+        if (rc < 0)
+            return;
+    }
+    if (first)
+        send_frame(m, &res, 0, NULL, 0);
+}
+
+static void *writer_main(void *arg)
+{
+    member_write(arg);
+    return NULL;
+}
+
+/* ---- matching ---- */
+
+static int header_mismatch(const coll_t *c, const member_t *ref, const header_t *a, int rank,
+                           char *msg, size_t len)
+{
+    const header_t *b = ref->first->header;
+    int rref = c->ranks[ref->index];
+    const char *pre = kind_name(b->kind);
+    if (a->kind != b->kind) {
+        snprintf(msg, len,
+                 "collective seq %" PRIu64 " on group %u: rank %d called %s but rank %d called %s",
+                 a->seq, a->group, rank, kind_name(a->kind), rref, kind_name(b->kind));
+        return 1;
+    }
+    if (a->kind != K_BARRIER && a->dtype != b->dtype) {
+        snprintf(msg, len,
+                 "%s (group %u, seq %" PRIu64 "): rank %d has dtype %s but rank %d has %s", pre,
+                 a->group, a->seq, rank, ps_dtype_name((ps_dtype_t)a->dtype), rref,
+                 ps_dtype_name((ps_dtype_t)b->dtype));
+        return 1;
+    }
+    if (a->kind != K_BARRIER && a->count != b->count) {
+        snprintf(msg, len,
+                 "%s (group %u, seq %" PRIu64 "): rank %d has count %" PRIu64
+                 " but rank %d has %" PRIu64,
+                 pre, a->group, a->seq, rank, a->count, rref, b->count);
+        return 1;
+    }
+    if (kind_reduces((coll_kind_t)a->kind) && a->op != b->op) {
+        snprintf(msg, len, "%s (group %u, seq %" PRIu64 "): rank %d has op %s but rank %d has %s",
+                 pre, a->group, a->seq, rank, ps_op_name((ps_op_t)a->op), rref,
+                 ps_op_name((ps_op_t)b->op));
+        return 1;
+    }
+    if (kind_rooted((coll_kind_t)a->kind) && a->root != b->root) {
+        snprintf(msg, len, "%s (group %u, seq %" PRIu64 "): rank %d has root %d but rank %d has %d",
+                 pre, a->group, a->seq, rank, a->root, rref, b->root);
+        return 1;
+    }
+    return 0;
+}
+
+static mailbox_t *mailbox_get(job_t *j, uint32_t group, int dst, int n)
+{
+    for (mailbox_t *m = j->mailboxes; m; m = m->next)
+        if (m->group == group && m->dst == dst)
+            return m;
+    mailbox_t *m = calloc(1, sizeof(*m));
+    if (!m)
+        return NULL;
+    m->next_send_seq = calloc((size_t)n, sizeof(uint64_t));
+    if (!m->next_send_seq) {
+        free(m);
+        return NULL;
+    }
+    m->group = group;
+    m->dst = dst;
+    m->nsrc = n;
+    m->next = j->mailboxes;
+    j->mailboxes = m;
+    return m;
+}
+
+static void list_remove(member_t **head, member_t *x)
+{
+    for (member_t **p = head; *p; p = &(*p)->next_wait)
+        if (*p == x) {
+            *p = x->next_wait;
+            x->next_wait = NULL;
+            return;
+        }
+}
+
+/* Pairs receives with sends in the order each rank started them. Lock held. */
+static void mailbox_match(ps__hub_t *h, job_t *j, mailbox_t *mb)
+{
+    for (;;) {
+        member_t *r = NULL, *s = NULL;
+        for (member_t *x = mb->recvs; x; x = x->next_wait)
+            if (x->first->header->seq == mb->next_recv_seq)
+                r = x;
+        if (!r)
+            return;
+        const header_t *rh = r->first->header;
+        for (member_t *x = mb->sends; x && !s; x = x->next_wait) {
+            const header_t *sh = x->first->header;
+            if ((rh->peer < 0 || sh->rank == rh->peer) && sh->seq == mb->next_send_seq[sh->rank] &&
+                sh->tag == rh->tag)
+                s = x;
+        }
+        if (!s)
+            return;
+        list_remove(&mb->recvs, r);
+        list_remove(&mb->sends, s);
+        mb->next_recv_seq++;
+        mb->next_send_seq[s->first->header->rank]++;
+        const header_t *sh = s->first->header;
+        coll_t *c = coll_new(h, j, sh, 2, 1);
+        if (!c) {
+            /* Without memory neither side can go on: both fail alike. */
+            ps__rpc_call_cancel(s->call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+            ps__rpc_call_cancel(r->call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+            continue;
+        }
+        c->ranks[0] = sh->rank;
+        c->ranks[1] = rh->rank;
+        c->members[0] = s;
+        c->members[1] = r;
+        s->coll = c;
+        s->index = 0;
+        r->coll = c;
+        r->index = 1;
+        c->narrived = 2;
+        c->next = j->colls;
+        j->colls = c;
+        if (sh->dtype != rh->dtype || sh->count != rh->count)
+            coll_fail(c, GRPC_STATUS_FAILED_PRECONDITION,
+                      "send from rank %d to rank %d (group %u, tag %u): the sender has %" PRIu64
+                      " %s elements but the receiver expects %" PRIu64 " %s",
+                      sh->rank, rh->rank, sh->group, sh->tag, sh->count,
+                      ps_dtype_name((ps_dtype_t)sh->dtype), rh->count,
+                      ps_dtype_name((ps_dtype_t)rh->dtype));
+    }
+}
+
+/* ---- serving one call ---- */
+
+static member_t *member_new(ps__rpc_call_t *call, ps__frame_t *first)
+{
+    member_t *m = calloc(1, sizeof(*m));
+    if (!m)
+        return NULL;
+    m->call = call;
+    m->first = first->meta;
+    m->frame = *first;
+    m->frame.meta = NULL;
+    memset(first, 0, sizeof(*first));
+    m->arrival_ms = ps__now_ms();
+    return m;
+}
+
+static void member_free(member_t *m)
+{
+    if (!m)
+        return;
+    ps__frame_clear(&m->frame);
+    if (m->first)
+        protobuf_c_message_free_unpacked(&m->first->base, NULL);
+    free(m);
+}
+
+/* Checks a header on its own; INVALID_ARGUMENT-style codes with msg. */
+static int header_check(const ps__config_t *cfg, const header_t *hd, int n, char *msg, size_t len)
+{
+    const char *k = kind_name(hd->kind);
+    if (hd->kind < K_BARRIER || hd->kind > K_RECV) {
+        snprintf(msg, len, "unknown collective kind %d", hd->kind);
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    if (hd->rank < 0 || hd->rank >= n) {
+        snprintf(msg, len, "%s (group %u): rank %d is out of range for a group of size %d", k,
+                 hd->group, hd->rank, n);
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    if (hd->kind != K_BARRIER && ps_dtype_size((ps_dtype_t)hd->dtype) == 0) {
+        snprintf(msg, len, "%s (group %u): unknown dtype %d", k, hd->group, hd->dtype);
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    if (kind_reduces((coll_kind_t)hd->kind) &&
+        ps_op_check((ps_op_t)hd->op, (ps_dtype_t)hd->dtype)) {
+        snprintf(msg, len,
+                 "%s (group %u, seq %" PRIu64 "): rank %d: op %s is not defined for dtype %s", k,
+                 hd->group, hd->seq, hd->rank, ps_op_name((ps_op_t)hd->op),
+                 ps_dtype_name((ps_dtype_t)hd->dtype));
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    if (kind_rooted((coll_kind_t)hd->kind) && (hd->root < 0 || hd->root >= n)) {
+        snprintf(msg, len,
+                 "%s (group %u, seq %" PRIu64
+                 "): rank %d: root %d is out of range for a group of size %d",
+                 k, hd->group, hd->seq, hd->rank, hd->root, n);
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    if ((hd->kind == K_SEND && (hd->peer < 0 || hd->peer >= n || hd->peer == hd->rank)) ||
+        (hd->kind == K_RECV && (hd->peer < -1 || hd->peer >= n || hd->peer == hd->rank))) {
+        snprintf(msg, len, "%s (group %u): rank %d: peer %d is invalid for a group of size %d", k,
+                 hd->group, hd->rank, hd->peer, n);
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    /* Limits are checked before any memory is taken. */
+    uint64_t esize = ps_dtype_size((ps_dtype_t)hd->dtype);
+    uint64_t mult = 1;
+    if (hd->kind == K_ALL_GATHER || hd->kind == K_GATHER || hd->kind == K_SCATTER ||
+        hd->kind == K_REDUCE_SCATTER || hd->kind == K_ALL_TO_ALL)
+        mult = (uint64_t)n;
+    if (hd->kind != K_BARRIER && (hd->count > cfg->max_tensor_bytes / (esize ? esize : 1) / mult)) {
+        snprintf(msg, len,
+                 "%s (group %u): rank %d: %" PRIu64 " elements of %s (x%" PRIu64
+                 " ranks) exceed the daemon's "
+                 "limit of %" PRIu64 " bytes (--max-tensor-bytes)",
+                 k, hd->group, hd->rank, hd->count, ps_dtype_name((ps_dtype_t)hd->dtype), mult,
+                 cfg->max_tensor_bytes);
+        return GRPC_STATUS_RESOURCE_EXHAUSTED;
+    }
+    return 0;
+}
+
+/* Waits, lock held, until the collective may start; fails it at the deadline. */
+static void wait_arrivals(coll_t *c, int64_t timeout_ms)
+{
+    struct timespec dl = abs_ms(timeout_ms);
+    while (!c->failed && c->narrived < c->n) {
+        if (pthread_cond_timedwait(&c->cond, c->lock, &dl) == ETIMEDOUT && c->narrived < c->n &&
+            !c->failed) {
+            char missing[256];
+            int off = 0;
+            for (int i = 0; i < c->n && off < (int)sizeof(missing) - 12; i++)
+                if (!c->members[i])
+                    off += snprintf(missing + off, sizeof(missing) - (size_t)off, "%s%d",
+                                    off ? ", " : "", i);
+            coll_fail(c, GRPC_STATUS_DEADLINE_EXCEEDED,
+                      "%s (group %u, seq %" PRIu64 "): rank%s %s did not arrive within %lld ms",
+                      kind_name(c->kind), c->group, c->seq, strchr(missing, ',') ? "s" : "",
+                      missing, (long long)timeout_ms);
+        }
+    }
+}
+
+void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
+{
+    char msg[512];
+    int code = 0;
+    job_t *j = NULL;
+    coll_t *c = NULL;
+    member_t *m = NULL;
+    const header_t *hd = first->meta ? first->meta->header : NULL;
+    if (!hd) {
+        ps__frame_clear(first);
+        ps__rpc_call_send_status(call, GRPC_STATUS_INVALID_ARGUMENT,
+                                 "the first frame of a collective must carry a header");
+        return;
+    }
+    int64_t timeout = hd->timeout_ms ? (int64_t)hd->timeout_ms : h->cfg->timeout_ms;
+    m = member_new(call, first);
+    if (!m) {
+        ps__frame_clear(first);
+        ps__rpc_call_send_status(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        return;
+    }
+    hd = m->first->header;
+
+    pthread_mutex_lock(&h->lock);
+    j = job_get(h, hd, &code, msg, sizeof(msg));
+    if (!j)
+        goto fail_locked;
+    int n = group_size(j, hd->group);
+    if ((code = header_check(h->cfg, hd, n, msg, sizeof(msg))) != 0)
+        goto fail_locked;
+
+    if (hd->kind == K_SEND || hd->kind == K_RECV) {
+        int dst = hd->kind == K_SEND ? hd->peer : hd->rank;
+        mailbox_t *mb = mailbox_get(j, hd->group, dst, n);
+        if (!mb) {
+            code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+            snprintf(msg, sizeof(msg), "out of memory");
+            goto fail_locked;
+        }
+        member_t **list = hd->kind == K_SEND ? &mb->sends : &mb->recvs;
+        member_t **tail = list;
+        while (*tail)
+            tail = &(*tail)->next_wait;
+        *tail = m;
+        mailbox_match(h, j, mb);
+        pthread_cond_broadcast(&h->p2p_changed);
+        struct timespec dl = abs_ms(timeout);
+        while (!m->coll) {
+            if (pthread_cond_timedwait(&h->p2p_changed, &h->lock, &dl) == ETIMEDOUT && !m->coll) {
+                list_remove(list, m);
+                code = GRPC_STATUS_DEADLINE_EXCEEDED;
+                if (hd->kind == K_SEND)
+                    snprintf(msg, sizeof(msg),
+                             "send from rank %d to rank %d (group %u, tag %u): no matching recv "
+                             "within %lld ms",
+                             hd->rank, hd->peer, hd->group, hd->tag, (long long)timeout);
+                else if (hd->peer >= 0)
+                    snprintf(msg, sizeof(msg),
+                             "recv at rank %d from rank %d (group %u, tag %u): no matching send "
+                             "within %lld ms",
+                             hd->rank, hd->peer, hd->group, hd->tag, (long long)timeout);
+                else
+                    snprintf(msg, sizeof(msg),
+                             "recv at rank %d from any rank (group %u, tag %u): no matching send "
+                             "within %lld ms",
+                             hd->rank, hd->group, hd->tag, (long long)timeout);
+                goto fail_locked;
+            }
+        }
+        c = m->coll;
+    } else {
+        for (coll_t *x = j->colls; x && !c; x = x->next)
+            if (!x->p2p && x->group == hd->group && x->seq == hd->seq)
+                c = x;
+        if (!c) {
+            c = coll_new(h, j, hd, n, 0);
+            if (!c) {
+                code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+                snprintf(msg, sizeof(msg), "out of memory");
+                goto fail_locked;
+            }
+            c->next = j->colls;
+            j->colls = c;
+        }
+        if (c->members[hd->rank]) {
+            /* Not this collective's member: answer this caller alone. */
+            code = GRPC_STATUS_ALREADY_EXISTS;
+            snprintf(msg, sizeof(msg), "%s (group %u, seq %" PRIu64 "): rank %d called it twice",
+                     kind_name(hd->kind), hd->group, hd->seq, hd->rank);
+            c = NULL;
+            goto fail_locked;
+        }
+        m->coll = c;
+        m->index = hd->rank;
+        c->members[hd->rank] = m;
+        c->narrived++;
+        member_t *ref = NULL;
+        for (int i = 0; i < c->n && !ref; i++)
+            if (c->members[i] && c->members[i] != m)
+                ref = c->members[i];
+        if (ref && header_mismatch(c, ref, hd, hd->rank, msg, sizeof(msg)))
+            coll_fail(c, GRPC_STATUS_FAILED_PRECONDITION, "%s", msg);
+        pthread_cond_broadcast(&c->cond);
+        if (c->failed)
+            ps__rpc_call_cancel(call, c->code, c->message);
+        wait_arrivals(c, timeout);
+    }
+    pthread_mutex_unlock(&h->lock);
+
+    member_totals(c, m->index, &m->in_total, &m->out_total);
+    pthread_t writer;
+    int have_writer = 0;
+    if (!c->failed) {
+        if (m->frame.data_len > m->in_total) {
+            pthread_mutex_lock(&h->lock);
+            coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
+                      "%s (group %u, seq %" PRIu64
+                      "): rank %d sent more bytes than its count implies",
+                      kind_name(c->kind), c->group, c->seq, c->ranks[m->index]);
+            pthread_mutex_unlock(&h->lock);
+        } else if (m->out_total > 0 && c->nsteps > 1) {
+            have_writer = pthread_create(&writer, NULL, writer_main, m) == 0;
+            if (!have_writer) {
+                pthread_mutex_lock(&h->lock);
+                coll_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "no thread for the collective");
+                pthread_mutex_unlock(&h->lock);
+            }
+        }
+    }
+    if (!c->failed)
+        member_deposit(m);
+    if (have_writer)
+        pthread_join(writer, NULL);
+    else if (!c->failed)
+        member_write(m);
+    if (!c->failed) {
+        /* The input must end where its count says. */
+        grpc_byte_buffer *bb = NULL;
+        if (m->frame_pos != m->frame.data_len || ps__rpc_call_recv(call, &bb) < 0 || bb) {
+            pthread_mutex_lock(&h->lock);
+            coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
+                      "%s (group %u, seq %" PRIu64
+                      "): rank %d sent more input than its count implies",
+                      kind_name(c->kind), c->group, c->seq, c->ranks[m->index]);
+            pthread_mutex_unlock(&h->lock);
+        }
+        if (bb)
+            grpc_byte_buffer_destroy(bb);
+    }
+    pthread_mutex_lock(&h->lock);
+    m->finished = 1;
+    code = c->failed ? c->code : 0;
+    snprintf(msg, sizeof(msg), "%s", c->failed ? c->message : "");
+    if (++c->nfinished == c->n) {
+        coll_unlink(j, c);
+        coll_free(c);
+    }
+    job_release(j);
+    pthread_mutex_unlock(&h->lock);
+    ps__rpc_call_send_status(call, code, msg);
+    return;
+
+fail_locked:
+    if (j)
+        job_release(j);
+    pthread_mutex_unlock(&h->lock);
+    PS_LOG(PS_LOG_WARN, "%s", msg);
+    ps__rpc_call_send_status(call, code, msg);
+    member_free(m);
+}
+
+int ps__hub_create(const ps__config_t *cfg, ps__job_lookup_fn lookup, void *lookup_arg,
+                   ps__hub_t **out)
+{
+    ps__hub_t *h = calloc(1, sizeof(*h));
+    if (!h)
+        return PS_ENOMEM;
+    h->cfg = cfg;
+    h->lookup = lookup;
+    h->lookup_arg = lookup_arg;
+    pthread_mutex_init(&h->lock, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&h->p2p_changed, &ca);
+    pthread_condattr_destroy(&ca);
+    *out = h;
+    return 0;
+}
+
+void ps__hub_destroy(ps__hub_t *h)
+{
+    if (!h)
+        return;
+    while (h->jobs) {
+        job_t *j = h->jobs;
+        h->jobs = j->next;
+        job_free(j);
+    }
+    pthread_cond_destroy(&h->p2p_changed);
+    pthread_mutex_destroy(&h->lock);
+    free(h);
+}

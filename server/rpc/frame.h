@@ -1,0 +1,67 @@
+/* Encoding and decoding of paramsync.v1.Frame without re-encoding tensor bytes. */
+#ifndef PS_FRAME_H
+#define PS_FRAME_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <grpc/byte_buffer.h>
+
+#include "paramsync/v1/paramsync.pb-c.h"
+
+/*
+ * A Frame on the wire is the protobuf encoding of its small fields
+ * (header, result, offset) followed by field 15 (`data`): its tag, its
+ * length, then the raw tensor bytes. The encoder puts those bytes in a slice
+ * of their own (referenced, not copied, when the caller can keep them alive);
+ * the decoder finds them inside the received slices and copies them once,
+ * straight to their destination. Any protobuf library reads and writes the
+ * same bytes, so the Python and Node.js clients use their generated code.
+ */
+
+/** Upper bound of payload bytes in one frame (the gRPC receive limit is
+ * lifted on both ends, but frames stay well under 4 MiB anyway). */
+#define PS_FRAME_MAX_DATA (4u << 20)
+
+/** Called when gRPC no longer needs the bytes passed to ps__frame_encode. */
+typedef void (*ps__frame_release_fn)(void *arg);
+
+/**
+ * Builds a frame. header, result may be NULL; data may be NULL when len is 0.
+ * With release == NULL the bytes are copied; otherwise they are referenced
+ * and release(release_arg) runs once gRPC is done with them (possibly long
+ * after the send completed). Returns a new byte buffer, or NULL on ENOMEM
+ * (release is then called before returning).
+ */
+grpc_byte_buffer *ps__frame_encode(const Paramsync__V1__CollectiveHeader *header,
+                                   const Paramsync__V1__CollectiveResult *result, uint64_t offset,
+                                   const void *data, size_t len, ps__frame_release_fn release,
+                                   void *release_arg);
+
+/** A decoded frame: the small fields unpacked, the data located in place. */
+typedef struct ps__frame {
+    Paramsync__V1__Frame *meta; /* header/result/offset; data left empty */
+    size_t data_len;
+    /* private: where the data lies in the received slices */
+    grpc_slice *slices;
+    size_t nslices;
+    size_t data_slice;  /* slice index of the first data byte */
+    size_t data_offset; /* offset of the first data byte in that slice */
+} ps__frame_t;
+
+/**
+ * Decodes bb (not consumed; the caller still destroys it). Returns 0, or
+ * PS_EINVAL for malformed input (bad varint, truncated field, wire-type or
+ * nested-message errors), or PS_ENOMEM. On success release with
+ * ps__frame_clear.
+ */
+int ps__frame_decode(grpc_byte_buffer *bb, ps__frame_t *out);
+
+/** Copies data bytes [from, from+len) of the frame to dst. PS_EINVAL when the
+ * range is outside the data. */
+int ps__frame_copy_data(const ps__frame_t *f, size_t from, void *dst, size_t len);
+
+/** Frees what decode took. Accepts a zeroed frame. */
+void ps__frame_clear(ps__frame_t *f);
+
+#endif

@@ -1,0 +1,133 @@
+/* The one thin wrapper over gRPC's C core, used by the daemon and the C client. */
+#ifndef PS_RPC_H
+#define PS_RPC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <grpc/byte_buffer.h>
+#include <grpc/grpc.h>
+#include <protobuf-c/protobuf-c.h>
+
+/*
+ * Model: every call has its own pluck completion queue, and the code that
+ * owns a call blocks on its operations. A call may have one sender thread
+ * and one receiver thread at once (full duplex); any thread may cancel it.
+ * Servers run each accepted call's handler on a thread of its own.
+ *
+ * Errors are negative PS_E* codes; the magnitude of each is the gRPC status
+ * code, so ps__rpc_status_to_err(code) == -code.
+ */
+
+typedef struct ps__rpc_server ps__rpc_server_t;
+typedef struct ps__rpc_channel ps__rpc_channel_t;
+typedef struct ps__rpc_call ps__rpc_call_t;
+
+/* Handles one accepted call on its own thread. Must end the call with
+ * ps__rpc_call_send_status (if it does not, the wrapper ends it with
+ * INTERNAL). The wrapper frees the call when the handler returns. */
+typedef void (*ps__rpc_handler_fn)(ps__rpc_call_t *call, void *arg);
+
+/** grpc_init, and glibc malloc tuning that doubles streaming throughput (see
+ * docs/ARCHITECTURE.md). Reference counted; pair with ps__rpc_release. */
+void ps__rpc_acquire(void);
+void ps__rpc_release(void);
+
+/** Monotonic milliseconds. */
+int64_t ps__now_ms(void);
+
+/* ---- server ---- */
+
+/** Creates a server; 0, or PS_ENOMEM. */
+int ps__rpc_server_create(ps__rpc_server_t **out);
+
+/** Registers "/pkg.Svc/Method" with its handler. Before start only. */
+int ps__rpc_server_add_method(ps__rpc_server_t *srv, const char *method, ps__rpc_handler_fn fn,
+                              void *arg);
+
+/** Listens on addr ("host:port", "unix:/path"; port 0 picks one). *port gets the
+ * bound port (0 for unix sockets). PS_EUNAVAIL when it cannot bind. */
+int ps__rpc_server_listen(ps__rpc_server_t *srv, const char *addr, int *port);
+
+/** Starts serving. */
+int ps__rpc_server_start(ps__rpc_server_t *srv);
+
+/** Stops accepting, cancels every call in flight with UNAVAILABLE ("shutting
+ * down"), and waits for their handlers to return. Idempotent. */
+void ps__rpc_server_shutdown(ps__rpc_server_t *srv);
+
+/** Frees a server (shutting it down first if needed). Accepts NULL. */
+void ps__rpc_server_destroy(ps__rpc_server_t *srv);
+
+/** The method name of an accepted call (a static string of the server). */
+const char *ps__rpc_call_method(const ps__rpc_call_t *call);
+
+/** The peer address ("ipv4:127.0.0.1:4242"); owned by the call. */
+const char *ps__rpc_call_peer(ps__rpc_call_t *call);
+
+/** Milliseconds left before the call's deadline (INT64_MAX when it has none). */
+int64_t ps__rpc_call_remaining_ms(const ps__rpc_call_t *call);
+
+/** Server side: ends the call with a status. Later sends fail. */
+int ps__rpc_call_send_status(ps__rpc_call_t *call, int code, const char *message);
+
+/* ---- client ---- */
+
+/** A channel to target ("host:port", "unix:/path"). 0, or PS_EINVAL/PS_ENOMEM. */
+int ps__rpc_channel_create(const char *target, ps__rpc_channel_t **out);
+void ps__rpc_channel_destroy(ps__rpc_channel_t *ch);
+const char *ps__rpc_channel_target(const ps__rpc_channel_t *ch);
+
+/** Starts a call (it waits for the server to be ready, up to timeout_ms;
+ * <= 0 means no deadline). 0, or a negative code. */
+int ps__rpc_call_start(ps__rpc_channel_t *ch, const char *method, int64_t timeout_ms,
+                       ps__rpc_call_t **out);
+
+/** Client side: half-closes the request stream. */
+int ps__rpc_call_close_send(ps__rpc_call_t *call);
+
+/** Client side: waits for the status. *message (may be NULL) gets a malloc'd
+ * copy of the status message, owned by the caller. Returns -code (0 for OK). */
+int ps__rpc_call_finish(ps__rpc_call_t *call, char **message);
+
+/** Frees a client call, cancelling it if unfinished. Accepts NULL. */
+void ps__rpc_call_destroy(ps__rpc_call_t *call);
+
+/* ---- both sides ---- */
+
+/** Sends one message and waits until gRPC has taken it. Does not take msg;
+ * the caller destroys it. 0, or a negative code when the call is broken. */
+int ps__rpc_call_send(ps__rpc_call_t *call, grpc_byte_buffer *msg);
+
+/** Waits for one message. *msg is the caller's to destroy, or NULL at the
+ * end of the stream. 0, or a negative code when the call is broken. */
+int ps__rpc_call_recv(ps__rpc_call_t *call, grpc_byte_buffer **msg);
+
+/** Cancels the call with a status; thread-safe, idempotent. */
+void ps__rpc_call_cancel(ps__rpc_call_t *call, int code, const char *message);
+
+/* ---- protobuf-c messages ---- */
+
+/** Packs a protobuf-c message into a new byte buffer (NULL on ENOMEM). */
+grpc_byte_buffer *ps__rpc_pack(const ProtobufCMessage *msg);
+
+/** Unpacks a byte buffer into a new message of desc (free with
+ * protobuf_c_message_free_unpacked). 0, or PS_EINVAL on malformed input. */
+int ps__rpc_unpack(grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *desc,
+                   ProtobufCMessage **out);
+
+/** A unary call: sends req, receives one response of resp_desc. On a non-OK
+ * status returns -code and, when errmsg is not NULL, a malloc'd message. */
+int ps__rpc_unary(ps__rpc_channel_t *ch, const char *method, const ProtobufCMessage *req,
+                  const ProtobufCMessageDescriptor *resp_desc, ProtobufCMessage **resp,
+                  int64_t timeout_ms, char **errmsg);
+
+/** Receives and unpacks one message; PS_EUNAVAIL-style code on a broken call,
+ * 1 at the end of the stream (nothing unpacked). */
+int ps__rpc_recv_msg(ps__rpc_call_t *call, const ProtobufCMessageDescriptor *desc,
+                     ProtobufCMessage **out);
+
+/** Packs and sends one message. */
+int ps__rpc_send_msg(ps__rpc_call_t *call, const ProtobufCMessage *msg);
+
+#endif
