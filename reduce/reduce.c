@@ -7,6 +7,10 @@
 
 #include <pthread.h>
 
+#if defined(PS_HAVE_AVX2) || defined(PS_HAVE_AVX512)
+#include <cpuid.h>
+#endif
+
 #include "reduce_internal.h"
 
 static const char *const path_names[PS_PATH_COUNT] = {
@@ -31,6 +35,16 @@ static int path_supported[PS_PATH_COUNT];
 /* The path in use. Atomic because ps_reduce_set_path may race with reductions in other threads. */
 static atomic_int current_path = PS_PATH_SCALAR;
 
+#ifdef PS_HAVE_AVX2
+/* CPUID.1:ECX bit 29. Read directly because clang before 16 rejects __builtin_cpu_supports("f16c").
+ */
+static int cpu_has_f16c(void)
+{
+    unsigned eax, ebx, ecx, edx;
+    return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29)) != 0;
+}
+#endif
+
 /*
  * Probes the CPU once. __builtin_cpu_supports also checks that the OS saves
  * the YMM/ZMM state (XCR0), so a feature bit alone never selects a path.
@@ -42,7 +56,7 @@ static void path_init(void)
     __builtin_cpu_init();
 #endif
 #ifdef PS_HAVE_AVX2
-    path_supported[PS_PATH_AVX2] = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    path_supported[PS_PATH_AVX2] = __builtin_cpu_supports("avx2") && cpu_has_f16c();
 #endif
 #ifdef PS_HAVE_AVX512
     path_supported[PS_PATH_AVX512] =
