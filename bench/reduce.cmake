@@ -1,0 +1,3 @@
+# Reduce benchmark; included by bench/CMakeLists.txt.
+add_executable(paramsync-bench-reduce ${CMAKE_CURRENT_LIST_DIR}/bench_reduce.c)
+target_link_libraries(paramsync-bench-reduce PRIVATE paramsync_reduce)
