@@ -3,12 +3,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <grpc/status.h>
 
 #include <paramsync/common.h>
 
 #include "daemon.h"
+#include "health.h"
 #include "log.h"
 #include "rpc/frame.h"
 
@@ -33,6 +35,11 @@ struct ps__agent {
     pthread_mutex_t lock;
     peer_channel_t *peers;
     job_route_t *routes;
+    struct ps__health *health;
+    pthread_t health_thread;
+    int health_running;
+    int stopping;
+    pthread_cond_t stop_cond;
 };
 
 /* Control calls to the coordinator are short; a coordinator that does not
@@ -368,6 +375,7 @@ int ps__agent_create(const ps__config_t *cfg, ps__rpc_server_t *srv, const char 
         return PS_ENOMEM;
     a->cfg = cfg;
     pthread_mutex_init(&a->lock, NULL);
+    pthread_cond_init(&a->stop_cond, NULL);
     int rc = PS_ENOMEM;
     a->self = strdup(self);
     if (!a->self)
@@ -389,10 +397,75 @@ fail:
     return rc;
 }
 
+/* Keeps the agent's health true to whether its coordinator is reachable,
+ * and registers the agent with each coordinator it connects to. */
+static void *health_main(void *arg)
+{
+    ps__agent_t *a = arg;
+    int was_ready = -1, checks = 0;
+    pthread_mutex_lock(&a->lock);
+    while (!a->stopping) {
+        pthread_mutex_unlock(&a->lock);
+        int ready = ps__rpc_channel_ready(a->coord);
+        if (ready && was_ready != 1) {
+            Paramsync__V1__RegisterAgentRequest req = PARAMSYNC__V1__REGISTER_AGENT_REQUEST__INIT;
+            Paramsync__V1__RegisterAgentResponse *resp = NULL;
+            req.address = a->self;
+            if (ps__rpc_unary(a->coord, PS_M_COORD_REGISTER, &req.base,
+                              &paramsync__v1__register_agent_response__descriptor,
+                              (ProtobufCMessage **)&resp, 5000, NULL) == 0)
+                protobuf_c_message_free_unpacked(&resp->base, NULL);
+        }
+        if (ready != was_ready) {
+            /* The first check only starts the connection: no warning yet. */
+            if (was_ready != -1 || ready)
+                PS_LOG(ready ? PS_LOG_INFO : PS_LOG_WARN, "coordinator %s is %s",
+                       ps__rpc_channel_target(a->coord), ready ? "reachable" : "unreachable");
+            ps__health_set(a->health, "paramsync.v1.Worker", ready);
+            ps__health_set(a->health, "", ready);
+            was_ready = ready;
+        }
+        pthread_mutex_lock(&a->lock);
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        /* Poll fast until the first connection, then once a second. */
+        ts.tv_nsec += was_ready == 1 || checks > 20 ? 0 : 100000000;
+        ts.tv_sec += was_ready == 1 || checks > 20 ? 1 : 0;
+        if (ts.tv_nsec >= 1000000000) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000;
+        }
+        checks++;
+        if (!a->stopping)
+            pthread_cond_timedwait(&a->stop_cond, &a->lock, &ts);
+    }
+    pthread_mutex_unlock(&a->lock);
+    return NULL;
+}
+
+void ps__agent_watch_health(ps__agent_t *a, struct ps__health *health)
+{
+    a->health = health;
+    a->health_running = pthread_create(&a->health_thread, NULL, health_main, a) == 0;
+}
+
+int ps__agent_status(ps__agent_t *a, const char *job, Paramsync__V1__StatusResponse *resp)
+{
+    return ps__hub_status(a->hub, job, resp);
+}
+
 void ps__agent_destroy(ps__agent_t *a)
 {
     if (!a)
         return;
+    if (a->health_running) {
+        pthread_mutex_lock(&a->lock);
+        a->stopping = 1;
+        pthread_cond_broadcast(&a->stop_cond);
+        pthread_mutex_unlock(&a->lock);
+        pthread_join(a->health_thread, NULL);
+    }
+    pthread_cond_destroy(&a->stop_cond);
     ps__hub_destroy(a->hub);
     while (a->peers) {
         peer_channel_t *p = a->peers;

@@ -12,6 +12,7 @@
 
 #include "daemon.h"
 #include "log.h"
+#include "metrics.h"
 #include "paramsync/v1/paramsync.pb-c.h"
 
 typedef enum member_state { M_FREE = 0, M_JOINED, M_LEFT, M_LOST } member_state_t;
@@ -56,6 +57,8 @@ struct ps__coordinator {
     job_t *jobs;
     uint64_t next_incarnation;
     int nagents;
+    char **agent_addrs; /* registered agents, each once */
+    int nagent_addrs;
 };
 
 static job_t *job_find(ps__coordinator_t *c, const char *name)
@@ -299,6 +302,7 @@ static void coord_join(ps__rpc_call_t *call, void *arg)
     if (rank < 0) {
         pthread_mutex_unlock(&c->lock);
         PS_LOG(PS_LOG_WARN, "%s", msg);
+        ps__metrics_event(PS_M_EV_REJECTED);
         code = -rank;
         goto out;
     }
@@ -357,6 +361,8 @@ static void coord_join(ps__rpc_call_t *call, void *arg)
                     if (j->members[r].state != M_JOINED)
                         n += snprintf(msg + n, sizeof(msg) - (size_t)n, " %d", r);
                 code = GRPC_STATUS_DEADLINE_EXCEEDED;
+                ps__metrics_event(PS_M_EV_TIMEOUT);
+                PS_LOG(PS_LOG_WARN, "%s", msg);
                 break;
             }
         } else {
@@ -375,6 +381,7 @@ static void coord_join(ps__rpc_call_t *call, void *arg)
         snprintf(lost, sizeof(lost), "job %s: rank %d was lost (its stream from %s broke)", j->name,
                  rank, m->peer ? m->peer : "?");
         PS_LOG(PS_LOG_WARN, "%s", lost);
+        ps__metrics_event(PS_M_EV_RANK_LOST);
         for (int r = 0; r < j->world_size; r++)
             if (r != rank && j->members[r].state == M_JOINED)
                 push_event(&j->members[r], PARAMSYNC__V1__JOIN_EVENT__KIND__MEMBER_LOST, rank,
@@ -439,6 +446,17 @@ static int do_register(ps__coordinator_t *c, const ProtobufCMessage *rq, Protobu
     (void)msglen;
     pthread_mutex_lock(&c->lock);
     snprintf(id, sizeof(id), "agent-%d", ++c->nagents);
+    int known = 0;
+    for (int i = 0; i < c->nagent_addrs; i++)
+        known |= strcmp(c->agent_addrs[i], req->address) == 0;
+    if (!known) {
+        char **na = realloc(c->agent_addrs, (size_t)(c->nagent_addrs + 1) * sizeof(char *));
+        char *addr = na ? strdup(req->address) : NULL;
+        if (na)
+            c->agent_addrs = na;
+        if (addr)
+            c->agent_addrs[c->nagent_addrs++] = addr;
+    }
     pthread_mutex_unlock(&c->lock);
     resp->agent_id = id;
     PS_LOG(PS_LOG_INFO, "agent %s registered at %s", id, req->address);
@@ -681,7 +699,110 @@ void ps__coordinator_destroy(ps__coordinator_t *c)
         c->jobs = j->next;
         job_free(j);
     }
+    for (int i = 0; i < c->nagent_addrs; i++)
+        free(c->agent_addrs[i]);
+    free(c->agent_addrs);
     pthread_mutex_destroy(&c->lock);
     pthread_cond_destroy(&c->changed);
     free(c);
+}
+
+/* ---- status and gauges ---- */
+
+static const char *const member_state_names[] = {"waiting", "joined", "left", "lost"};
+
+int ps__coordinator_status(ps__coordinator_t *c, const char *job,
+                           Paramsync__V1__StatusResponse *resp)
+{
+    int rc = 0;
+    pthread_mutex_lock(&c->lock);
+    for (job_t *j = c->jobs; j && rc == 0; j = j->next) {
+        if (job && *job && strcmp(job, j->name) != 0)
+            continue;
+        Paramsync__V1__JobStatus **arr = realloc(resp->jobs, (resp->n_jobs + 1) * sizeof(*arr));
+        Paramsync__V1__JobStatus *js = arr ? malloc(sizeof(*js)) : NULL;
+        if (arr)
+            resp->jobs = arr;
+        if (!js) {
+            rc = PS_ENOMEM;
+            break;
+        }
+        paramsync__v1__job_status__init(js);
+        arr[resp->n_jobs++] = js;
+        js->world_size = j->world_size;
+        js->incarnation = j->incarnation;
+        js->job = strdup(j->name);
+        js->state = strdup(j->aborted ? "aborted" : j->ready ? "running" : "rendezvous");
+        js->hub = strdup(j->ready && j->members[0].agent ? j->members[0].agent : "");
+        js->ranks = calloc((size_t)j->world_size, sizeof(*js->ranks));
+        if (!js->job || !js->state || !js->hub || !js->ranks) {
+            rc = PS_ENOMEM;
+            break;
+        }
+        for (int r = 0; r < j->world_size && rc == 0; r++) {
+            member_t *m = &j->members[r];
+            Paramsync__V1__RankStatus *rs = malloc(sizeof(*rs));
+            if (!rs) {
+                rc = PS_ENOMEM;
+                break;
+            }
+            paramsync__v1__rank_status__init(rs);
+            js->ranks[js->n_ranks++] = rs;
+            rs->rank = r;
+            rs->state = strdup(member_state_names[m->state]);
+            rs->peer = strdup(m->peer ? m->peer : "");
+            rs->agent = strdup(m->agent ? m->agent : "");
+            if (!rs->state || !rs->peer || !rs->agent)
+                rc = PS_ENOMEM;
+        }
+        size_t ng = 0;
+        for (group_t *g = j->groups; g; g = g->next)
+            ng++;
+        js->groups = calloc(ng ? ng : 1, sizeof(*js->groups));
+        for (group_t *g = j->groups; g && js->groups && rc == 0; g = g->next) {
+            Paramsync__V1__GroupInfo *gi = malloc(sizeof(*gi));
+            int *ranks = malloc((size_t)g->nranks * sizeof(int));
+            if (!gi || !ranks) {
+                free(gi);
+                free(ranks);
+                rc = PS_ENOMEM;
+                break;
+            }
+            paramsync__v1__group_info__init(gi);
+            gi->group = g->id;
+            memcpy(ranks, g->ranks, (size_t)g->nranks * sizeof(int));
+            gi->ranks = ranks;
+            gi->n_ranks = (size_t)g->nranks;
+            js->groups[js->n_groups++] = gi;
+        }
+    }
+    for (int i = 0; i < c->nagent_addrs && rc == 0; i++) {
+        char **arr = realloc(resp->agents, (resp->n_agents + 1) * sizeof(char *));
+        char *a = arr ? strdup(c->agent_addrs[i]) : NULL;
+        if (arr)
+            resp->agents = arr;
+        if (!a) {
+            rc = PS_ENOMEM;
+            break;
+        }
+        resp->agents[resp->n_agents++] = a;
+    }
+    pthread_mutex_unlock(&c->lock);
+    return rc;
+}
+
+void ps__coordinator_gauges(void *arg, struct ps__metrics_gauges *out)
+{
+    ps__coordinator_t *c = arg;
+    memset(out, 0, sizeof(*out));
+    pthread_mutex_lock(&c->lock);
+    for (job_t *j = c->jobs; j; j = j->next) {
+        out->jobs++;
+        for (group_t *g = j->groups; g; g = g->next)
+            out->groups++;
+        for (int r = 0; r < j->world_size; r++)
+            out->members += j->members[r].state == M_JOINED;
+    }
+    out->agents = c->nagent_addrs;
+    pthread_mutex_unlock(&c->lock);
 }

@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "paramsync/v1/paramsync.pb-c.h"
 #include "rpc/rpc.h"
 
 typedef enum ps__role { PS_ROLE_EMBEDDED = 0, PS_ROLE_COORDINATOR, PS_ROLE_AGENT } ps__role_t;
@@ -32,6 +33,7 @@ typedef struct ps__config {
 #define PS_M_COORD_LEAVE        "/paramsync.v1.Coordinator/Leave"
 #define PS_M_COORD_NEW_GROUP    "/paramsync.v1.Coordinator/NewGroup"
 #define PS_M_COORD_DESCRIBE_JOB "/paramsync.v1.Coordinator/DescribeJob"
+#define PS_M_ADMIN_STATUS       "/paramsync.v1.Admin/Status"
 
 /* ---- coordinator (coordinator.c) ---- */
 
@@ -40,6 +42,16 @@ typedef struct ps__coordinator ps__coordinator_t;
 /** Creates the coordinator and registers its methods on srv. 0 or PS_ENOMEM. */
 int ps__coordinator_create(const ps__config_t *cfg, ps__rpc_server_t *srv, ps__coordinator_t **out);
 void ps__coordinator_destroy(ps__coordinator_t *c);
+
+/** Adds the jobs (filtered by name when job is non-empty) and agents to
+ * resp; everything added is malloc'd, so protobuf_c_message_free_unpacked
+ * frees a heap-allocated resp. 0 or PS_ENOMEM. */
+int ps__coordinator_status(ps__coordinator_t *c, const char *job,
+                           Paramsync__V1__StatusResponse *resp);
+
+/** For the metrics gauges: jobs, groups, members and agents now. */
+struct ps__metrics_gauges;
+void ps__coordinator_gauges(void *coordinator, struct ps__metrics_gauges *out);
 
 /* ---- agent (agent.c) and its collective engine (hub.c) ---- */
 
@@ -50,6 +62,15 @@ typedef struct ps__agent ps__agent_t;
 int ps__agent_create(const ps__config_t *cfg, ps__rpc_server_t *srv, const char *self,
                      const char *coordinator, ps__agent_t **out);
 void ps__agent_destroy(ps__agent_t *a);
+
+/** Adds the collectives in flight on this agent's hub to resp (as
+ * ps__coordinator_status). */
+int ps__agent_status(ps__agent_t *a, const char *job, Paramsync__V1__StatusResponse *resp);
+
+struct ps__health;
+/** Reports "paramsync.v1.Worker" SERVING only while the coordinator channel
+ * is connected (checked every second). */
+void ps__agent_watch_health(ps__agent_t *a, struct ps__health *health);
 
 typedef struct ps__hub ps__hub_t;
 
@@ -80,5 +101,8 @@ void ps__hub_destroy(ps__hub_t *h);
  * `first`; the hub takes over `first` and ends the call with a status. */
 struct ps__frame;
 void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, struct ps__frame *first);
+
+/** Adds the hub's in-flight collectives and unmatched sends/receives. */
+int ps__hub_status(ps__hub_t *h, const char *job, Paramsync__V1__StatusResponse *resp);
 
 #endif

@@ -15,6 +15,7 @@
 
 #include "daemon.h"
 #include "log.h"
+#include "metrics.h"
 #include "rpc/frame.h"
 
 /*
@@ -351,6 +352,10 @@ static void coll_fail(coll_t *c, int code, const char *fmt, ...)
         return;
     c->failed = 1;
     c->code = code;
+    if (code == GRPC_STATUS_FAILED_PRECONDITION)
+        ps__metrics_event(PS_M_EV_MISMATCH);
+    else if (code == GRPC_STATUS_DEADLINE_EXCEEDED)
+        ps__metrics_event(PS_M_EV_TIMEOUT);
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(c->message, sizeof(c->message), fmt, ap);
@@ -542,6 +547,7 @@ static coll_t *coll_new(ps__hub_t *h, job_t *j, const header_t *hd, int n, int p
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&c->cond, &ca);
     pthread_condattr_destroy(&ca);
+    ps__metrics_inflight_add(1);
     return c;
 }
 
@@ -564,6 +570,7 @@ static void member_free(member_t *m);
 /* Frees the collective and its members (whose handlers have all returned). */
 static void coll_free(coll_t *c)
 {
+    ps__metrics_inflight_add(-1);
     for (int i = 0; i < c->n; i++)
         member_free(c->members[i]);
     for (int w = 0; w < c->window; w++)
@@ -674,6 +681,7 @@ static int member_read(member_t *m, uint8_t *dst, size_t len)
         ps__frame_copy_data(&m->frame, m->frame_pos, dst, k);
         m->frame_pos += k;
         m->in_off += k;
+        ps__metrics_bytes(PS_M_RX, PS_M_LINK_WORKER, k);
         dst += k;
         len -= k;
     }
@@ -723,6 +731,7 @@ static void member_deposit(member_t *m)
                         srcs[i] = sl->in[i]->data;
                     rc = ps_reduce_multi((ps_op_t)c->op, (ps_dtype_t)c->dtype, out->data, srcs,
                                          (size_t)c->n, p.len / esize);
+                    ps__metrics_reduced(PS_M_DEV_CPU, (uint64_t)p.len * (uint64_t)c->n);
                 }
                 free(srcs);
                 pthread_mutex_lock(c->lock);
@@ -763,6 +772,8 @@ static int send_frame(member_t *m, const Paramsync__V1__CollectiveResult *res, u
         return PS_ENOMEM;
     int rc = ps__rpc_call_send(m->call, bb);
     grpc_byte_buffer_destroy(bb);
+    if (rc == 0 && len)
+        ps__metrics_bytes(PS_M_TX, PS_M_LINK_WORKER, len);
     return rc;
 }
 
@@ -1147,6 +1158,13 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
         m->index = hd->rank;
         c->members[hd->rank] = m;
         c->narrived++;
+        if (c->narrived == c->n) {
+            int64_t firstms = m->arrival_ms;
+            for (int i = 0; i < c->n; i++)
+                if (c->members[i] && c->members[i]->arrival_ms < firstms)
+                    firstms = c->members[i]->arrival_ms;
+            ps__metrics_arrival(c->kind, (double)(m->arrival_ms - firstms) / 1e3, hd->rank);
+        }
         member_t *ref = NULL;
         for (int i = 0; i < c->n && !ref; i++)
             if (c->members[i] && c->members[i] != m)
@@ -1203,6 +1221,8 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
     pthread_mutex_lock(&h->lock);
     m->finished = 1;
     code = c->failed ? c->code : 0;
+    ps__metrics_collective_done(m->first->header->kind, code,
+                                (double)(ps__now_ms() - m->arrival_ms) / 1e3);
     snprintf(msg, sizeof(msg), "%s", c->failed ? c->message : "");
     if (++c->nfinished == c->n) {
         coll_unlink(j, c);
@@ -1214,6 +1234,9 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
     return;
 
 fail_locked:
+    ps__metrics_event(code == GRPC_STATUS_DEADLINE_EXCEEDED ? PS_M_EV_TIMEOUT : PS_M_EV_REJECTED);
+    ps__metrics_collective_done(m->first->header->kind, code,
+                                (double)(ps__now_ms() - m->arrival_ms) / 1e3);
     if (j)
         job_release(j);
     pthread_mutex_unlock(&h->lock);
@@ -1253,4 +1276,110 @@ void ps__hub_destroy(ps__hub_t *h)
     pthread_cond_destroy(&h->p2p_changed);
     pthread_mutex_destroy(&h->lock);
     free(h);
+}
+
+/* ---- status ---- */
+
+static int append_int(int32_t **arr, size_t *n, int v)
+{
+    int32_t *na = realloc(*arr, (*n + 1) * sizeof(int32_t));
+    if (!na)
+        return PS_ENOMEM;
+    na[(*n)++] = v;
+    *arr = na;
+    return 0;
+}
+
+static Paramsync__V1__InFlightCollective *status_entry(Paramsync__V1__StatusResponse *resp,
+                                                       const char *job)
+{
+    Paramsync__V1__InFlightCollective **arr =
+        realloc(resp->collectives, (resp->n_collectives + 1) * sizeof(*arr));
+    if (!arr)
+        return NULL;
+    resp->collectives = arr;
+    Paramsync__V1__InFlightCollective *e = malloc(sizeof(*e));
+    if (!e)
+        return NULL;
+    paramsync__v1__in_flight_collective__init(e);
+    e->job = strdup(job);
+    if (!e->job) {
+        free(e);
+        return NULL;
+    }
+    arr[resp->n_collectives++] = e;
+    return e;
+}
+
+static int status_set_text(char **field, const char *text)
+{
+    char *t = strdup(text);
+    if (!t)
+        return PS_ENOMEM;
+    *field = t;
+    return 0;
+}
+
+int ps__hub_status(ps__hub_t *h, const char *job, Paramsync__V1__StatusResponse *resp)
+{
+    int rc = 0;
+    int64_t now = ps__now_ms();
+    pthread_mutex_lock(&h->lock);
+    for (job_t *j = h->jobs; j && rc == 0; j = j->next) {
+        if (job && *job && strcmp(job, j->name) != 0)
+            continue;
+        for (coll_t *c = j->colls; c && rc == 0; c = c->next) {
+            Paramsync__V1__InFlightCollective *e = status_entry(resp, j->name);
+            if (!e) {
+                rc = PS_ENOMEM;
+                break;
+            }
+            e->group = c->group;
+            e->seq = c->seq;
+            e->kind = c->p2p ? K_SEND : c->kind;
+            e->group_size = c->p2p ? group_size(j, c->group) : c->n;
+            e->count = c->count;
+            e->dtype = c->dtype;
+            int64_t first = now;
+            for (int i = 0; i < c->n && rc == 0; i++) {
+                member_t *m = c->members[i];
+                if (m && m->arrival_ms < first)
+                    first = m->arrival_ms;
+                rc = m ? append_int(&e->arrived, &e->n_arrived, c->ranks[i])
+                       : append_int(&e->waiting_for, &e->n_waiting_for, c->ranks[i]);
+            }
+            e->waiting_seconds = (double)(now - first) / 1e3;
+            rc = rc ? rc
+                    : status_set_text(&e->state, c->failed            ? "failed"
+                                                 : c->narrived < c->n ? "arriving"
+                                                                      : "running");
+            if (rc == 0 && c->failed)
+                rc = status_set_text(&e->message, c->message);
+        }
+        for (mailbox_t *mb = j->mailboxes; mb && rc == 0; mb = mb->next) {
+            for (int list = 0; list < 2 && rc == 0; list++)
+                for (member_t *m = list ? mb->recvs : mb->sends; m && rc == 0; m = m->next_wait) {
+                    const header_t *hd = m->first->header;
+                    Paramsync__V1__InFlightCollective *e = status_entry(resp, j->name);
+                    if (!e) {
+                        rc = PS_ENOMEM;
+                        break;
+                    }
+                    e->group = hd->group;
+                    e->seq = hd->seq;
+                    e->kind = hd->kind;
+                    e->group_size = group_size(j, hd->group);
+                    e->count = hd->count;
+                    e->dtype = hd->dtype;
+                    e->waiting_seconds = (double)(now - m->arrival_ms) / 1e3;
+                    rc = append_int(&e->arrived, &e->n_arrived, hd->rank);
+                    if (rc == 0 && hd->peer >= 0)
+                        rc = append_int(&e->waiting_for, &e->n_waiting_for, hd->peer);
+                    if (rc == 0)
+                        rc = status_set_text(&e->state, "unmatched");
+                }
+        }
+    }
+    pthread_mutex_unlock(&h->lock);
+    return rc;
 }

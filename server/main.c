@@ -13,7 +13,9 @@
 #include <paramsync/reduce.h>
 
 #include "daemon.h"
+#include "health.h"
 #include "log.h"
+#include "metrics.h"
 
 #ifndef PS_VERSION
 #define PS_VERSION "0.0.0"
@@ -53,6 +55,13 @@ static void usage(FILE *out)
         "                           [PARAMSYNC_STEP_BYTES] (default 1M)\n"
         "  --window N               pipeline steps in flight per collective\n"
         "                           [PARAMSYNC_WINDOW] (default 4)\n"
+        "  --metrics-addr ADDR      serve Prometheus metrics at http://ADDR/metrics; 'off'\n"
+        "                           disables [PARAMSYNC_METRICS_ADDR] (default 127.0.0.1:9400\n"
+        "                           for embedded, 0.0.0.0:9400 otherwise; a busy default port\n"
+        "                           is a warning, a busy explicit one an error)\n"
+        "  --metrics-rank-limit N   ranks below N get their own label value in per-rank\n"
+        "                           metrics, the rest count as rank=\"other\"\n"
+        "                           [PARAMSYNC_METRICS_RANK_LIMIT] (default 64)\n"
         "  --log-level LEVEL        error, warn, info (default) or debug [PARAMSYNC_LOG_LEVEL]\n"
         "  --version                print the version and exit\n"
         "  -h, --help               print this help and exit\n"
@@ -150,6 +159,47 @@ static int write_announce(const char *path, const char *addr)
     return 0;
 }
 
+/* What Admin/Status reports about this daemon. */
+static const char *g_role = "embedded", *g_address = "";
+static int64_t g_start_ms;
+static ps__coordinator_t *g_coord;
+static ps__agent_t *g_agent;
+
+static void admin_status(ps__rpc_call_t *call, void *arg)
+{
+    (void)arg;
+    Paramsync__V1__StatusRequest *req = NULL;
+    if (ps__rpc_recv_msg(call, &paramsync__v1__status_request__descriptor,
+                         (ProtobufCMessage **)&req) != 0) {
+        ps__rpc_call_send_status(call, 3, "status: malformed request");
+        return;
+    }
+    Paramsync__V1__StatusResponse *resp = malloc(sizeof(*resp));
+    int rc = resp ? 0 : PS_ENOMEM;
+    if (resp) {
+        paramsync__v1__status_response__init(resp);
+        resp->role = strdup(g_role);
+        resp->version = strdup(PS_VERSION);
+        resp->address = strdup(g_address);
+        resp->uptime_seconds = (double)(ps__now_ms() - g_start_ms) / 1e3;
+        if (!resp->role || !resp->version || !resp->address)
+            rc = PS_ENOMEM;
+        if (rc == 0 && g_coord)
+            rc = ps__coordinator_status(g_coord, req->job, resp);
+        if (rc == 0 && g_agent)
+            rc = ps__agent_status(g_agent, req->job, resp);
+    }
+    if (rc == 0) {
+        ps__rpc_send_msg(call, &resp->base);
+        ps__rpc_call_send_status(call, 0, "");
+    } else {
+        ps__rpc_call_send_status(call, -rc, "status: out of memory");
+    }
+    if (resp)
+        protobuf_c_message_free_unpacked(&resp->base, NULL);
+    protobuf_c_message_free_unpacked(&req->base, NULL);
+}
+
 static const char *env_or(const char *name, const char *fallback)
 {
     const char *v = getenv(name);
@@ -177,6 +227,8 @@ int main(int argc, char **argv)
     const char *step = getenv("PARAMSYNC_STEP_BYTES");
     const char *window = getenv("PARAMSYNC_WINDOW");
     const char *level = getenv("PARAMSYNC_LOG_LEVEL");
+    const char *metrics_addr = getenv("PARAMSYNC_METRICS_ADDR");
+    const char *rank_limit = getenv("PARAMSYNC_METRICS_RANK_LIMIT");
 
     enum {
         O_ROLE = 1000,
@@ -190,6 +242,8 @@ int main(int argc, char **argv)
         O_STEP,
         O_WINDOW,
         O_LEVEL,
+        O_METRICS,
+        O_RANK_LIMIT,
         O_VERSION
     };
     static const struct option opts[] = {
@@ -204,6 +258,8 @@ int main(int argc, char **argv)
         {"step-bytes", required_argument, 0, O_STEP},
         {"window", required_argument, 0, O_WINDOW},
         {"log-level", required_argument, 0, O_LEVEL},
+        {"metrics-addr", required_argument, 0, O_METRICS},
+        {"metrics-rank-limit", required_argument, 0, O_RANK_LIMIT},
         {"version", no_argument, 0, O_VERSION},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
@@ -243,6 +299,12 @@ int main(int argc, char **argv)
             break;
         case O_LEVEL:
             level = optarg;
+            break;
+        case O_METRICS:
+            metrics_addr = optarg;
+            break;
+        case O_RANK_LIMIT:
+            rank_limit = optarg;
             break;
         case O_VERSION:
             printf("paramsyncd %s\n", PS_VERSION);
@@ -307,6 +369,18 @@ int main(int argc, char **argv)
                 level);
         return 2;
     }
+    int rank_limit_n = 64;
+    if (rank_limit) {
+        if (parse_bytes(rank_limit, &v) < 0 || v > 65536) {
+            fprintf(stderr, "paramsyncd: --metrics-rank-limit must be 0 to 65536, not '%s'\n",
+                    rank_limit);
+            return 2;
+        }
+        rank_limit_n = (int)v;
+    }
+    int metrics_explicit = metrics_addr != NULL;
+    if (!metrics_addr)
+        metrics_addr = cfg.role == PS_ROLE_EMBEDDED ? "127.0.0.1:9400" : "0.0.0.0:9400";
     if (!listen)
         listen = cfg.role == PS_ROLE_EMBEDDED      ? "127.0.0.1:29500"
                  : cfg.role == PS_ROLE_COORDINATOR ? "0.0.0.0:29400"
@@ -330,7 +404,9 @@ int main(int argc, char **argv)
     ps__rpc_server_t *srv = NULL;
     ps__coordinator_t *coord = NULL;
     ps__agent_t *agent = NULL;
+    ps__health_t *health = NULL;
     char *self = NULL, *dial = NULL;
+    g_start_ms = ps__now_ms();
     if ((rc = ps__rpc_server_create(&srv)) < 0)
         goto out;
     if ((rc = ps__rpc_server_listen(srv, listen, &port)) < 0) {
@@ -338,6 +414,11 @@ int main(int argc, char **argv)
         goto out;
     }
     dial = dial_address(listen, port);
+    g_role = role;
+    g_address = dial;
+    if ((rc = ps__health_create(srv, &health)) < 0)
+        goto out;
+    ps__rpc_server_set_observer(srv, ps__metrics_grpc_call);
     if (cfg.role != PS_ROLE_AGENT && (rc = ps__coordinator_create(&cfg, srv, &coord)) < 0)
         goto out;
     if (cfg.role != PS_ROLE_COORDINATOR) {
@@ -349,8 +430,45 @@ int main(int argc, char **argv)
         if ((rc = ps__agent_create(&cfg, srv, self, cfg.coordinator, &agent)) < 0)
             goto out;
     }
+    if ((rc = ps__rpc_server_add_method(srv, PS_M_ADMIN_STATUS, admin_status, NULL)) < 0)
+        goto out;
+    g_coord = coord;
+    g_agent = agent;
+    ps__metrics_config_t mcfg = {
+        .addr = metrics_addr,
+        .rank_limit = rank_limit_n,
+        .role = role,
+        .version = PS_VERSION,
+        .simd = ps_reduce_path_name(ps_reduce_get_path()),
+#ifdef PS_HAVE_CUDA
+        .cuda = 1,
+#endif
+    };
+    const char *metrics_bound = NULL;
+    if (ps__metrics_start(&mcfg, &metrics_bound) < 0) {
+        if (metrics_explicit) {
+            fprintf(stderr, "paramsyncd: cannot serve metrics on %s (in use?)\n", metrics_addr);
+            rc = PS_EUNAVAIL;
+            goto out;
+        }
+        PS_LOG(PS_LOG_WARN,
+               "metrics: cannot bind the default %s; running without /metrics "
+               "(set --metrics-addr)",
+               metrics_addr);
+        mcfg.addr = NULL;
+        ps__metrics_start(&mcfg, NULL);
+    }
+    if (coord)
+        ps__metrics_set_gauge_source(ps__coordinator_gauges, coord);
     if ((rc = ps__rpc_server_start(srv)) < 0)
         goto out;
+    if (coord) {
+        ps__health_set(health, "paramsync.v1.Coordinator", 1);
+        if (!agent)
+            ps__health_set(health, "", 1);
+    }
+    if (agent)
+        ps__agent_watch_health(agent, health);
     if (announce && (rc = write_announce(announce, dial)) < 0) {
         fprintf(stderr, "paramsyncd: cannot write --announce-file %s: %s\n", announce,
                 strerror(-rc));
@@ -360,6 +478,8 @@ int main(int argc, char **argv)
            role, ps_reduce_path_name(ps_reduce_get_path()), cfg.step_bytes, cfg.window);
     if (cfg.role == PS_ROLE_AGENT)
         PS_LOG(PS_LOG_INFO, "agent %s, coordinator %s", self, coordinator);
+    if (metrics_bound)
+        fprintf(stderr, "paramsyncd: metrics on http://%s/metrics\n", metrics_bound);
     fprintf(stderr, "paramsyncd: listening on %s\n", dial);
     fflush(stderr);
 
@@ -371,8 +491,13 @@ int main(int argc, char **argv)
 out:
     if (rc < 0)
         fprintf(stderr, "paramsyncd: start-up failed: %s\n", ps_strerror(rc));
+    /* Probes see NOT_SERVING before calls are refused. */
+    if (health)
+        ps__health_shutdown(health);
     ps__rpc_server_shutdown(srv);
     ps__agent_destroy(agent);
+    ps__health_destroy(health);
+    ps__metrics_stop();
     ps__coordinator_destroy(coord);
     ps__rpc_server_destroy(srv);
     if (announce && status == 0)

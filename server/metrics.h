@@ -1,4 +1,5 @@
-/* Sync metrics for Prometheus: counters and histograms updated on the hot path, exposed over HTTP. */
+/* Sync metrics for Prometheus: counters and histograms updated on the hot path, exposed over HTTP.
+ */
 #ifndef PS_METRICS_H
 #define PS_METRICS_H
 
@@ -26,12 +27,12 @@ enum ps__m_event {
 };
 
 typedef struct ps__metrics_config {
-    const char *addr;   /* "HOST:PORT" to serve /metrics on; NULL or "off": none */
-    int rank_limit;     /* ranks with their own label value */
-    const char *role;   /* for paramsync_build_info */
+    const char *addr; /* "HOST:PORT" to serve /metrics on; NULL or "off": none */
+    int rank_limit;   /* ranks with their own label value */
+    const char *role; /* for paramsync_build_info */
     const char *version;
-    const char *simd;   /* reduce path in use */
-    int cuda;           /* CUDA built in */
+    const char *simd; /* reduce path in use */
+    int cuda;         /* CUDA built in */
 } ps__metrics_config_t;
 
 /** Gauges read at scrape time (jobs, groups, members, in-flight) come from

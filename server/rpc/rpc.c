@@ -37,7 +37,8 @@ struct ps__rpc_call {
     grpc_metadata_array md_trailing;
     grpc_status_code status;
     grpc_slice status_details;
-    int cancelled; /* server: RECV_CLOSE_ON_SERVER result */
+    int cancelled;   /* server: RECV_CLOSE_ON_SERVER result */
+    int status_code; /* server: the status sent */
     /* Tags: distinct addresses inside the call. */
     char tag_start, tag_status, tag_send, tag_recv, tag_close;
     /* server bookkeeping */
@@ -75,6 +76,7 @@ struct ps__rpc_server {
     int pending_requests;
     int shutdown_notified;
     struct ps__rpc_call *active;
+    ps__rpc_observer_fn observer;
     char tag_shutdown;
 };
 
@@ -283,6 +285,9 @@ static void *handler_main(void *arg)
     if (!c->status_sent)
         ps__rpc_call_send_status(c, GRPC_STATUS_INTERNAL, "handler ended without a status");
     pluck(c->cq, &c->tag_close);
+    if (s->observer)
+        s->observer(c->method,
+                    c->cancelled && c->status_code == 0 ? GRPC_STATUS_CANCELLED : c->status_code);
     pthread_mutex_lock(&s->lock);
     if (c->prev_active)
         c->prev_active->next_active = c->next_active;
@@ -469,6 +474,11 @@ void ps__rpc_server_destroy(ps__rpc_server_t *s)
     free(s);
 }
 
+void ps__rpc_server_set_observer(ps__rpc_server_t *s, ps__rpc_observer_fn fn)
+{
+    s->observer = fn;
+}
+
 const char *ps__rpc_call_method(const ps__rpc_call_t *c)
 {
     return c->method;
@@ -505,6 +515,7 @@ int ps__rpc_call_send_status(ps__rpc_call_t *c, int code, const char *message)
         return PS_EINVAL;
     }
     c->status_sent = 1;
+    c->status_code = code;
     if (!c->initial_md_sent) {
         ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
         c->initial_md_sent = 1;
@@ -557,6 +568,11 @@ void ps__rpc_channel_destroy(ps__rpc_channel_t *ch)
 const char *ps__rpc_channel_target(const ps__rpc_channel_t *ch)
 {
     return ch->target;
+}
+
+int ps__rpc_channel_ready(ps__rpc_channel_t *ch)
+{
+    return grpc_channel_check_connectivity_state(ch->channel, 1) == GRPC_CHANNEL_READY;
 }
 
 int ps__rpc_call_start(ps__rpc_channel_t *ch, const char *method, int64_t timeout_ms,

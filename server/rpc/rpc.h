@@ -56,6 +56,11 @@ int ps__rpc_server_start(ps__rpc_server_t *srv);
  * down"), and waits for their handlers to return. Idempotent. */
 void ps__rpc_server_shutdown(ps__rpc_server_t *srv);
 
+/** Called when each served call ends, with its method and status code
+ * (for metrics). Set before start. */
+typedef void (*ps__rpc_observer_fn)(const char *method, int code);
+void ps__rpc_server_set_observer(ps__rpc_server_t *srv, ps__rpc_observer_fn fn);
+
 /** Frees a server (shutting it down first if needed). Accepts NULL. */
 void ps__rpc_server_destroy(ps__rpc_server_t *srv);
 
@@ -77,6 +82,10 @@ int ps__rpc_call_send_status(ps__rpc_call_t *call, int code, const char *message
 int ps__rpc_channel_create(const char *target, ps__rpc_channel_t **out);
 void ps__rpc_channel_destroy(ps__rpc_channel_t *ch);
 const char *ps__rpc_channel_target(const ps__rpc_channel_t *ch);
+
+/** 1 when the channel is connected, else 0 (an idle channel is asked to
+ * connect, so a later check can succeed). Never blocks. */
+int ps__rpc_channel_ready(ps__rpc_channel_t *ch);
 
 /** Starts a call (it waits for the server to be ready, up to timeout_ms;
  * <= 0 means no deadline). 0, or a negative code. */
