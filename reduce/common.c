@@ -1,5 +1,4 @@
-/* The helpers of paramsync/common.h: error strings, dtype and op names, the op/dtype validity rule.
- */
+/* The helpers of paramsync/common.h: error strings, dtype/op names, the op/dtype rule. */
 #include <paramsync/common.h>
 
 const char *ps_strerror(int err)
@@ -61,7 +60,8 @@ static const char *const op_names[PS_OP_COUNT] = {
     [PS_BAND] = "BAND", [PS_BOR] = "BOR",         [PS_BXOR] = "BXOR", [PS_AVG] = "AVG",
 };
 
-/* The enums may hold any int (they come off the wire), so range checks go through unsigned. */
+/* The enums may hold any int (they come off the wire), so range checks go through unsigned.
+ * Both return 1 or 0 and cannot fail. */
 static int dtype_valid(ps_dtype_t dtype)
 {
     return (unsigned)dtype < PS_DTYPE_COUNT;

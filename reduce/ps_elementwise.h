@@ -1,5 +1,4 @@
-/* The element-wise arithmetic of every (op, dtype): one definition shared by the CPU and CUDA
- * paths. */
+/* The element-wise arithmetic of every (op, dtype), shared by the CPU and CUDA paths. */
 #ifndef PARAMSYNC_PS_ELEMENTWISE_H
 #define PARAMSYNC_PS_ELEMENTWISE_H
 

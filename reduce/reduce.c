@@ -1,5 +1,4 @@
-/* The public reduce API: argument checks, run-time path selection and dispatch into the kernel
- * tables. */
+/* The public reduce API: argument checks, run-time path selection, kernel dispatch. */
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -36,8 +35,8 @@ static int path_supported[PS_PATH_COUNT];
 static atomic_int current_path = PS_PATH_SCALAR;
 
 #ifdef PS_HAVE_AVX2
-/* CPUID.1:ECX bit 29. Read directly because clang before 16 rejects __builtin_cpu_supports("f16c").
- */
+/* CPUID.1:ECX bit 29, read directly: clang < 16 rejects __builtin_cpu_supports("f16c").
+ * Returns 1 or 0; cannot fail. */
 static int cpu_has_f16c(void)
 {
     unsigned eax, ebx, ecx, edx;
@@ -46,8 +45,9 @@ static int cpu_has_f16c(void)
 #endif
 
 /*
- * Probes the CPU once. __builtin_cpu_supports also checks that the OS saves
- * the YMM/ZMM state (XCR0), so a feature bit alone never selects a path.
+ * Probes the CPU once and picks the path; cannot fail (scalar always works).
+ * __builtin_cpu_supports also checks that the OS saves the YMM/ZMM state
+ * (XCR0), so a feature bit alone never selects a path.
  */
 static void path_init(void)
 {
@@ -76,6 +76,7 @@ static void path_init(void)
     atomic_store(&current_path, chosen);
 }
 
+/* Runs path_init exactly once, whichever thread comes first; cannot fail. */
 static void path_ensure_init(void)
 {
     pthread_once(&path_once, path_init);
@@ -121,7 +122,7 @@ static int check_range(const void *p, size_t bytes)
     return 0;
 }
 
-/* Whether [a, a + bytes) and [b, b + bytes) share any byte. Ranges were checked by check_range. */
+/* Whether [a, a + bytes) and [b, b + bytes) share a byte (ranges passed check_range). */
 static int ranges_overlap(const void *a, const void *b, size_t bytes)
 {
     uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
@@ -134,11 +135,11 @@ static void run_kernels(ps_op_t op, ps_dtype_t dtype, void *dst, const void *con
 {
     const ps__kernel_table_t *table = path_tables[ps_reduce_get_path()];
     ps__kernel_fn simd = table->fn[op][dtype];
-    ps__kernel_fn scalar = ps__scalar_kernels.fn[op][dtype];
     size_t done = 0;
-    if (simd != NULL && simd != scalar)
+    if (simd != NULL)
         done = simd(dst, srcs, nsrc, 0, count, divisor);
-    scalar(dst, srcs, nsrc, done, count, divisor);
+    /* The SIMD kernel stops at a whole number of vectors; the reference finishes the tail. */
+    ps__scalar_kernels.fn[op][dtype](dst, srcs, nsrc, done, count, divisor);
 }
 
 int ps_reduce(ps_op_t op, ps_dtype_t dtype, void *dst, const void *src, size_t count)
