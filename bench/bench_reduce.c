@@ -1,5 +1,4 @@
-/* paramsync-bench-reduce: GB/s of every (op, dtype) on every reduce path, beside memcpy of the same
- * buffers. */
+/* paramsync-bench-reduce: GB/s of each (op, dtype, path) beside memcpy of the same buffers. */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -32,6 +31,7 @@ typedef struct options {
     int want_dtype[PS_DTYPE_COUNT];
 } options_t;
 
+/* Monotonic seconds; cannot fail on Linux. */
 static double now_seconds(void)
 {
     struct timespec ts;
@@ -158,6 +158,7 @@ typedef struct work {
     int rc;
 } work_t;
 
+/* Thread body: one part of a timed run; a reduce error is left in w->rc. Returns NULL. */
 static void *run_work(void *arg)
 {
     work_t *w = arg;
@@ -281,6 +282,7 @@ static int buffers_alloc(buffers_t *b, size_t bytes, int flush)
     return 0;
 }
 
+/* Frees what buffers_alloc took; cannot fail. */
 static void buffers_free(buffers_t *b)
 {
     free(b->scratch);
