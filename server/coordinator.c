@@ -44,6 +44,7 @@ typedef struct job {
     int njoined;
     int ready;
     int aborted;
+    int detached; /* replaced by a new incarnation; no longer in the list */
     uint64_t incarnation;
     member_t *members;
     group_t *groups;
@@ -194,10 +195,17 @@ static int join_register(ps__coordinator_t *c, const Paramsync__V1__JoinRequest 
         snprintf(msg, msglen, "join: the job id is empty");
         return PS_EINVAL;
     }
-    if (req->world_size <= 0 || req->world_size > 65536) {
-        snprintf(msg, msglen, "join job %s: world_size %d is out of range (1..65536)", req->job,
+    if (req->world_size <= 0) {
+        snprintf(msg, msglen, "join job %s: world_size %d must be positive", req->job,
                  req->world_size);
         return PS_EINVAL;
+    }
+    if (req->world_size > c->cfg->max_world_size) {
+        snprintf(msg, msglen,
+                 "join job %s: world_size %d is over this daemon's limit of %d "
+                 "(--max-world-size)",
+                 req->job, req->world_size, c->cfg->max_world_size);
+        return PS_ENOMEM;
     }
     if (req->rank < -1 || req->rank >= req->world_size) {
         snprintf(msg, msglen, "join job %s: rank %d is out of range for world_size %d", req->job,
@@ -205,24 +213,31 @@ static int join_register(ps__coordinator_t *c, const Paramsync__V1__JoinRequest 
         return PS_EINVAL;
     }
     job_t *j = job_find(c, req->job);
-    if (j && (j->ready || j->aborted)) {
-        /* A job whose members all went away is replaced by a new one. */
-        int live = 0;
-        for (int r = 0; r < j->world_size; r++)
-            live += j->members[r].state == M_JOINED;
-        if (j->aborted && live == 0) {
-            job_unlink(c, j);
+    if (j && j->aborted) {
+        /* Elastic restart: after a failure the survivors (and replacements)
+         * form the job anew, with any world size. The broken incarnation is
+         * detached; its last members free it when they go. */
+        job_unlink(c, j);
+        j->detached = 1;
+        if (j->njoined == 0)
             job_free(j);
-            j = NULL;
-        } else {
-            snprintf(msg, msglen,
-                     "join job %s: the job is already %s with world_size %d; wait for its ranks "
-                     "to leave or use another job id",
-                     req->job, j->aborted ? "aborted but not yet left" : "running", j->world_size);
-            return j->aborted ? PS_EPRECOND : PS_EEXIST;
-        }
+        j = NULL;
+    } else if (j && j->ready) {
+        snprintf(msg, msglen,
+                 "join job %s: the job is already running with all %d ranks; wait for its ranks "
+                 "to leave or use another job id",
+                 req->job, j->world_size);
+        return PS_EEXIST;
     }
     if (!j) {
+        int njobs = 0;
+        for (job_t *x = c->jobs; x; x = x->next)
+            njobs++;
+        if (njobs >= c->cfg->max_jobs) {
+            snprintf(msg, msglen, "join job %s: this daemon already holds %d jobs (--max-jobs)",
+                     req->job, njobs);
+            return PS_ENOMEM;
+        }
         j = calloc(1, sizeof(*j));
         if (!j)
             return PS_ENOMEM;
@@ -391,7 +406,8 @@ static void coord_join(ps__rpc_call_t *call, void *arg)
     j->njoined--;
     if (j->njoined == 0) {
         PS_LOG(PS_LOG_INFO, "job %s: ended", j->name);
-        job_unlink(c, j);
+        if (!j->detached)
+            job_unlink(c, j);
         job_free(j);
     }
     pthread_mutex_unlock(&c->lock);
@@ -550,6 +566,15 @@ static int do_new_group(ps__coordinator_t *c, const ProtobufCMessage *rq, Protob
             }
     }
     group_t *g = group_find(j, req->group);
+    int ngroups = 0;
+    for (group_t *x = j->groups; x; x = x->next)
+        ngroups++;
+    if (!g && ngroups >= c->cfg->max_groups) {
+        snprintf(msg, msglen, "new_group job %s: the job already has %d groups (--max-groups)",
+                 req->job, ngroups);
+        rc = PS_ENOMEM;
+        goto out;
+    }
     if (g) {
         if ((size_t)g->nranks != req->n_ranks ||
             memcmp(g->ranks, req->ranks, req->n_ranks * sizeof(int)) != 0) {
@@ -670,6 +695,11 @@ int ps__coordinator_create(const ps__config_t *cfg, ps__rpc_server_t *srv, ps__c
     if (!c)
         return PS_ENOMEM;
     c->cfg = cfg;
+    /* Incarnations stay unique across coordinator restarts, so agents never
+     * mistake a new job for the one they cached before the restart. */
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    c->next_incarnation = ((uint64_t)now.tv_sec * 1000 + (uint64_t)now.tv_nsec / 1000000) << 8;
     pthread_mutex_init(&c->lock, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);

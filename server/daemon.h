@@ -21,6 +21,12 @@ typedef struct ps__config {
     uint64_t max_tensor_bytes; /* largest payload one rank may send or receive */
     size_t step_bytes;         /* pipeline step of the collective engine */
     int window;                /* steps in flight per collective */
+    ps__rpc_options_t rpc;     /* TLS, keepalive (liveness), message limit */
+    const char *tokens_file;   /* per-job tokens; NULL: no authentication */
+    int max_jobs;              /* jobs one coordinator holds at once */
+    int max_world_size;        /* ranks per job */
+    int max_groups;            /* groups per job */
+    uint64_t max_inflight_bytes; /* hub memory for collectives in flight */
 } ps__config_t;
 
 /* Method names. */

@@ -97,6 +97,7 @@ typedef struct member {
     int finished;
     struct member *next_wait; /* p2p mailbox */
     int64_t arrival_ms;
+    int refused; /* p2p: a gRPC code when the match could not be served */
 } member_t;
 
 #define K_BARRIER        PARAMSYNC__V1__COLLECTIVE_KIND__BARRIER
@@ -137,6 +138,8 @@ typedef struct coll {
     slot_t *slots;
     pthread_cond_t cond;
     pthread_mutex_t *lock; /* the hub's */
+    uint64_t reserved;     /* bytes counted against --max-inflight-bytes */
+    uint64_t *budget;      /* the hub's inflight_bytes */
     struct coll *next;
 } coll_t;
 
@@ -168,6 +171,7 @@ struct ps__hub {
     pthread_mutex_t lock;
     pthread_cond_t p2p_changed;
     job_t *jobs;
+    uint64_t inflight_bytes; /* reserved by the collectives in flight */
 };
 
 static const char *kind_name(int k)
@@ -494,8 +498,12 @@ static void member_totals(const coll_t *c, int i, uint64_t *in, uint64_t *out)
 
 /* ---- collective instances ---- */
 
-static coll_t *coll_new(ps__hub_t *h, job_t *j, const header_t *hd, int n, int p2p)
+/* A new collective; NULL with *over set when it would take the agent past
+ * --max-inflight-bytes (the memory its window can hold, reserved up front),
+ * NULL with *over clear when out of memory. Lock held. */
+static coll_t *coll_new(ps__hub_t *h, job_t *j, const header_t *hd, int n, int p2p, int *over)
 {
+    *over = 0;
     coll_t *c = calloc(1, sizeof(*c));
     if (!c)
         return NULL;
@@ -537,6 +545,19 @@ static coll_t *coll_new(ps__hub_t *h, job_t *j, const header_t *hd, int n, int p
     else if (c->kind == K_ALL_TO_ALL)
         blocks = (uint64_t)n * (uint64_t)n;
     c->nsteps = c->kind == K_BARRIER ? 0 : (int64_t)(blocks * c->chunks);
+    uint64_t live = (uint64_t)(c->nsteps < c->window ? c->nsteps : c->window);
+    uint64_t piece = c->block < c->step_bytes ? c->block : c->step_bytes;
+    c->reserved = live * (uint64_t)(n + 1) * piece;
+    if (h->inflight_bytes + c->reserved > h->cfg->max_inflight_bytes) {
+        free(c->members);
+        free(c->ranks);
+        free(c->slots);
+        free(c);
+        *over = 1;
+        return NULL;
+    }
+    h->inflight_bytes += c->reserved;
+    c->budget = &h->inflight_bytes;
     for (int w = 0; w < c->window; w++) {
         c->slots[w].step = -1;
         c->slots[w].last_done = w - c->window;
@@ -571,6 +592,7 @@ static void member_free(member_t *m);
 static void coll_free(coll_t *c)
 {
     ps__metrics_inflight_add(-1);
+    *c->budget -= c->reserved;
     for (int i = 0; i < c->n; i++)
         member_free(c->members[i]);
     for (int w = 0; w < c->window; w++)
@@ -931,11 +953,11 @@ static void mailbox_match(ps__hub_t *h, job_t *j, mailbox_t *mb)
         mb->next_recv_seq++;
         mb->next_send_seq[s->first->header->rank]++;
         const header_t *sh = s->first->header;
-        coll_t *c = coll_new(h, j, sh, 2, 1);
+        int over;
+        coll_t *c = coll_new(h, j, sh, 2, 1, &over);
         if (!c) {
-            /* Without memory neither side can go on: both fail alike. */
-            ps__rpc_call_cancel(s->call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
-            ps__rpc_call_cancel(r->call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+            /* Neither side can go on: both fail alike. */
+            s->refused = r->refused = over ? 1 : 2;
             continue;
         }
         c->ranks[0] = sh->rank;
@@ -1110,6 +1132,16 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
         pthread_cond_broadcast(&h->p2p_changed);
         struct timespec dl = abs_ms(timeout);
         while (!m->coll) {
+            if (m->refused) {
+                code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+                snprintf(msg, sizeof(msg),
+                         m->refused == 1 ? "%s (group %u): this agent's collectives in flight "
+                                           "already hold their limit of memory "
+                                           "(--max-inflight-bytes); retry later"
+                                         : "%s (group %u): out of memory",
+                         kind_name(hd->kind), hd->group);
+                goto fail_locked;
+            }
             if (pthread_cond_timedwait(&h->p2p_changed, &h->lock, &dl) == ETIMEDOUT && !m->coll) {
                 list_remove(list, m);
                 code = GRPC_STATUS_DEADLINE_EXCEEDED;
@@ -1137,10 +1169,16 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
             if (!x->p2p && x->group == hd->group && x->seq == hd->seq)
                 c = x;
         if (!c) {
-            c = coll_new(h, j, hd, n, 0);
+            int over;
+            c = coll_new(h, j, hd, n, 0, &over);
             if (!c) {
                 code = GRPC_STATUS_RESOURCE_EXHAUSTED;
-                snprintf(msg, sizeof(msg), "out of memory");
+                snprintf(msg, sizeof(msg),
+                         over ? "%s (group %u, seq %" PRIu64 "): this agent's collectives in "
+                                "flight already hold their limit of memory "
+                                "(--max-inflight-bytes); retry later"
+                              : "%s (group %u, seq %" PRIu64 "): out of memory",
+                         kind_name(hd->kind), hd->group, hd->seq);
                 goto fail_locked;
             }
             c->next = j->colls;

@@ -62,6 +62,28 @@ static void usage(FILE *out)
         "  --metrics-rank-limit N   ranks below N get their own label value in per-rank\n"
         "                           metrics, the rest count as rank=\"other\"\n"
         "                           [PARAMSYNC_METRICS_RANK_LIMIT] (default 64)\n"
+        "  --tls-cert PEM, --tls-key PEM\n"
+        "                           serve TLS with this certificate and key; agents also use\n"
+        "                           them as client certificates [PARAMSYNC_TLS_CERT,\n"
+        "                           PARAMSYNC_TLS_KEY] (default: plaintext)\n"
+        "  --tls-ca PEM             CAs that verify peers; on a server this makes client\n"
+        "                           certificates mandatory (mutual TLS) [PARAMSYNC_TLS_CA]\n"
+        "  --tls-server-name NAME   name expected in the coordinator's and other agents'\n"
+        "                           certificates, if not their host [PARAMSYNC_TLS_SERVER_NAME]\n"
+        "  --tokens-file PATH       per-job tokens, one 'JOB TOKEN' per line ('*' as JOB for any\n"
+        "                           other job); workers must send 'authorization: Bearer\n"
+        "                           TOKEN' [PARAMSYNC_TOKENS_FILE] (default: no tokens)\n"
+        "  --liveness-timeout-ms MS a connection silent this long is pinged, and dead if the\n"
+        "                           ping is not answered as long again\n"
+        "                           [PARAMSYNC_LIVENESS_TIMEOUT_MS] (default 10000)\n"
+        "  --max-message-bytes N    largest gRPC message accepted [PARAMSYNC_MAX_MESSAGE_BYTES]\n"
+        "                           (default 16M)\n"
+        "  --max-jobs N             jobs at once [PARAMSYNC_MAX_JOBS] (default 1024)\n"
+        "  --max-world-size N       ranks per job [PARAMSYNC_MAX_WORLD_SIZE] (default 65536)\n"
+        "  --max-groups N           groups per job [PARAMSYNC_MAX_GROUPS] (default 4096)\n"
+        "  --max-inflight-bytes N   memory the collectives in flight may hold in this agent;\n"
+        "                           over it new collectives get RESOURCE_EXHAUSTED\n"
+        "                           [PARAMSYNC_MAX_INFLIGHT_BYTES] (default 4G)\n"
         "  --log-level LEVEL        error, warn, info (default) or debug [PARAMSYNC_LOG_LEVEL]\n"
         "  --version                print the version and exit\n"
         "  -h, --help               print this help and exit\n"
@@ -200,12 +222,6 @@ static void admin_status(ps__rpc_call_t *call, void *arg)
     protobuf_c_message_free_unpacked(&req->base, NULL);
 }
 
-static const char *env_or(const char *name, const char *fallback)
-{
-    const char *v = getenv(name);
-    return v && *v ? v : fallback;
-}
-
 int main(int argc, char **argv)
 {
     ps__config_t cfg = {
@@ -215,23 +231,16 @@ int main(int argc, char **argv)
         .max_tensor_bytes = 16ull << 30,
         .step_bytes = 1u << 20,
         .window = 4,
+        .rpc = {.keepalive_ms = 10000, .max_message_bytes = 16u << 20},
+        .max_jobs = 1024,
+        .max_world_size = 65536,
+        .max_groups = 4096,
+        .max_inflight_bytes = 4ull << 30,
     };
-    const char *role = env_or("PARAMSYNC_ROLE", "embedded");
-    const char *listen = getenv("PARAMSYNC_LISTEN");
-    const char *coordinator = getenv("PARAMSYNC_COORDINATOR");
-    const char *advertise = getenv("PARAMSYNC_ADVERTISE");
-    const char *announce = getenv("PARAMSYNC_ANNOUNCE_FILE");
-    const char *timeout = getenv("PARAMSYNC_TIMEOUT_MS");
-    const char *join_timeout = getenv("PARAMSYNC_JOIN_TIMEOUT_MS");
-    const char *max_bytes = getenv("PARAMSYNC_MAX_TENSOR_BYTES");
-    const char *step = getenv("PARAMSYNC_STEP_BYTES");
-    const char *window = getenv("PARAMSYNC_WINDOW");
-    const char *level = getenv("PARAMSYNC_LOG_LEVEL");
-    const char *metrics_addr = getenv("PARAMSYNC_METRICS_ADDR");
-    const char *rank_limit = getenv("PARAMSYNC_METRICS_RANK_LIMIT");
-
+    /* Every option is a string first, from the environment, then the command
+     * line; each is parsed and checked once below. */
     enum {
-        O_ROLE = 1000,
+        O_ROLE,
         O_LISTEN,
         O_COORD,
         O_ADVERTISE,
@@ -244,7 +253,45 @@ int main(int argc, char **argv)
         O_LEVEL,
         O_METRICS,
         O_RANK_LIMIT,
-        O_VERSION
+        O_TLS_CERT,
+        O_TLS_KEY,
+        O_TLS_CA,
+        O_TLS_NAME,
+        O_TOKENS,
+        O_LIVENESS,
+        O_MAX_MESSAGE,
+        O_MAX_JOBS,
+        O_MAX_WORLD,
+        O_MAX_GROUPS,
+        O_MAX_INFLIGHT,
+        O_COUNT,
+        O_VERSION = 1000
+    };
+    static const char *const env_names[O_COUNT] = {
+        "PARAMSYNC_ROLE",
+        "PARAMSYNC_LISTEN",
+        "PARAMSYNC_COORDINATOR",
+        "PARAMSYNC_ADVERTISE",
+        "PARAMSYNC_ANNOUNCE_FILE",
+        "PARAMSYNC_TIMEOUT_MS",
+        "PARAMSYNC_JOIN_TIMEOUT_MS",
+        "PARAMSYNC_MAX_TENSOR_BYTES",
+        "PARAMSYNC_STEP_BYTES",
+        "PARAMSYNC_WINDOW",
+        "PARAMSYNC_LOG_LEVEL",
+        "PARAMSYNC_METRICS_ADDR",
+        "PARAMSYNC_METRICS_RANK_LIMIT",
+        "PARAMSYNC_TLS_CERT",
+        "PARAMSYNC_TLS_KEY",
+        "PARAMSYNC_TLS_CA",
+        "PARAMSYNC_TLS_SERVER_NAME",
+        "PARAMSYNC_TOKENS_FILE",
+        "PARAMSYNC_LIVENESS_TIMEOUT_MS",
+        "PARAMSYNC_MAX_MESSAGE_BYTES",
+        "PARAMSYNC_MAX_JOBS",
+        "PARAMSYNC_MAX_WORLD_SIZE",
+        "PARAMSYNC_MAX_GROUPS",
+        "PARAMSYNC_MAX_INFLIGHT_BYTES",
     };
     static const struct option opts[] = {
         {"role", required_argument, 0, O_ROLE},
@@ -260,62 +307,98 @@ int main(int argc, char **argv)
         {"log-level", required_argument, 0, O_LEVEL},
         {"metrics-addr", required_argument, 0, O_METRICS},
         {"metrics-rank-limit", required_argument, 0, O_RANK_LIMIT},
+        {"tls-cert", required_argument, 0, O_TLS_CERT},
+        {"tls-key", required_argument, 0, O_TLS_KEY},
+        {"tls-ca", required_argument, 0, O_TLS_CA},
+        {"tls-server-name", required_argument, 0, O_TLS_NAME},
+        {"tokens-file", required_argument, 0, O_TOKENS},
+        {"liveness-timeout-ms", required_argument, 0, O_LIVENESS},
+        {"max-message-bytes", required_argument, 0, O_MAX_MESSAGE},
+        {"max-jobs", required_argument, 0, O_MAX_JOBS},
+        {"max-world-size", required_argument, 0, O_MAX_WORLD},
+        {"max-groups", required_argument, 0, O_MAX_GROUPS},
+        {"max-inflight-bytes", required_argument, 0, O_MAX_INFLIGHT},
         {"version", no_argument, 0, O_VERSION},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
+    const char *val[O_COUNT];
+    for (int i = 0; i < O_COUNT; i++) {
+        const char *e = getenv(env_names[i]);
+        val[i] = e && *e ? e : NULL;
+    }
     int o;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        switch (o) {
-        case O_ROLE:
-            role = optarg;
-            break;
-        case O_LISTEN:
-            listen = optarg;
-            break;
-        case O_COORD:
-            coordinator = optarg;
-            break;
-        case O_ADVERTISE:
-            advertise = optarg;
-            break;
-        case O_ANNOUNCE:
-            announce = optarg;
-            break;
-        case O_TIMEOUT:
-            timeout = optarg;
-            break;
-        case O_JOIN_TIMEOUT:
-            join_timeout = optarg;
-            break;
-        case O_MAX_BYTES:
-            max_bytes = optarg;
-            break;
-        case O_STEP:
-            step = optarg;
-            break;
-        case O_WINDOW:
-            window = optarg;
-            break;
-        case O_LEVEL:
-            level = optarg;
-            break;
-        case O_METRICS:
-            metrics_addr = optarg;
-            break;
-        case O_RANK_LIMIT:
-            rank_limit = optarg;
-            break;
-        case O_VERSION:
+        if (o >= 0 && o < O_COUNT) {
+            val[o] = optarg;
+        } else if (o == O_VERSION) {
             printf("paramsyncd %s\n", PS_VERSION);
             return 0;
-        case 'h':
+        } else if (o == 'h') {
             usage(stdout);
             return 0;
-        default:
+        } else {
             usage(stderr);
             return 2;
         }
+    }
+    const char *role = val[O_ROLE] ? val[O_ROLE] : "embedded";
+    const char *listen = val[O_LISTEN], *coordinator = val[O_COORD];
+    const char *advertise = val[O_ADVERTISE], *announce = val[O_ANNOUNCE];
+    const char *timeout = val[O_TIMEOUT], *join_timeout = val[O_JOIN_TIMEOUT];
+    const char *max_bytes = val[O_MAX_BYTES], *step = val[O_STEP], *window = val[O_WINDOW];
+    const char *level = val[O_LEVEL], *metrics_addr = val[O_METRICS];
+    const char *rank_limit = val[O_RANK_LIMIT];
+    cfg.rpc.tls_cert = val[O_TLS_CERT];
+    cfg.rpc.tls_key = val[O_TLS_KEY];
+    cfg.rpc.tls_ca = val[O_TLS_CA];
+    cfg.rpc.tls_server_name = val[O_TLS_NAME];
+    cfg.tokens_file = val[O_TOKENS];
+    if ((cfg.rpc.tls_cert != NULL) != (cfg.rpc.tls_key != NULL)) {
+        fprintf(stderr, "paramsyncd: --tls-cert and --tls-key go together\n");
+        return 2;
+    }
+    /* Numeric limits: name, text, destination, smallest and largest value. */
+    struct {
+        const char *name, *text;
+        uint64_t *dst, lo, hi;
+    } nums[] = {
+        {"--liveness-timeout-ms", val[O_LIVENESS], (uint64_t *)&cfg.rpc.keepalive_ms, 100, 3600000},
+        {"--max-message-bytes", val[O_MAX_MESSAGE], (uint64_t *)&cfg.rpc.max_message_bytes,
+         4u << 20, 1u << 30},
+        {"--max-inflight-bytes", val[O_MAX_INFLIGHT], &cfg.max_inflight_bytes, 1u << 20,
+         UINT64_MAX},
+    };
+    for (size_t i = 0; i < sizeof(nums) / sizeof(nums[0]); i++) {
+        uint64_t x;
+        if (!nums[i].text)
+            continue;
+        if (parse_bytes(nums[i].text, &x) < 0 || x < nums[i].lo || x > nums[i].hi) {
+            fprintf(stderr, "paramsyncd: %s must be %llu to %llu, not '%s'\n", nums[i].name,
+                    (unsigned long long)nums[i].lo, (unsigned long long)nums[i].hi, nums[i].text);
+            return 2;
+        }
+        *nums[i].dst = x;
+    }
+    struct {
+        const char *name, *text;
+        int *dst, lo, hi;
+    } ints[] = {
+        {"--max-jobs", val[O_MAX_JOBS], &cfg.max_jobs, 1, 1 << 20},
+        {"--max-world-size", val[O_MAX_WORLD], &cfg.max_world_size, 1, 65536},
+        {"--max-groups", val[O_MAX_GROUPS], &cfg.max_groups, 1, 1 << 20},
+    };
+    for (size_t i = 0; i < sizeof(ints) / sizeof(ints[0]); i++) {
+        uint64_t x;
+        if (!ints[i].text)
+            continue;
+        if (parse_bytes(ints[i].text, &x) < 0 || x < (uint64_t)ints[i].lo ||
+            x > (uint64_t)ints[i].hi) {
+            fprintf(stderr, "paramsyncd: %s must be %d to %d, not '%s'\n", ints[i].name, ints[i].lo,
+                    ints[i].hi, ints[i].text);
+            return 2;
+        }
+        *ints[i].dst = (int)x;
     }
     if (optind < argc) {
         fprintf(stderr, "paramsyncd: unexpected argument '%s' (see --help)\n", argv[optind]);
@@ -407,8 +490,12 @@ int main(int argc, char **argv)
     ps__health_t *health = NULL;
     char *self = NULL, *dial = NULL;
     g_start_ms = ps__now_ms();
-    if ((rc = ps__rpc_server_create(&srv)) < 0)
+    if ((rc = ps__rpc_server_create_ex(&cfg.rpc, &srv)) < 0) {
+        if (rc == PS_EINVAL)
+            fprintf(stderr,
+                    "paramsyncd: cannot read the TLS files (--tls-cert/--tls-key/--tls-ca)\n");
         goto out;
+    }
     if ((rc = ps__rpc_server_listen(srv, listen, &port)) < 0) {
         fprintf(stderr, "paramsyncd: cannot listen on %s (in use, or a bad address?)\n", listen);
         goto out;

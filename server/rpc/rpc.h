@@ -28,6 +28,20 @@ typedef struct ps__rpc_call ps__rpc_call_t;
  * INTERNAL). The wrapper frees the call when the handler returns. */
 typedef void (*ps__rpc_handler_fn)(ps__rpc_call_t *call, void *arg);
 
+/** Transport settings shared by servers and channels. Zeroed = plaintext,
+ * gRPC's keepalive defaults, no message limit. */
+typedef struct ps__rpc_options {
+    const char *tls_cert;        /* PEM file: this side's certificate chain */
+    const char *tls_key;         /* PEM file: its private key */
+    const char *tls_ca;          /* PEM file: CAs to verify the peer; on a server
+                                  * it also makes client certificates mandatory */
+    const char *tls_server_name; /* client: expected name in the server's cert */
+    const char *token;           /* client: sent as "authorization: Bearer TOKEN" */
+    int64_t keepalive_ms;        /* ping an idle connection this often; a peer that
+                                  * does not answer within it is dead */
+    int64_t max_message_bytes;   /* largest message received; 0: unlimited */
+} ps__rpc_options_t;
+
 /** grpc_init, and glibc malloc tuning that doubles streaming throughput (see
  * docs/ARCHITECTURE.md). Reference counted; pair with ps__rpc_release. */
 void ps__rpc_acquire(void);
@@ -41,6 +55,15 @@ int64_t ps__now_ms(void);
 /** Creates a server; 0, or PS_ENOMEM. */
 int ps__rpc_server_create(ps__rpc_server_t **out);
 
+/** Creates a server with options (TLS for every port it listens on,
+ * keepalive, message limit). opts is copied. 0, PS_ENOMEM, or PS_EINVAL
+ * when a TLS file cannot be read. */
+int ps__rpc_server_create_ex(const ps__rpc_options_t *opts, ps__rpc_server_t **out);
+
+/** Copies the value of request metadata `key` into buf (NUL-terminated,
+ * truncated to len). 0, or PS_ENOTFOUND. Server calls only. */
+int ps__rpc_call_metadata(const ps__rpc_call_t *call, const char *key, char *buf, size_t len);
+
 /** Registers "/pkg.Svc/Method" with its handler. Before start only. */
 int ps__rpc_server_add_method(ps__rpc_server_t *srv, const char *method, ps__rpc_handler_fn fn,
                               void *arg);
@@ -48,6 +71,10 @@ int ps__rpc_server_add_method(ps__rpc_server_t *srv, const char *method, ps__rpc
 /** Listens on addr ("host:port", "unix:/path"; port 0 picks one). *port gets the
  * bound port (0 for unix sockets). PS_EUNAVAIL when it cannot bind. */
 int ps__rpc_server_listen(ps__rpc_server_t *srv, const char *addr, int *port);
+
+/** Like ps__rpc_server_listen but always plaintext (health probes cannot
+ * speak TLS). */
+int ps__rpc_server_listen_plain(ps__rpc_server_t *srv, const char *addr, int *port);
 
 /** Starts serving. */
 int ps__rpc_server_start(ps__rpc_server_t *srv);
@@ -80,6 +107,10 @@ int ps__rpc_call_send_status(ps__rpc_call_t *call, int code, const char *message
 
 /** A channel to target ("host:port", "unix:/path"). 0, or PS_EINVAL/PS_ENOMEM. */
 int ps__rpc_channel_create(const char *target, ps__rpc_channel_t **out);
+
+/** A channel with options (TLS, token, keepalive). opts may be NULL. */
+int ps__rpc_channel_create_ex(const char *target, const ps__rpc_options_t *opts,
+                              ps__rpc_channel_t **out);
 void ps__rpc_channel_destroy(ps__rpc_channel_t *ch);
 const char *ps__rpc_channel_target(const ps__rpc_channel_t *ch);
 
@@ -91,6 +122,12 @@ int ps__rpc_channel_ready(ps__rpc_channel_t *ch);
  * <= 0 means no deadline). 0, or a negative code. */
 int ps__rpc_call_start(ps__rpc_channel_t *ch, const char *method, int64_t timeout_ms,
                        ps__rpc_call_t **out);
+
+/** As ps__rpc_call_start, sending `authorization` (e.g. "Bearer T") instead
+ * of the channel's own token; NULL sends none. For forwarding a worker's
+ * credentials. */
+int ps__rpc_call_start_auth(ps__rpc_channel_t *ch, const char *method, int64_t timeout_ms,
+                            const char *authorization, ps__rpc_call_t **out);
 
 /** Client side: half-closes the request stream. */
 int ps__rpc_call_close_send(ps__rpc_call_t *call);
