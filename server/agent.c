@@ -260,7 +260,12 @@ static int agent_lookup(void *arg, const char *job, ps__job_info_t *info, char *
     info->incarnation = resp->incarnation;
     info->hub = strdup(resp->hub);
     info->groups = calloc(resp->n_groups ? resp->n_groups : 1, sizeof(*info->groups));
-    if (!info->hub || !info->groups) {
+    info->joined = malloc((resp->n_joined ? resp->n_joined : 1) * sizeof(int));
+    if (info->joined) {
+        memcpy(info->joined, resp->joined, resp->n_joined * sizeof(int));
+        info->njoined = (int)resp->n_joined;
+    }
+    if (!info->hub || !info->groups || !info->joined) {
         ps__job_info_clear(info);
         protobuf_c_message_free_unpacked(&resp->base, NULL);
         return PS_ENOMEM;

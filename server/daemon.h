@@ -12,20 +12,20 @@ typedef enum ps__role { PS_ROLE_EMBEDDED = 0, PS_ROLE_COORDINATOR, PS_ROLE_AGENT
 
 typedef struct ps__config {
     ps__role_t role;
-    const char *listen;        /* gRPC address served */
-    const char *coordinator;   /* agent: the coordinator's address */
-    const char *advertise;     /* agent: the address other agents use for it */
-    const char *announce_file; /* written with the listen address once serving */
-    int64_t timeout_ms;        /* default collective timeout */
-    int64_t join_timeout_ms;   /* default rendezvous timeout */
-    uint64_t max_tensor_bytes; /* largest payload one rank may send or receive */
-    size_t step_bytes;         /* pipeline step of the collective engine */
-    int window;                /* steps in flight per collective */
-    ps__rpc_options_t rpc;     /* TLS, keepalive (liveness), message limit */
-    const char *tokens_file;   /* per-job tokens; NULL: no authentication */
-    int max_jobs;              /* jobs one coordinator holds at once */
-    int max_world_size;        /* ranks per job */
-    int max_groups;            /* groups per job */
+    const char *listen;          /* gRPC address served */
+    const char *coordinator;     /* agent: the coordinator's address */
+    const char *advertise;       /* agent: the address other agents use for it */
+    const char *announce_file;   /* written with the listen address once serving */
+    int64_t timeout_ms;          /* default collective timeout */
+    int64_t join_timeout_ms;     /* default rendezvous timeout */
+    uint64_t max_tensor_bytes;   /* largest payload one rank may send or receive */
+    size_t step_bytes;           /* pipeline step of the collective engine */
+    int window;                  /* steps in flight per collective */
+    ps__rpc_options_t rpc;       /* TLS, keepalive (liveness), message limit */
+    const char *tokens_file;     /* per-job tokens; NULL: no authentication */
+    int max_jobs;                /* jobs one coordinator holds at once */
+    int max_world_size;          /* ranks per job */
+    int max_groups;              /* groups per job */
     uint64_t max_inflight_bytes; /* hub memory for collectives in flight */
 } ps__config_t;
 
@@ -84,7 +84,9 @@ typedef struct ps__hub ps__hub_t;
 typedef struct ps__job_info {
     int world_size;
     uint64_t incarnation;
-    char *hub; /* the agent hosting the job's collectives */
+    char *hub;   /* the agent hosting the job's collectives */
+    int *joined; /* job ranks that are members now */
+    int njoined;
     int ngroups;
     struct {
         uint32_t id;

@@ -213,6 +213,7 @@ void ps__job_info_clear(ps__job_info_t *info)
         free(info->groups[i].ranks);
     free(info->groups);
     free(info->hub);
+    free(info->joined);
     memset(info, 0, sizeof(*info));
 }
 
@@ -1064,12 +1065,68 @@ static int header_check(const ps__config_t *cfg, const header_t *hd, int n, char
 }
 
 /* Waits, lock held, until the collective may start; fails it at the deadline. */
-static void wait_arrivals(coll_t *c, int64_t timeout_ms)
+/* The job rank of a group rank (group 0 is the job). */
+static int job_rank(const ps__job_info_t *info, uint32_t group, int grank)
 {
-    struct timespec dl = abs_ms(timeout_ms);
+    if (group == 0)
+        return grank;
+    for (int g = 0; g < info->ngroups; g++)
+        if (info->groups[g].id == group && grank < info->groups[g].nranks)
+            return info->groups[g].ranks[grank];
+    return -1;
+}
+
+/* Asks the coordinator whether the ranks still missing are members; fails
+ * the collective naming the first that is not (it died or left), so the
+ * others need not wait for the timeout. Lock held; dropped while asking. */
+static void check_missing_alive(ps__hub_t *h, coll_t *c)
+{
+    ps__job_info_t info;
+    char *err = NULL;
+    memset(&info, 0, sizeof(info));
+    char *name = strdup(c->job->name);
+    pthread_mutex_unlock(c->lock);
+    int rc = name ? h->lookup(h->lookup_arg, name, &info, &err) : PS_ENOMEM;
+    pthread_mutex_lock(c->lock);
+    free(name);
+    free(err);
+    if (rc < 0 || c->failed || info.incarnation != c->job->info.incarnation) {
+        ps__job_info_clear(&info);
+        return;
+    }
+    for (int i = 0; i < c->n && !c->failed; i++) {
+        if (c->members[i])
+            continue;
+        int jr = job_rank(&info, c->group, c->ranks[i]);
+        int alive = 0;
+        for (int k = 0; k < info.njoined; k++)
+            alive |= info.joined[k] == jr;
+        if (!alive)
+            coll_fail(c, GRPC_STATUS_ABORTED,
+                      "%s (group %u, seq %" PRIu64 "): rank %d is no longer a member of job %s "
+                      "(its process or connection died, or it left); the job must be formed "
+                      "again",
+                      kind_name(c->kind), c->group, c->seq, c->ranks[i], c->job->name);
+    }
+    ps__job_info_clear(&info);
+}
+
+/* Liveness of missing ranks is checked this often while a collective waits. */
+#define PS_HUB_LIVENESS_CHECK_MS 1000
+
+static void wait_arrivals(ps__hub_t *h, coll_t *c, int64_t timeout_ms)
+{
+    int64_t end = ps__now_ms() + timeout_ms;
     while (!c->failed && c->narrived < c->n) {
-        if (pthread_cond_timedwait(&c->cond, c->lock, &dl) == ETIMEDOUT && c->narrived < c->n &&
-            !c->failed) {
+        int64_t left = end - ps__now_ms();
+        struct timespec slice =
+            abs_ms(left < PS_HUB_LIVENESS_CHECK_MS ? left : PS_HUB_LIVENESS_CHECK_MS);
+        if (left > 0 && pthread_cond_timedwait(&c->cond, c->lock, &slice) == ETIMEDOUT &&
+            c->narrived < c->n && !c->failed && ps__now_ms() < end) {
+            check_missing_alive(h, c);
+            continue;
+        }
+        if (ps__now_ms() >= end && c->narrived < c->n && !c->failed) {
             char missing[256];
             int off = 0;
             for (int i = 0; i < c->n && off < (int)sizeof(missing) - 12; i++)
@@ -1212,7 +1269,7 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
         pthread_cond_broadcast(&c->cond);
         if (c->failed)
             ps__rpc_call_cancel(call, c->code, c->message);
-        wait_arrivals(c, timeout);
+        wait_arrivals(h, c, timeout);
     }
     pthread_mutex_unlock(&h->lock);
 
