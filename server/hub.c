@@ -784,8 +784,9 @@ static void member_deposit(member_t *m)
 
 /* ---- member output ---- */
 
+/* Sends one output frame; with `last`, the OK status goes in the same batch. */
 static int send_frame(member_t *m, const Paramsync__V1__CollectiveResult *res, uint64_t off,
-                      blob_t *b, size_t len)
+                      blob_t *b, size_t len, int last)
 {
     if (b)
         blob_ref(b);
@@ -793,7 +794,8 @@ static int send_frame(member_t *m, const Paramsync__V1__CollectiveResult *res, u
         ps__frame_encode(NULL, res, off, b ? b->data : NULL, len, b ? blob_unref : NULL, b);
     if (!bb)
         return PS_ENOMEM;
-    int rc = ps__rpc_call_send(m->call, bb);
+    int rc = last ? ps__rpc_call_send_last(m->call, bb, GRPC_STATUS_OK, "")
+                  : ps__rpc_call_send(m->call, bb);
     grpc_byte_buffer_destroy(bb);
     if (rc == 0 && len)
         ps__metrics_bytes(PS_M_TX, PS_M_LINK_WORKER, len);
@@ -807,14 +809,23 @@ static void result_init(const coll_t *c, const member_t *m, Paramsync__V1__Colle
     res->source = c->p2p ? c->ranks[0] : -1;
 }
 
-/* Sends the member's outputs; the first frame also carries the result. */
-static void member_write(member_t *m)
+/* Sends the member's outputs; the first frame also carries the result.
+ * With `finish` (the member's input is already consumed) the last frame
+ * carries the OK status too. Returns 1 when it sent the status. */
+static int member_write(member_t *m, int finish)
 {
     coll_t *c = m->coll;
     Paramsync__V1__CollectiveResult res;
     result_init(c, m, &res);
     uint64_t off = 0;
     int first = 1;
+    int64_t last_step = -1;
+    for (int64_t s = 0; s < c->nsteps && finish; s++) {
+        step_plan_t p;
+        plan_step(c, s, &p);
+        if (step_receives(c, &p, m->index))
+            last_step = s;
+    }
     for (int64_t s = 0; s < c->nsteps; s++) {
         step_plan_t p;
         plan_step(c, s, &p);
@@ -826,12 +837,12 @@ static void member_write(member_t *m)
             pthread_cond_wait(&c->cond, c->lock);
         if (c->failed) {
             pthread_mutex_unlock(c->lock);
-            return;
+            return 0;
         }
         blob_t *out = sl->out;
         blob_ref(out);
         pthread_mutex_unlock(c->lock);
-        int rc = send_frame(m, first ? &res : NULL, off, out, p.len);
+        int rc = send_frame(m, first ? &res : NULL, off, out, p.len, s == last_step);
         blob_unref(out);
         first = 0;
         off += p.len;
@@ -845,15 +856,18 @@ static void member_write(member_t *m)
             slot_consumed(c, sl);
         pthread_mutex_unlock(c->lock);
         if (rc < 0)
-            return;
+            return 0;
+        if (s == last_step)
+            return 1;
     }
     if (first)
-        send_frame(m, &res, 0, NULL, 0);
+        return send_frame(m, &res, 0, NULL, 0, finish) == 0 && finish;
+    return 0;
 }
 
 static void *writer_main(void *arg)
 {
-    member_write(arg);
+    member_write(arg, 0);
     return NULL;
 }
 
@@ -1297,8 +1311,6 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
         member_deposit(m);
     if (have_writer)
         pthread_join(writer, NULL);
-    else if (!c->failed)
-        member_write(m);
     if (!c->failed) {
         /* The input must end where its count says. */
         grpc_byte_buffer *bb = NULL;
@@ -1313,6 +1325,8 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
         if (bb)
             grpc_byte_buffer_destroy(bb);
     }
+    /* Small collectives end with one batch: result, data and status. */
+    int status_sent = !have_writer && !c->failed && member_write(m, 1);
     pthread_mutex_lock(&h->lock);
     m->finished = 1;
     code = c->failed ? c->code : 0;
@@ -1325,7 +1339,8 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
     }
     job_release(j);
     pthread_mutex_unlock(&h->lock);
-    ps__rpc_call_send_status(call, code, msg);
+    if (!status_sent)
+        ps__rpc_call_send_status(call, code, msg);
     return;
 
 fail_locked:

@@ -149,6 +149,12 @@ int ps__rpc_call_send(ps__rpc_call_t *call, grpc_byte_buffer *msg);
  * end of the stream. 0, or a negative code when the call is broken. */
 int ps__rpc_call_recv(ps__rpc_call_t *call, grpc_byte_buffer **msg);
 
+/** Sends msg as the last message in the same batch as the end of the
+ * stream: on a server with the status (code, message), on a client with
+ * the half-close (code and message unused). Does not take msg. */
+int ps__rpc_call_send_last(ps__rpc_call_t *call, grpc_byte_buffer *msg, int code,
+                           const char *message);
+
 /** Cancels the call with a status; thread-safe, idempotent. */
 void ps__rpc_call_cancel(ps__rpc_call_t *call, int code, const char *message);
 
