@@ -27,6 +27,7 @@ typedef struct ps__config {
     int max_world_size;          /* ranks per job */
     int max_groups;              /* groups per job */
     uint64_t max_inflight_bytes; /* hub memory for collectives in flight */
+    int reduce_cuda;             /* reductions on the GPU (--reduce-device) */
 } ps__config_t;
 
 /* Method names. */

@@ -11,6 +11,7 @@
 
 #include <grpc/status.h>
 
+#include <paramsync/gpu.h>
 #include <paramsync/reduce.h>
 
 #include "daemon.h"
@@ -139,6 +140,7 @@ typedef struct coll {
     pthread_cond_t cond;
     pthread_mutex_t *lock; /* the hub's */
     uint64_t reserved;     /* bytes counted against --max-inflight-bytes */
+    int cuda;              /* reduce on the GPU (--reduce-device) */
     uint64_t *budget;      /* the hub's inflight_bytes */
     struct coll *next;
 } coll_t;
@@ -564,6 +566,7 @@ static coll_t *coll_new(ps__hub_t *h, job_t *j, const header_t *hd, int n, int p
         c->slots[w].last_done = w - c->window;
     }
     c->lock = &h->lock;
+    c->cuda = h->cfg->reduce_cuda;
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -711,6 +714,43 @@ static int member_read(member_t *m, uint8_t *dst, size_t len)
     return 0;
 }
 
+/* Each reducing thread keeps its own CUDA stager (they are not thread-safe);
+ * the key's destructor frees it when the thread ends. */
+static pthread_key_t stager_key;
+static pthread_once_t stager_once = PTHREAD_ONCE_INIT;
+
+static void stager_free(void *s)
+{
+    ps_gpu_stager_destroy(s);
+}
+
+static void stager_key_init(void)
+{
+    pthread_key_create(&stager_key, stager_free);
+}
+
+/* Reduces one step on the device the agent was told to use; a collective
+ * wider than the CUDA path takes, or a CUDA failure, falls back to the CPU
+ * engine (same bits by construction). */
+static int hub_reduce(coll_t *c, void *dst, const void **srcs, size_t count)
+{
+    uint64_t bytes = (uint64_t)count * ps_dtype_size((ps_dtype_t)c->dtype) * (uint64_t)c->n;
+    if (c->cuda && c->n <= PS_GPU_MAX_SRCS) {
+        pthread_once(&stager_once, stager_key_init);
+        ps_gpu_stager_t *st = pthread_getspecific(stager_key);
+        if (!st && ps_gpu_stager_create(&st, 0, PS_GPU_MAX_SRCS, 0) == 0)
+            pthread_setspecific(stager_key, st);
+        if (st && ps_gpu_reduce_host(st, (ps_op_t)c->op, (ps_dtype_t)c->dtype, dst, srcs,
+                                     (size_t)c->n, count) == 0) {
+            ps__metrics_reduced(PS_M_DEV_CUDA, bytes);
+            return 0;
+        }
+    }
+    int rc = ps_reduce_multi((ps_op_t)c->op, (ps_dtype_t)c->dtype, dst, srcs, (size_t)c->n, count);
+    ps__metrics_reduced(PS_M_DEV_CPU, bytes);
+    return rc;
+}
+
 /* Deposits the member's contributions, step by step. */
 static void member_deposit(member_t *m)
 {
@@ -752,9 +792,7 @@ static void member_deposit(member_t *m)
                 if (out && srcs) {
                     for (int i = 0; i < c->n; i++)
                         srcs[i] = sl->in[i]->data;
-                    rc = ps_reduce_multi((ps_op_t)c->op, (ps_dtype_t)c->dtype, out->data, srcs,
-                                         (size_t)c->n, p.len / esize);
-                    ps__metrics_reduced(PS_M_DEV_CPU, (uint64_t)p.len * (uint64_t)c->n);
+                    rc = hub_reduce(c, out->data, srcs, p.len / esize);
                 }
                 free(srcs);
                 pthread_mutex_lock(c->lock);

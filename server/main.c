@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <paramsync/common.h>
+#include <paramsync/gpu.h>
 #include <paramsync/reduce.h>
 
 #include "daemon.h"
@@ -84,6 +85,9 @@ static void usage(FILE *out)
         "  --max-inflight-bytes N   memory the collectives in flight may hold in this agent;\n"
         "                           over it new collectives get RESOURCE_EXHAUSTED\n"
         "                           [PARAMSYNC_MAX_INFLIGHT_BYTES] (default 4G)\n"
+        "  --reduce-device DEV      cpu, cuda or auto (default): where agents reduce; auto\n"
+        "                           takes a CUDA device when one is usable, cuda requires one\n"
+        "                           [PARAMSYNC_REDUCE_DEVICE]\n"
         "  --log-level LEVEL        error, warn, info (default) or debug [PARAMSYNC_LOG_LEVEL]\n"
         "  --version                print the version and exit\n"
         "  -h, --help               print this help and exit\n"
@@ -264,6 +268,7 @@ int main(int argc, char **argv)
         O_MAX_WORLD,
         O_MAX_GROUPS,
         O_MAX_INFLIGHT,
+        O_REDUCE_DEVICE,
         O_COUNT,
         O_VERSION = 1000
     };
@@ -292,6 +297,7 @@ int main(int argc, char **argv)
         "PARAMSYNC_MAX_WORLD_SIZE",
         "PARAMSYNC_MAX_GROUPS",
         "PARAMSYNC_MAX_INFLIGHT_BYTES",
+        "PARAMSYNC_REDUCE_DEVICE",
     };
     static const struct option opts[] = {
         {"role", required_argument, 0, O_ROLE},
@@ -318,6 +324,7 @@ int main(int argc, char **argv)
         {"max-world-size", required_argument, 0, O_MAX_WORLD},
         {"max-groups", required_argument, 0, O_MAX_GROUPS},
         {"max-inflight-bytes", required_argument, 0, O_MAX_INFLIGHT},
+        {"reduce-device", required_argument, 0, O_REDUCE_DEVICE},
         {"version", no_argument, 0, O_VERSION},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
@@ -354,6 +361,24 @@ int main(int argc, char **argv)
     cfg.rpc.tls_ca = val[O_TLS_CA];
     cfg.rpc.tls_server_name = val[O_TLS_NAME];
     cfg.tokens_file = val[O_TOKENS];
+    const char *device = val[O_REDUCE_DEVICE] ? val[O_REDUCE_DEVICE] : "auto";
+    if (strcmp(device, "cpu") != 0 && strcmp(device, "cuda") != 0 && strcmp(device, "auto") != 0) {
+        fprintf(stderr, "paramsyncd: --reduce-device must be cpu, cuda or auto, not '%s'\n",
+                device);
+        return 2;
+    }
+    if (strcmp(device, "cpu") != 0) {
+        int ngpu = 0;
+        int grc = ps_gpu_device_count(&ngpu);
+        cfg.reduce_cuda = grc == 0 && ngpu > 0;
+        if (!cfg.reduce_cuda && strcmp(device, "cuda") == 0) {
+            fprintf(stderr,
+                    "paramsyncd: --reduce-device cuda, but no CUDA device can be used (%s); "
+                    "use --reduce-device cpu or auto\n",
+                    grc < 0 ? ps_strerror(grc) : "no device");
+            return 2;
+        }
+    }
     if ((cfg.rpc.tls_cert != NULL) != (cfg.rpc.tls_key != NULL)) {
         fprintf(stderr, "paramsyncd: --tls-cert and --tls-key go together\n");
         return 2;
@@ -561,8 +586,9 @@ int main(int argc, char **argv)
                 strerror(-rc));
         goto out;
     }
-    PS_LOG(PS_LOG_INFO, "paramsyncd %s: role %s, reduce path %s, step %zu bytes x %d", PS_VERSION,
-           role, ps_reduce_path_name(ps_reduce_get_path()), cfg.step_bytes, cfg.window);
+    PS_LOG(PS_LOG_INFO, "paramsyncd %s: role %s, reduce on %s (%s), step %zu bytes x %d",
+           PS_VERSION, role, cfg.reduce_cuda ? "cuda" : "cpu",
+           ps_reduce_path_name(ps_reduce_get_path()), cfg.step_bytes, cfg.window);
     if (cfg.role == PS_ROLE_AGENT)
         PS_LOG(PS_LOG_INFO, "agent %s, coordinator %s", self, coordinator);
     if (metrics_bound)

@@ -737,8 +737,7 @@ int ps__rpc_call_send_status(ps__rpc_call_t *c, int code, const char *message)
     return send_status_batch(c, NULL, code, message);
 }
 
-int ps__rpc_call_send_last(ps__rpc_call_t *c, grpc_byte_buffer *msg, int code,
-                           const char *message)
+int ps__rpc_call_send_last(ps__rpc_call_t *c, grpc_byte_buffer *msg, int code, const char *message)
 {
     if (c->is_server)
         return send_status_batch(c, msg, code, message);
