@@ -1,0 +1,510 @@
+/* The public collectives: argument checks, payload sizes per kind, sequence numbers, dispatch. */
+#include "internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define K(x) PARAMSYNC__V1__COLLECTIVE_KIND__##x
+
+/* What one public call asked for, before it is checked. */
+typedef struct request {
+    const char *name;
+    Paramsync__V1__CollectiveKind kind;
+    int reduces; /* op is meaningful */
+    ps_op_t op;
+    ps_dtype_t dtype;
+    size_t count;
+    int root; /* BROADCAST/REDUCE/GATHER/SCATTER */
+    int peer; /* SEND: dst; RECV: src or PS_ANY_SOURCE */
+    int tag;
+    const void *in;
+    void *out;
+    ps_group_t *group;
+} request_t;
+
+/* Rooted kinds name their root's rank; the others send 0. */
+static int has_root(Paramsync__V1__CollectiveKind k)
+{
+    return k == K(BROADCAST) || k == K(REDUCE) || k == K(GATHER) || k == K(SCATTER);
+}
+
+/* Multiplies sizes, refusing overflow. */
+static int mul_size(size_t a, size_t b, size_t *out)
+{
+    if (a && b > SIZE_MAX / a)
+        return -1;
+    *out = a * b;
+    return 0;
+}
+
+/* Checks r and fills c: the header and the bytes this rank sends and
+ * receives, per the payload table of paramsync.proto. Takes no sequence
+ * number. Returns 0, or PS_EINVAL/PS_EPRECOND after reporting why. */
+static int prepare(ps_comm_t *comm, const request_t *r, ps__coll_t *c)
+{
+    char what[64];
+    const char *why = NULL;
+    char buf[160];
+
+    if (!comm) {
+        ps__report(NULL, PS_EPRECOND, r->name, "paramsync is not initialised (comm is NULL)");
+        return PS_EPRECOND;
+    }
+    ps_group_t *g = r->group ? r->group : &comm->world;
+    snprintf(what, sizeof(what), "%s (group %u)", r->name, g->id);
+    int n = g->size, me = g->rank;
+    size_t esz = ps_dtype_size(r->dtype), block, all;
+
+    if (g->comm != comm) {
+        why = "the group belongs to another communicator";
+    } else if (me < 0) {
+        snprintf(buf, sizeof(buf), "this process (rank %d) is not a member of the group",
+                 comm->rank);
+        why = buf;
+    } else if (!esz) {
+        snprintf(buf, sizeof(buf), "%d is not a dtype", (int)r->dtype);
+        why = buf;
+    } else if (r->reduces && ps_op_check(r->op, r->dtype) < 0) {
+        snprintf(buf, sizeof(buf), "op %s is not defined for dtype %s", ps_op_name(r->op),
+                 ps_dtype_name(r->dtype));
+        why = buf;
+    } else if (has_root(r->kind) && (r->root < 0 || r->root >= n)) {
+        snprintf(buf, sizeof(buf), "root rank %d is not in the group (size %d)", r->root, n);
+        why = buf;
+    } else if ((r->kind == K(SEND) || r->kind == K(RECV)) &&
+               (r->kind == K(SEND) || r->peer != PS_ANY_SOURCE) &&
+               (r->peer < 0 || r->peer >= n || r->peer == me)) {
+        snprintf(buf, sizeof(buf),
+                 "%s rank %d is not another rank of the group (size %d, this "
+                 "rank %d)",
+                 r->kind == K(SEND) ? "destination" : "source", r->peer, n, me);
+        why = buf;
+    } else if (r->tag < 0) {
+        snprintf(buf, sizeof(buf), "tag %d is negative", r->tag);
+        why = buf;
+    } else if (mul_size(r->count, esz, &block) < 0 || mul_size(block, (size_t)n, &all) < 0) {
+        snprintf(buf, sizeof(buf), "count %zu is too large", r->count);
+        why = buf;
+    }
+    if (why) {
+        ps__report(comm, PS_EINVAL, what, "%s", why);
+        return PS_EINVAL;
+    }
+
+    int root = has_root(r->kind) ? r->root : 0, is_root = me == root;
+    const void *in = NULL;
+    void *out = NULL;
+    size_t in_bytes = 0, out_bytes = 0;
+    switch (r->kind) {
+    case K(BROADCAST):
+        in_bytes = is_root ? block : 0;
+        out_bytes = is_root ? 0 : block;
+        break;
+    case K(ALL_REDUCE):
+        in_bytes = out_bytes = block;
+        break;
+    case K(REDUCE):
+        in_bytes = block;
+        out_bytes = is_root ? block : 0;
+        break;
+    case K(ALL_GATHER):
+        in_bytes = block;
+        out_bytes = all;
+        break;
+    case K(GATHER):
+        in_bytes = block;
+        out_bytes = is_root ? all : 0;
+        break;
+    case K(SCATTER):
+        in_bytes = is_root ? all : 0;
+        out_bytes = block;
+        break;
+    case K(REDUCE_SCATTER):
+        in_bytes = all;
+        out_bytes = block;
+        break;
+    case K(ALL_TO_ALL):
+        in_bytes = out_bytes = all;
+        break;
+    case K(SEND):
+        in_bytes = block;
+        break;
+    case K(RECV):
+        out_bytes = block;
+        break;
+    default: /* BARRIER */
+        break;
+    }
+    if (in_bytes)
+        in = r->in;
+    if (out_bytes)
+        out = r->out;
+    if ((in_bytes && !in) || (out_bytes && !out)) {
+        ps__report(comm, PS_EINVAL, what, "%s buffer is NULL with count %zu",
+                   in_bytes && !in ? "input" : "output", r->count);
+        return PS_EINVAL;
+    }
+
+    memset(c, 0, sizeof(*c));
+    Paramsync__V1__CollectiveHeader init = PARAMSYNC__V1__COLLECTIVE_HEADER__INIT;
+    c->hdr = init;
+    c->hdr.job = comm->job;
+    c->hdr.group = g->id;
+    c->hdr.kind = r->kind;
+    c->hdr.op = r->reduces ? (Paramsync__V1__ReduceOp)r->op : PARAMSYNC__V1__REDUCE_OP__SUM;
+    c->hdr.dtype = (Paramsync__V1__DType)r->dtype;
+    c->hdr.count = r->count;
+    c->hdr.root = root;
+    c->hdr.peer = r->kind == K(SEND) || r->kind == K(RECV) ? r->peer : 0;
+    c->hdr.rank = me;
+    c->hdr.tag = (uint32_t)r->tag;
+    c->hdr.timeout_ms = (uint32_t)comm->timeout_ms;
+    c->hdr.chunk_bytes = (uint32_t)comm->chunk_bytes;
+    c->hdr.incarnation = comm->incarnation;
+    c->comm = comm;
+    c->name = r->name;
+    c->in = in;
+    c->in_bytes = in_bytes;
+    c->out = out;
+    c->out_bytes = out_bytes;
+    c->source = -1;
+    return 0;
+}
+
+/* The counter that numbers c's calls (comm->lock held): sends per
+ * destination, receives per group whatever their source (so any-source
+ * receives need no special case), everything else per group. */
+static uint64_t *seq_counter(ps__coll_t *c, ps_group_t *g)
+{
+    if (c->hdr.kind == K(SEND))
+        return &g->send_seq[c->hdr.peer];
+    if (c->hdr.kind == K(RECV))
+        return &g->recv_seq;
+    return &g->coll_seq;
+}
+
+/* Runs r: blocking when work is NULL, else on a thread of its own. The
+ * sequence number is taken here, in the caller's thread, so that calls are
+ * matched across ranks in the order each rank started them. */
+static int submit(ps_comm_t *comm, const request_t *r, ps_work_t **work, int *source)
+{
+    ps__coll_t c;
+    int rc = prepare(comm, r, &c);
+    if (rc < 0)
+        return rc;
+    ps_group_t *g = r->group ? r->group : &comm->world;
+    if (work) {
+        pthread_mutex_lock(&comm->lock);
+        uint64_t *seq = seq_counter(&c, g);
+        c.hdr.seq = (*seq)++;
+        rc = ps__work_start(&c, work);
+        if (rc < 0)
+            (*seq)--; /* nothing was sent: the number is still free */
+        pthread_mutex_unlock(&comm->lock);
+        if (rc < 0)
+            ps__report(comm, rc, r->name, "cannot start a thread for the operation");
+        return rc;
+    }
+    rc = ps__coll_init(&c);
+    if (rc < 0) {
+        ps__report(comm, rc, r->name, "out of memory");
+        return rc;
+    }
+    pthread_mutex_lock(&comm->lock);
+    uint64_t *seq = seq_counter(&c, g);
+    c.hdr.seq = (*seq)++;
+    ps__inflight_link(comm, &c);
+    pthread_mutex_unlock(&comm->lock);
+    rc = ps__coll_run(&c);
+    if (rc == 0 && source)
+        *source = c.source;
+    ps__coll_destroy(&c);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- requests */
+
+static request_t req_barrier(ps_group_t *group)
+{
+    request_t r = {.name = "barrier", .kind = K(BARRIER), .dtype = PS_FLOAT32, .group = group};
+    return r;
+}
+
+static request_t req_broadcast(void *buf, size_t count, ps_dtype_t dtype, int src,
+                               ps_group_t *group)
+{
+    request_t r = {.name = "broadcast",
+                   .kind = K(BROADCAST),
+                   .dtype = dtype,
+                   .count = count,
+                   .root = src,
+                   .in = buf,
+                   .out = buf,
+                   .group = group};
+    return r;
+}
+
+static request_t req_all_reduce(void *buf, size_t count, ps_dtype_t dtype, ps_op_t op,
+                                ps_group_t *group)
+{
+    request_t r = {.name = "all_reduce",
+                   .kind = K(ALL_REDUCE),
+                   .reduces = 1,
+                   .op = op,
+                   .dtype = dtype,
+                   .count = count,
+                   .in = buf,
+                   .out = buf,
+                   .group = group};
+    return r;
+}
+
+static request_t req_reduce(void *buf, size_t count, ps_dtype_t dtype, ps_op_t op, int dst,
+                            ps_group_t *group)
+{
+    request_t r = {.name = "reduce",
+                   .kind = K(REDUCE),
+                   .reduces = 1,
+                   .op = op,
+                   .dtype = dtype,
+                   .count = count,
+                   .root = dst,
+                   .in = buf,
+                   .out = buf,
+                   .group = group};
+    return r;
+}
+
+static request_t req_io(const char *name, Paramsync__V1__CollectiveKind kind, void *out,
+                        const void *in, size_t count, ps_dtype_t dtype, int root, ps_group_t *group)
+{
+    request_t r = {.name = name,
+                   .kind = kind,
+                   .dtype = dtype,
+                   .count = count,
+                   .root = root,
+                   .in = in,
+                   .out = out,
+                   .group = group};
+    return r;
+}
+
+static request_t req_reduce_scatter(void *out, const void *in, size_t count, ps_dtype_t dtype,
+                                    ps_op_t op, ps_group_t *group)
+{
+    request_t r = {.name = "reduce_scatter",
+                   .kind = K(REDUCE_SCATTER),
+                   .reduces = 1,
+                   .op = op,
+                   .dtype = dtype,
+                   .count = count,
+                   .in = in,
+                   .out = out,
+                   .group = group};
+    return r;
+}
+
+static request_t req_send(const void *buf, size_t count, ps_dtype_t dtype, int dst, int tag,
+                          ps_group_t *group)
+{
+    request_t r = {.name = "send",
+                   .kind = K(SEND),
+                   .dtype = dtype,
+                   .count = count,
+                   .peer = dst,
+                   .tag = tag,
+                   .in = buf,
+                   .group = group};
+    return r;
+}
+
+static request_t req_recv(void *buf, size_t count, ps_dtype_t dtype, int src, int tag,
+                          ps_group_t *group)
+{
+    request_t r = {.name = "recv",
+                   .kind = K(RECV),
+                   .dtype = dtype,
+                   .count = count,
+                   .peer = src,
+                   .tag = tag,
+                   .out = buf,
+                   .group = group};
+    return r;
+}
+
+/* Non-blocking forms need somewhere to put the handle. */
+static int need_work(ps_comm_t *comm, const char *name, ps_work_t **work)
+{
+    if (work)
+        return 0;
+    ps__report(comm, PS_EINVAL, name, "work is NULL");
+    return PS_EINVAL;
+}
+
+/* ---------------------------------------------------------------- blocking */
+
+int ps_barrier(ps_comm_t *comm, ps_group_t *group)
+{
+    request_t r = req_barrier(group);
+    return submit(comm, &r, NULL, NULL);
+}
+
+int ps_broadcast(ps_comm_t *comm, void *buf, size_t count, ps_dtype_t dtype, int src,
+                 ps_group_t *group)
+{
+    request_t r = req_broadcast(buf, count, dtype, src, group);
+    return submit(comm, &r, NULL, NULL);
+}
+
+int ps_all_reduce(ps_comm_t *comm, void *buf, size_t count, ps_dtype_t dtype, ps_op_t op,
+                  ps_group_t *group)
+{
+    request_t r = req_all_reduce(buf, count, dtype, op, group);
+    return submit(comm, &r, NULL, NULL);
+}
+
+int ps_reduce_to(ps_comm_t *comm, void *buf, size_t count, ps_dtype_t dtype, ps_op_t op, int dst,
+                 ps_group_t *group)
+{
+    request_t r = req_reduce(buf, count, dtype, op, dst, group);
+    return submit(comm, &r, NULL, NULL);
+}
+
+int ps_all_gather(ps_comm_t *comm, void *out, const void *in, size_t count, ps_dtype_t dtype,
+                  ps_group_t *group)
+{
+    request_t r = req_io("all_gather", K(ALL_GATHER), out, in, count, dtype, 0, group);
+    return submit(comm, &r, NULL, NULL);
+}
+
+int ps_gather(ps_comm_t *comm, void *out, const void *in, size_t count, ps_dtype_t dtype, int dst,
+              ps_group_t *group)
+{
+    request_t r = req_io("gather", K(GATHER), out, in, count, dtype, dst, group);
+    return submit(comm, &r, NULL, NULL);
+}
+
+int ps_scatter(ps_comm_t *comm, void *out, const void *in, size_t count, ps_dtype_t dtype, int src,
+               ps_group_t *group)
+{
+    request_t r = req_io("scatter", K(SCATTER), out, in, count, dtype, src, group);
+    return submit(comm, &r, NULL, NULL);
+}
+
+int ps_reduce_scatter(ps_comm_t *comm, void *out, const void *in, size_t count, ps_dtype_t dtype,
+                      ps_op_t op, ps_group_t *group)
+{
+    request_t r = req_reduce_scatter(out, in, count, dtype, op, group);
+    return submit(comm, &r, NULL, NULL);
+}
+
+int ps_all_to_all(ps_comm_t *comm, void *out, const void *in, size_t count, ps_dtype_t dtype,
+                  ps_group_t *group)
+{
+    request_t r = req_io("all_to_all", K(ALL_TO_ALL), out, in, count, dtype, 0, group);
+    return submit(comm, &r, NULL, NULL);
+}
+
+int ps_send(ps_comm_t *comm, const void *buf, size_t count, ps_dtype_t dtype, int dst, int tag,
+            ps_group_t *group)
+{
+    request_t r = req_send(buf, count, dtype, dst, tag, group);
+    return submit(comm, &r, NULL, NULL);
+}
+
+int ps_recv(ps_comm_t *comm, void *buf, size_t count, ps_dtype_t dtype, int src, int tag,
+            ps_group_t *group, int *source)
+{
+    request_t r = req_recv(buf, count, dtype, src, tag, group);
+    return submit(comm, &r, NULL, source);
+}
+
+/* ---------------------------------------------------------------- non-blocking */
+
+int ps_ibarrier(ps_comm_t *comm, ps_group_t *group, ps_work_t **work)
+{
+    request_t r = req_barrier(group);
+    int rc = need_work(comm, "ibarrier", work);
+    return rc < 0 ? rc : submit(comm, &r, work, NULL);
+}
+
+int ps_ibroadcast(ps_comm_t *comm, void *buf, size_t count, ps_dtype_t dtype, int src,
+                  ps_group_t *group, ps_work_t **work)
+{
+    request_t r = req_broadcast(buf, count, dtype, src, group);
+    int rc = need_work(comm, "ibroadcast", work);
+    return rc < 0 ? rc : submit(comm, &r, work, NULL);
+}
+
+int ps_iall_reduce(ps_comm_t *comm, void *buf, size_t count, ps_dtype_t dtype, ps_op_t op,
+                   ps_group_t *group, ps_work_t **work)
+{
+    request_t r = req_all_reduce(buf, count, dtype, op, group);
+    int rc = need_work(comm, "iall_reduce", work);
+    return rc < 0 ? rc : submit(comm, &r, work, NULL);
+}
+
+int ps_ireduce_to(ps_comm_t *comm, void *buf, size_t count, ps_dtype_t dtype, ps_op_t op, int dst,
+                  ps_group_t *group, ps_work_t **work)
+{
+    request_t r = req_reduce(buf, count, dtype, op, dst, group);
+    int rc = need_work(comm, "ireduce_to", work);
+    return rc < 0 ? rc : submit(comm, &r, work, NULL);
+}
+
+int ps_iall_gather(ps_comm_t *comm, void *out, const void *in, size_t count, ps_dtype_t dtype,
+                   ps_group_t *group, ps_work_t **work)
+{
+    request_t r = req_io("all_gather", K(ALL_GATHER), out, in, count, dtype, 0, group);
+    int rc = need_work(comm, "iall_gather", work);
+    return rc < 0 ? rc : submit(comm, &r, work, NULL);
+}
+
+int ps_igather(ps_comm_t *comm, void *out, const void *in, size_t count, ps_dtype_t dtype, int dst,
+               ps_group_t *group, ps_work_t **work)
+{
+    request_t r = req_io("gather", K(GATHER), out, in, count, dtype, dst, group);
+    int rc = need_work(comm, "igather", work);
+    return rc < 0 ? rc : submit(comm, &r, work, NULL);
+}
+
+int ps_iscatter(ps_comm_t *comm, void *out, const void *in, size_t count, ps_dtype_t dtype, int src,
+                ps_group_t *group, ps_work_t **work)
+{
+    request_t r = req_io("scatter", K(SCATTER), out, in, count, dtype, src, group);
+    int rc = need_work(comm, "iscatter", work);
+    return rc < 0 ? rc : submit(comm, &r, work, NULL);
+}
+
+int ps_ireduce_scatter(ps_comm_t *comm, void *out, const void *in, size_t count, ps_dtype_t dtype,
+                       ps_op_t op, ps_group_t *group, ps_work_t **work)
+{
+    request_t r = req_reduce_scatter(out, in, count, dtype, op, group);
+    int rc = need_work(comm, "ireduce_scatter", work);
+    return rc < 0 ? rc : submit(comm, &r, work, NULL);
+}
+
+int ps_iall_to_all(ps_comm_t *comm, void *out, const void *in, size_t count, ps_dtype_t dtype,
+                   ps_group_t *group, ps_work_t **work)
+{
+    request_t r = req_io("all_to_all", K(ALL_TO_ALL), out, in, count, dtype, 0, group);
+    int rc = need_work(comm, "iall_to_all", work);
+    return rc < 0 ? rc : submit(comm, &r, work, NULL);
+}
+
+int ps_isend(ps_comm_t *comm, const void *buf, size_t count, ps_dtype_t dtype, int dst, int tag,
+             ps_group_t *group, ps_work_t **work)
+{
+    request_t r = req_send(buf, count, dtype, dst, tag, group);
+    int rc = need_work(comm, "isend", work);
+    return rc < 0 ? rc : submit(comm, &r, work, NULL);
+}
+
+int ps_irecv(ps_comm_t *comm, void *buf, size_t count, ps_dtype_t dtype, int src, int tag,
+             ps_group_t *group, ps_work_t **work)
+{
+    request_t r = req_recv(buf, count, dtype, src, tag, group);
+    int rc = need_work(comm, "irecv", work);
+    return rc < 0 ? rc : submit(comm, &r, work, NULL);
+}

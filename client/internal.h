@@ -1,0 +1,191 @@
+/* Internals of libparamsync shared by the files of client/; never installed. */
+#ifndef PS_CLIENT_INTERNAL_H
+#define PS_CLIENT_INTERNAL_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <paramsync/paramsync.h>
+
+#include "frame.h"
+#include "rpc.h"
+
+#define PS__METHOD_JOIN       "/paramsync.v1.Worker/Join"
+#define PS__METHOD_LEAVE      "/paramsync.v1.Worker/Leave"
+#define PS__METHOD_NEW_GROUP  "/paramsync.v1.Worker/NewGroup"
+#define PS__METHOD_COLLECTIVE "/paramsync.v1.Worker/Collective"
+
+/* torch's default collective timeout. */
+#define PS__DEFAULT_TIMEOUT_MS (30 * 60 * 1000)
+/* Frame payload size: large enough that per-frame costs vanish, small enough
+ * that sending and receiving overlap well. PARAMSYNC_CHUNK_BYTES tunes it. */
+#define PS__DEFAULT_CHUNK_BYTES (1u << 20)
+/* The client's gRPC deadline trails the daemon's own by this much, so that the
+ * daemon's DEADLINE_EXCEEDED, which names the missing ranks, arrives first. */
+#define PS__DEADLINE_GRACE_MS 5000
+/* Control calls (Leave) that must not hold up shutdown. */
+#define PS__CONTROL_TIMEOUT_MS 10000
+
+struct ps_group {
+    ps_comm_t *comm;
+    uint32_t id; /* 0: the whole job; else the rank's count of ps_new_group calls */
+    int rank;    /* the caller's group rank, -1 when not a member */
+    int size;
+    int *ranks; /* job ranks in group-rank order */
+    /* Sequence numbers the daemon matches calls by (guarded by comm->lock). */
+    uint64_t coll_seq;
+    uint64_t recv_seq;
+    uint64_t *send_seq; /* per destination group rank */
+};
+
+/* One collective call of this rank, resolved to the bytes it sends and receives. */
+typedef struct ps__coll {
+    ps_comm_t *comm;
+    const char *name; /* the API's name ("all_reduce"), for messages */
+    Paramsync__V1__CollectiveHeader hdr;
+    const void *in;
+    size_t in_bytes;
+    void *out;
+    size_t out_bytes;
+    int source; /* RECV: the sender's group rank, once done */
+
+    /* While the call is in flight it is on comm's list, so that a lost member
+     * can cancel it (the list and `call` are guarded by comm->lock). */
+    ps__rpc_call_t *call;
+    struct ps__coll *prev, *next;
+
+    /* Input frames reference the caller's buffer; gRPC may hold them after a
+     * send completes, so the collective does not return before they are all
+     * released. */
+    pthread_mutex_t lock;
+    pthread_cond_t released;
+    size_t pending_releases;
+} ps__coll_t;
+
+struct ps_comm {
+    pthread_mutex_t lock;
+    pthread_cond_t cond; /* join state changes, in-flight list empties */
+
+    ps__rpc_channel_t *channel;
+    char *job;
+    char *target;
+    int rank;
+    int world_size;
+    uint64_t incarnation;
+    int64_t timeout_ms;
+    int64_t join_timeout_ms;
+    size_t chunk_bytes;
+
+    ps_group_t world;
+    ps_group_t **groups; /* groups[i] has id i + 1 */
+    uint32_t ngroups;
+
+    ps__coll_t *inflight;
+    /* Once set, the job cannot go on: every collective fails with it. */
+    int broken;
+    char *broken_msg;
+
+    /* The Join stream, open for the life of the comm. */
+    ps__rpc_call_t *join_call;
+    pthread_t join_thread;
+    int join_thread_started;
+    int ready;      /* READY arrived */
+    int join_ended; /* the stream is over */
+    int leaving;    /* Leave was sent: the end of the stream is expected */
+    int finalizing; /* no new call may start */
+    int join_err;   /* why the stream ended before READY */
+    char *join_msg; /* its message (malloc'd) */
+    int requested_rank;
+
+    ps_error_fn error_fn;
+    void *error_arg;
+};
+
+/* ---- errors (comm.c) ---- */
+
+/** Formats "<what>: <message>" and hands it to comm's error handler (or to
+ * stderr when comm is NULL). Never fails; a message that cannot be built is
+ * reported as the bare code. */
+void ps__report(ps_comm_t *comm, int err, const char *what, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/** malloc'd printf; NULL on ENOMEM. */
+char *ps__strdupf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* ---- in-flight calls (comm.c) ---- */
+
+/*
+ * Every collective is on its comm's in-flight list from the moment it is
+ * started (in the caller's thread, with its sequence number) until it has
+ * finished with the comm, so that ps_finalize can wait for it and a lost
+ * member can cancel its call.
+ */
+
+/** Links coll. Called with comm->lock held. */
+void ps__inflight_link(ps_comm_t *comm, ps__coll_t *coll);
+
+/** Unlinks coll (called with comm->lock held) and wakes ps_finalize. */
+void ps__inflight_unlink(ps_comm_t *comm, ps__coll_t *coll);
+
+/** Makes call cancellable through coll. Returns 0, or the comm's broken code
+ * (or PS_ECANCELLED while finalizing) with *msg (malloc'd; NULL on ENOMEM)
+ * saying why; then call is not attached. */
+int ps__inflight_attach(ps_comm_t *comm, ps__coll_t *coll, ps__rpc_call_t *call, char **msg);
+
+/** Detaches the call before it is destroyed. */
+void ps__inflight_detach(ps_comm_t *comm, ps__coll_t *coll);
+
+/** Unlinks coll: its last use of comm. */
+void ps__inflight_remove(ps_comm_t *comm, ps__coll_t *coll);
+
+/* ---- init methods (init_method.c) ---- */
+
+/* Where the agent is, and what the init method says about the job. */
+typedef struct ps__endpoint {
+    char *target;   /* gRPC target; NULL for file:// until the file is read */
+    char *file;     /* file:// path holding the agent's address, else NULL */
+    char *job;      /* from the method (?job=, the file path), else NULL */
+    int world_size; /* from the method's query, else -1 */
+    int rank;       /* from the method's query, else -1 */
+} ps__endpoint_t;
+
+/** Parses an init method (NULL means "env://"). Returns 0, or PS_EINVAL with
+ * *errmsg (malloc'd) saying why. On success the caller clears *ep. */
+int ps__endpoint_parse(const char *init_method, ps__endpoint_t *ep, char **errmsg);
+
+/** For file://: waits up to timeout_ms for the file to name the agent and
+ * sets ep->target. Returns 0, PS_ETIMEDOUT or PS_ENOMEM, with *errmsg. */
+int ps__endpoint_wait_file(ps__endpoint_t *ep, int64_t timeout_ms, char **errmsg);
+
+/** Frees what ep holds. Accepts a zeroed endpoint. */
+void ps__endpoint_clear(ps__endpoint_t *ep);
+
+/** Reads a positive integer from the environment: 0 and *out set, 1 when the
+ * variable is unset or empty, PS_EINVAL when it is not a number in [min, max]. */
+int ps__env_int(const char *name, int64_t min, int64_t max, int64_t *out);
+
+/* ---- collectives (collective.c) ---- */
+
+/** Runs one collective call to completion: streams coll->in out and
+ * coll->out in, concurrently. Returns 0 or PS_E*; errors are reported
+ * through the comm's handler. Does not return before gRPC has released
+ * every reference to coll->in. */
+int ps__coll_run(ps__coll_t *coll);
+
+/** Initialises coll's lock where coll will live while it runs (once, before
+ * ps__coll_run). 0 or PS_ENOMEM. */
+int ps__coll_init(ps__coll_t *coll);
+
+/** Destroys what ps__coll_init made. */
+void ps__coll_destroy(ps__coll_t *coll);
+
+/* ---- non-blocking work (work.c) ---- */
+
+/** Runs a copy of coll (filled in and given its sequence number, not yet
+ * initialised) on a new thread. Called with comm->lock held, so that a
+ * failure to start can give the sequence number back before anyone else
+ * takes one. On success *out is the caller's; on failure, PS_ENOMEM. */
+int ps__work_start(const ps__coll_t *coll, ps_work_t **out);
+
+#endif

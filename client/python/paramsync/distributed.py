@@ -1,0 +1,1044 @@
+"""torch.distributed's API on a paramsync daemon.
+
+    import paramsync.distributed as dist
+
+    dist.init_process_group("paramsync")        # env://, tcp://HOST:PORT or file:///PATH
+    t = numpy.arange(4, dtype=numpy.float32)      # or a torch CPU tensor
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)      # in place, like torch
+
+Every collective is one gRPC call (paramsync.v1.Worker/Collective) to the
+daemon, which matches the ranks' calls, checks that they agree and computes
+the result; this module only moves bytes. Names, signatures and rank rules
+are torch.distributed's: `src`/`dst` are global ranks even with `group=`,
+collectives on a group the caller is not in warn and do nothing, and
+`async_op=True` returns a Work with wait() and is_completed().
+
+Errors the daemon reports become ParamsyncError (a RuntimeError, as torch
+raises) carrying the gRPC status `code` and the daemon's `details`; local
+argument errors are TypeError (unsupported tensor types and dtypes) or
+ValueError (sizes, ranks), raised before anything is sent.
+
+The job id that keeps jobs apart on a shared daemon is, in order: `?job=` in
+init_method, `group_name` when given, $PARAMSYNC_JOB, the file path for
+file://, else "default" (the C client's rule, so that workers in different
+languages meet without configuration). `python3 -m paramsync.run` sets a
+fresh $PARAMSYNC_JOB for each launch.
+"""
+import atexit
+import concurrent.futures
+import enum
+import os
+import queue
+import sys
+import threading
+import time
+import warnings
+from datetime import timedelta
+from urllib.parse import parse_qs, unquote, urlparse
+
+import grpc
+
+from . import _tensor as T
+from ._proto import pb, pb_grpc
+
+__all__ = [
+    "Backend", "GroupMember", "P2POp", "ParamsyncError", "ProcessGroup", "ReduceOp", "Work",
+    "all_gather", "all_gather_into_tensor", "all_reduce", "all_to_all", "all_to_all_single",
+    "barrier", "batch_isend_irecv", "broadcast", "destroy_process_group", "gather",
+    "get_backend", "get_global_rank", "get_group_rank", "get_process_group_ranks", "get_rank",
+    "get_world_size", "group", "init_process_group", "irecv", "is_available", "is_initialized",
+    "isend", "new_group", "recv", "reduce", "reduce_op", "reduce_scatter",
+    "reduce_scatter_tensor", "scatter", "send",
+]
+
+default_pg_timeout = timedelta(minutes=30)
+
+_MAX_CHUNK = 4 << 20
+
+
+def _chunk_bytes():
+    v = os.environ.get("PARAMSYNC_CHUNK_BYTES")
+    n = int(v) if v else 1 << 20
+    return max(1, min(n, _MAX_CHUNK))
+
+
+class ReduceOp(enum.IntEnum):
+    """Reduce operations; the values are paramsync.v1.ReduceOp's."""
+    SUM = 0
+    PRODUCT = 1
+    MIN = 2
+    MAX = 3
+    BAND = 4
+    BOR = 5
+    BXOR = 6
+    AVG = 7
+
+
+reduce_op = ReduceOp  # torch's deprecated alias
+
+_BITWISE = (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)
+
+
+class Backend:
+    PARAMSYNC = "paramsync"
+
+
+_CODES = {s.value[0]: s for s in grpc.StatusCode}
+
+
+class ParamsyncError(RuntimeError):
+    """An error reported by the daemon (or the connection to it).
+
+    code: the grpc.StatusCode; details: the daemon's message (it names the
+    ranks and the field when ranks disagree)."""
+
+    def __init__(self, message, code=grpc.StatusCode.UNKNOWN, details=""):
+        super().__init__(message)
+        self.code = code
+        self.details = details or message
+
+    @property
+    def code_value(self):
+        """The numeric gRPC status code (the magnitude of the C client's PS_E* codes)."""
+        return self.code.value[0]
+
+
+def _rpc_error(e, what):
+    code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
+    details = (e.details() if hasattr(e, "details") else None) or str(e)
+    return ParamsyncError("%s: %s: %s" % (what, code.name, details), code, details)
+
+
+class _WorldToken:
+    def __repr__(self):
+        return "<paramsync group.WORLD>"
+
+
+class _NonMember:
+    def __repr__(self):
+        return "<paramsync GroupMember.NON_GROUP_MEMBER>"
+
+
+class GroupMember:
+    WORLD = _WorldToken()
+    NON_GROUP_MEMBER = _NonMember()
+
+
+class group:  # noqa: N801 - torch's name
+    WORLD = GroupMember.WORLD
+
+
+class ProcessGroup:
+    """A group of the job: `ranks` are job ranks in group-rank order."""
+
+    def __init__(self, world, gid, ranks, group_rank):
+        self._world = world
+        self.id = gid
+        self.ranks = list(ranks)
+        self._rank = group_rank
+        self._seq = 0
+        self._send_seq = {}
+        self._recv_seq = 0
+
+    def rank(self):
+        return self._rank
+
+    def size(self):
+        return len(self.ranks)
+
+    def name(self):
+        return "paramsync"
+
+    def __repr__(self):
+        return "<paramsync ProcessGroup %d ranks=%s rank=%d>" % (self.id, self.ranks, self._rank)
+
+
+class Work:
+    """What async_op=True returns: wait() blocks and raises the operation's error, if any."""
+
+    def __init__(self, fn, outputs=None):
+        self._done = threading.Event()
+        self._exc = None
+        self._source = -1
+        self._outputs = outputs or []
+        self._future = concurrent.futures.Future()
+        self._future.set_running_or_notify_cancel()
+        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True,
+                                        name="paramsync-work")
+        self._thread.start()
+
+    def _run(self, fn):
+        try:
+            r = fn()
+            if isinstance(r, int):
+                self._source = r
+            self._future.set_result(self._outputs)
+        except BaseException as e:  # noqa: B902 - handed to wait()
+            self._exc = e
+            self._future.set_exception(e)
+        finally:
+            self._done.set()
+
+    def wait(self, timeout=None):
+        """Waits for completion (timeout: seconds or timedelta); raises its error. Returns True."""
+        if isinstance(timeout, timedelta):
+            timeout = timeout.total_seconds()
+        if not self._done.wait(timeout):
+            raise ParamsyncError("Work.wait: timed out after %ss" % timeout,
+                                 grpc.StatusCode.DEADLINE_EXCEEDED)
+        if self._exc is not None:
+            raise self._exc
+        return True
+
+    def is_completed(self):
+        return self._done.is_set()
+
+    def is_success(self):
+        return self._done.is_set() and self._exc is None
+
+    def exception(self):
+        return self._exc
+
+    def source_rank(self):
+        """For a completed irecv: the sender's global rank; otherwise -1."""
+        return self._source
+
+    _source_rank = source_rank
+
+    def result(self):
+        return self._outputs
+
+    def get_future(self):
+        """A concurrent.futures.Future that completes with result()."""
+        return self._future
+
+    def synchronize(self):
+        pass
+
+
+class _World:
+    """The default process group: the channel, the membership stream and the groups."""
+
+    def __init__(self, addr, job, timeout_ms):
+        self.addr = addr
+        self.job = job
+        self.timeout_ms = timeout_ms
+        opts = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+        self.channel = grpc.insecure_channel(addr, options=opts)
+        self.stub = pb_grpc.WorkerStub(self.channel)
+        self.lock = threading.Lock()
+        self.failure = None
+        self.inflight = set()
+        self.leaving = False
+        self.stop = threading.Event()
+        self.join_call = None
+        self.pump = None
+        self.rank = -1
+        self.size = 0
+        self.incarnation = 0
+        self.world_group = None
+        self.n_new_groups = 0
+        self.crashed = False
+
+    # -- membership --------------------------------------------------------
+
+    def join(self, world_size, rank, join_timeout_ms):
+        req = pb.JoinRequest(job=self.job, world_size=world_size, rank=rank,
+                             timeout_ms=min(join_timeout_ms, 0xFFFFFFFF))
+        stop = self.stop
+
+        def requests():
+            yield req
+            stop.wait()  # the sending side stays open for the whole membership
+
+        self.join_call = self.stub.Join(requests(), wait_for_ready=True)
+        first = queue.Queue()
+        self.pump = threading.Thread(target=self._pump, args=(first,), daemon=True,
+                                     name="paramsync-join")
+        self.pump.start()
+        try:
+            ev = first.get(timeout=join_timeout_ms / 1000.0 + 10)
+        except queue.Empty:
+            self.join_call.cancel()
+            raise ParamsyncError(
+                "init_process_group: no answer from the daemon at %s within %d ms (job %r)"
+                % (self.addr, join_timeout_ms, self.job), grpc.StatusCode.DEADLINE_EXCEEDED)
+        if isinstance(ev, Exception):
+            stop.set()
+            raise ev
+        if ev.kind != pb.JoinEvent.READY:
+            stop.set()
+            self.join_call.cancel()
+            raise ParamsyncError("init_process_group: job %r: %s %s" % (
+                self.job, pb.JoinEvent.Kind.Name(ev.kind), ev.message), grpc.StatusCode.ABORTED,
+                ev.message)
+        if ev.world_size != world_size:
+            stop.set()
+            self.join_call.cancel()
+            raise ParamsyncError("init_process_group: the daemon says world size %d, not %d"
+                                 % (ev.world_size, world_size), grpc.StatusCode.INTERNAL)
+        self.rank = ev.rank
+        self.size = ev.world_size
+        self.incarnation = ev.incarnation
+        self.world_group = ProcessGroup(self, 0, range(self.size), self.rank)
+
+    def _pump(self, first):
+        ready = False
+        err = None
+        try:
+            for ev in self.join_call:
+                if not ready:
+                    ready = True
+                    first.put(ev)
+                    continue
+                if ev.kind == pb.JoinEvent.MEMBER_LOST:
+                    self.fail(ParamsyncError(
+                        "rank %d of job %r was lost (it died or its connection broke)%s"
+                        % (ev.rank, self.job, ": " + ev.message if ev.message else ""),
+                        grpc.StatusCode.ABORTED))
+                elif ev.kind == pb.JoinEvent.JOB_ABORTED:
+                    self.fail(ParamsyncError("job %r was aborted: %s" % (self.job, ev.message),
+                                             grpc.StatusCode.ABORTED, ev.message))
+        except grpc.RpcError as e:
+            err = _rpc_error(e, "init_process_group (job %r at %s)" % (self.job, self.addr))
+        if not ready:
+            first.put(err or ParamsyncError("init_process_group: the daemon closed the "
+                                            "membership stream", grpc.StatusCode.UNAVAILABLE))
+        elif not self.leaving:
+            self.fail(err or ParamsyncError("the daemon ended the membership of job %r"
+                                            % self.job, grpc.StatusCode.UNAVAILABLE))
+
+    def fail(self, err):
+        with self.lock:
+            if self.failure is None:
+                self.failure = err
+            calls = list(self.inflight)
+        for c in calls:
+            c.cancel()
+
+    def leave(self, graceful=True):
+        if self.leaving:
+            return
+        self.leaving = True
+        try:
+            if graceful and self.failure is None:
+                try:
+                    self.stub.Leave(pb.LeaveRequest(job=self.job, rank=self.rank), timeout=10)
+                except grpc.RpcError:
+                    pass
+                self.stop.set()  # half-close: a graceful leave
+                self.pump.join(10)
+            else:
+                self.join_call.cancel()  # a broken stream: the others hear MEMBER_LOST
+                self.stop.set()
+        finally:
+            self.channel.close()
+
+    # -- collectives -------------------------------------------------------
+
+    def check(self):
+        if self.failure is not None:
+            raise ParamsyncError(str(self.failure), self.failure.code, self.failure.details)
+
+    def run(self, g, header, send, recv, name):
+        """One Collective call: streams `send` (Segments) and fills `recv`. Returns the result."""
+        chunk = _chunk_bytes()
+        what = "%s (group %d, seq %d)" % (name, g.id, header.seq)
+        header.chunk_bytes = chunk
+
+        def requests():
+            it = send.chunks(chunk) if send is not None else iter(())
+            data = next(it, b"")
+            yield pb.Frame(header=header, data=data)
+            off = len(data)
+            for data in it:
+                yield pb.Frame(offset=off, data=data)
+                off += len(data)
+
+        deadline = (header.timeout_ms or self.timeout_ms) / 1000.0 + 30
+        with self.lock:
+            self.check()
+            call = self.stub.Collective(requests(), timeout=deadline)
+            self.inflight.add(call)
+        result = None
+        got = 0
+        try:
+            for frame in call:
+                if frame.HasField("result") and result is None:
+                    result = frame.result
+                    if result.code != 0:
+                        raise ParamsyncError(
+                            "%s: %s: %s" % (what, _CODES.get(result.code, grpc.StatusCode.UNKNOWN).name,
+                                            result.message),
+                            _CODES.get(result.code, grpc.StatusCode.UNKNOWN), result.message)
+                if frame.data:
+                    if recv is None or not recv.write(frame.offset, frame.data):
+                        call.cancel()
+                        raise ParamsyncError(
+                            "%s: the daemon sent bytes %d..%d, beyond the %d expected"
+                            % (what, frame.offset, frame.offset + len(frame.data),
+                               recv.total if recv is not None else 0),
+                            grpc.StatusCode.DATA_LOSS)
+                    got += len(frame.data)
+        except grpc.RpcError as e:
+            if self.failure is not None and e.code() == grpc.StatusCode.CANCELLED:
+                raise ParamsyncError("%s: %s" % (what, self.failure), self.failure.code,
+                                     self.failure.details) from None
+            raise _rpc_error(e, what) from None
+        finally:
+            with self.lock:
+                self.inflight.discard(call)
+        want = recv.total if recv is not None else 0
+        if got != want:
+            raise ParamsyncError("%s: received %d bytes, expected %d" % (what, got, want),
+                                 grpc.StatusCode.DATA_LOSS)
+        return result
+
+
+_world = None
+_world_lock = threading.Lock()
+
+
+# -- initialisation --------------------------------------------------------------------------
+
+
+def is_available():
+    return True
+
+
+def is_initialized():
+    return _world is not None
+
+
+def _env_int(name):
+    v = os.environ.get(name)
+    if v is None or v == "":
+        return None
+    try:
+        return int(v)
+    except ValueError:
+        raise ValueError("$%s must be an integer, not %r" % (name, v)) from None
+
+
+def _wait_for_file(path, timeout_s):
+    """The daemon address in `path` (written by paramsyncd --announce-file), waiting for it."""
+    end = time.monotonic() + timeout_s
+    while True:
+        try:
+            with open(path) as f:
+                text = f.read()
+            line = text.strip().splitlines()[0].strip() if text.strip() else ""
+            if line and text.endswith("\n"):
+                return line
+        except FileNotFoundError:
+            pass
+        if time.monotonic() >= end:
+            raise ParamsyncError("init_process_group: %s holds no daemon address after %.0f s "
+                                 "(start paramsyncd --announce-file %s)" % (path, timeout_s, path),
+                                 grpc.StatusCode.DEADLINE_EXCEEDED)
+        time.sleep(0.05)
+
+
+def _resolve(init_method, world_size, rank, group_name, join_timeout_s):
+    """(address, job, world_size, rank) from the init method and the environment."""
+    url = init_method or "env://"
+    u = urlparse(url)
+    query = {k: v[-1] for k, v in parse_qs(u.query).items()}
+    job = query.get("job") or group_name or os.environ.get("PARAMSYNC_JOB") or None
+    if u.scheme == "env":
+        addr = os.environ.get("PARAMSYNC_ADDR")
+        if not addr:
+            host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+            if not host or not port:
+                raise ValueError("env:// init: set PARAMSYNC_ADDR (the daemon's HOST:PORT), or "
+                                 "MASTER_ADDR and MASTER_PORT (missing: %s)" % ", ".join(
+                                     n for n, v in (("MASTER_ADDR", host), ("MASTER_PORT", port))
+                                     if not v))
+            addr = "%s:%s" % (host, port)
+    elif u.scheme == "tcp":
+        if not u.hostname or not u.port:
+            raise ValueError("tcp:// init method needs tcp://HOST:PORT, got %r" % url)
+        addr = u.netloc
+    elif u.scheme == "unix":
+        addr = "unix:" + unquote(url[len("unix:"):].split("?")[0])
+    elif u.scheme == "file":
+        path = unquote(u.path)
+        if not path:
+            raise ValueError("file:// init method needs file:///PATH, got %r" % url)
+        addr = _wait_for_file(path, join_timeout_s)
+        job = job or path
+    else:
+        raise ValueError("unsupported init_method %r (env://, tcp://HOST:PORT, file:///PATH, "
+                         "unix:PATH)" % url)
+    if world_size is None or world_size < 0:
+        world_size = int(query["world_size"]) if "world_size" in query else _env_int("WORLD_SIZE")
+    if world_size is None:
+        raise ValueError("world_size is not known: pass world_size= or set $WORLD_SIZE")
+    if world_size < 1:
+        raise ValueError("world_size must be at least 1, got %d" % world_size)
+    if rank is None or rank < 0:
+        rank = int(query["rank"]) if "rank" in query else _env_int("RANK")
+        if rank is None:
+            rank = -1  # the daemon assigns one
+    if rank >= world_size:
+        raise ValueError("rank %d is outside a world of %d" % (rank, world_size))
+    return addr, job or "default", world_size, rank
+
+
+def _ms(td):
+    if isinstance(td, timedelta):
+        return int(td.total_seconds() * 1000)
+    return int(float(td) * 1000)
+
+
+def init_process_group(backend=None, init_method=None, timeout=default_pg_timeout,
+                       world_size=-1, rank=-1, store=None, group_name="", pg_options=None):
+    """Joins the job and waits for all world_size ranks (torch's signature).
+
+    backend: "paramsync" (or None). init_method: "env://" (default:
+    $PARAMSYNC_ADDR, else $MASTER_ADDR:$MASTER_PORT; $WORLD_SIZE; $RANK),
+    "tcp://HOST:PORT" (the daemon's address), "file:///PATH" (a file holding
+    the daemon's address, as `paramsyncd --announce-file PATH` writes it;
+    waited for), or "unix:PATH"; each takes "?job=NAME&world_size=N&rank=R".
+    rank -1 with no $RANK lets the daemon assign one. timeout: the deadline of
+    the rendezvous and of every collective (default 30 minutes; when left at
+    the default, $PARAMSYNC_TIMEOUT_MS and $PARAMSYNC_JOIN_TIMEOUT_MS
+    override it). group_name: the job id (see the module's doc)."""
+    global _world
+    if backend is not None and str(backend).lower() != Backend.PARAMSYNC:
+        raise ValueError("paramsync.distributed runs the 'paramsync' backend, not %r "
+                         "(torch.distributed provides %r)" % (backend, backend))
+    if store is not None:
+        raise ValueError("store= is not supported: the paramsync daemon is the rendezvous")
+    with _world_lock:
+        if _world is not None:
+            raise RuntimeError("trying to initialize the default process group twice!")
+        timeout_ms = _ms(timeout)
+        join_ms = timeout_ms
+        if timeout is default_pg_timeout:
+            timeout_ms = _env_int("PARAMSYNC_TIMEOUT_MS") or timeout_ms
+            join_ms = _env_int("PARAMSYNC_JOIN_TIMEOUT_MS") or timeout_ms
+        if timeout_ms <= 0 or join_ms <= 0:
+            raise ValueError("timeout must be positive")
+        addr, job, world_size, rank = _resolve(init_method, world_size, rank, group_name,
+                                               join_ms / 1000.0)
+        w = _World(addr, job, min(timeout_ms, 0xFFFFFFFF))
+        try:
+            w.join(world_size, rank, join_ms)
+        except BaseException:
+            w.channel.close()
+            raise
+        _world = w
+
+
+def destroy_process_group(group=None):
+    """Leaves the job (the default group) gracefully; a new init_process_group may follow.
+    With a group other than the world, only forgets it."""
+    global _world
+    if group is not None and group is not GroupMember.WORLD:
+        return
+    with _world_lock:
+        w, _world = _world, None
+    if w is not None:
+        w.leave(graceful=True)
+
+
+def _excepthook(tp, value, tb):
+    w = _world
+    if w is not None:
+        w.crashed = True
+    _prev_excepthook(tp, value, tb)
+
+
+_prev_excepthook = sys.excepthook
+sys.excepthook = _excepthook
+
+
+@atexit.register
+def _at_exit():
+    # A normal exit leaves gracefully; an uncaught exception breaks the stream
+    # so that the other ranks hear MEMBER_LOST at once instead of timing out.
+    w = _world
+    if w is not None:
+        w.leave(graceful=not w.crashed)
+
+
+def _mp_child_exit():
+    w = _world
+    if w is not None:
+        w.leave(graceful=not w.crashed)
+
+
+try:  # multiprocessing children (fork) end with os._exit: leave from its finalizers too.
+    import multiprocessing.util as _mpu
+    _mpu.Finalize(None, _mp_child_exit, exitpriority=100)
+except Exception:  # pragma: no cover
+    pass
+
+
+def _get_world():
+    w = _world
+    if w is None:
+        raise RuntimeError("Default process group has not been initialized, please make sure "
+                           "to call init_process_group.")
+    return w
+
+
+# -- groups ----------------------------------------------------------------------------------
+
+
+def _group(g):
+    """The ProcessGroup for a group argument, or None if the caller is not a member."""
+    w = _get_world()
+    if g is None or g is GroupMember.WORLD:
+        return w.world_group
+    if g is GroupMember.NON_GROUP_MEMBER:
+        return None
+    if not isinstance(g, ProcessGroup) or g._world is not w:
+        raise ValueError("%r is not a group of this process group" % (g,))
+    return g
+
+
+def new_group(ranks=None, timeout=None, backend=None, pg_options=None):
+    """torch's new_group: every rank calls it, in the same order. Returns the group, or
+    GroupMember.NON_GROUP_MEMBER for a rank not in `ranks` (job ranks)."""
+    w = _get_world()
+    w.check()
+    if backend is not None and str(backend).lower() != Backend.PARAMSYNC:
+        raise ValueError("new_group: backend %r is not 'paramsync'" % (backend,))
+    ranks = list(range(w.size)) if ranks is None else [int(r) for r in ranks]
+    if len(set(ranks)) != len(ranks):
+        raise ValueError("new_group: ranks %s list a rank twice" % ranks)
+    for r in ranks:
+        if not 0 <= r < w.size:
+            raise ValueError("new_group: rank %d is outside the world of %d" % (r, w.size))
+    with w.lock:
+        w.n_new_groups += 1
+        gid = w.n_new_groups
+    try:
+        resp = w.stub.NewGroup(pb.NewGroupRequest(job=w.job, group=gid, ranks=ranks, rank=w.rank),
+                               timeout=(w.timeout_ms / 1000.0) + 30)
+    except grpc.RpcError as e:
+        raise _rpc_error(e, "new_group (group %d, ranks %s)" % (gid, ranks)) from None
+    if resp.group_rank < 0:
+        return GroupMember.NON_GROUP_MEMBER
+    return ProcessGroup(w, resp.group or gid, ranks, resp.group_rank)
+
+
+def get_rank(group=None):
+    """The caller's rank in group (default: the job); -1 if it is not a member."""
+    g = _group(group)
+    return -1 if g is None else g.rank()
+
+
+def get_world_size(group=None):
+    """The size of group (default: the job); -1 for a group the caller is not in."""
+    g = _group(group)
+    return -1 if g is None else g.size()
+
+
+def get_backend(group=None):
+    _group(group)
+    return Backend.PARAMSYNC
+
+
+def get_process_group_ranks(group):
+    g = _group(group)
+    if g is None:
+        raise ValueError("not a member of the group")
+    return list(g.ranks)
+
+
+def get_global_rank(group, group_rank):
+    g = _group(group)
+    if g is None or not 0 <= group_rank < g.size():
+        raise ValueError("group rank %r is not in the group" % (group_rank,))
+    return g.ranks[group_rank]
+
+
+def get_group_rank(group, global_rank):
+    g = _group(group)
+    if g is None or global_rank not in g.ranks:
+        raise ValueError("global rank %r is not part of the group" % (global_rank,))
+    return g.ranks.index(global_rank)
+
+
+# -- collectives -----------------------------------------------------------------------------
+
+_K = pb.CollectiveKind
+
+
+def _member(group, name):
+    g = _group(group)
+    if g is None:
+        warnings.warn("Running %s on global rank %d which does not belong to the given group."
+                      % (name, _get_world().rank), stacklevel=3)
+    return g
+
+
+def _group_rank(g, global_rank, what):
+    try:
+        global_rank = int(global_rank)
+    except (TypeError, ValueError):
+        raise ValueError("%s must be a rank, not %r" % (what, global_rank)) from None
+    if global_rank not in g.ranks:
+        raise ValueError("%s: the global rank %d is not part of the group (ranks %s)"
+                         % (what, global_rank, g.ranks))
+    return g.ranks.index(global_rank)
+
+
+def _op(op, dtype, name):
+    try:
+        op = ReduceOp(int(op))
+    except (TypeError, ValueError):
+        raise ValueError("%s: op must be a ReduceOp, not %r" % (name, op)) from None
+    if op in _BITWISE and dtype in T.FLOATING:
+        raise TypeError("%s: ReduceOp.%s is not defined on %s tensors" % (name, op.name,
+                                                                          T.NAMES[dtype]))
+    return op
+
+
+def _same(bufs, ref, name, what):
+    for i, b in enumerate(bufs):
+        if b.dtype != ref.dtype:
+            raise TypeError("%s: %s[%d] is %s but the tensor is %s (one dtype per collective)"
+                            % (name, what, i, T.NAMES[b.dtype], T.NAMES[ref.dtype]))
+        if b.numel != ref.numel:
+            raise ValueError("%s: %s[%d] has %d elements but the tensor has %d"
+                             % (name, what, i, b.numel, ref.numel))
+
+
+def _list(obj, name, what, n):
+    if not isinstance(obj, (list, tuple)):
+        raise TypeError("%s: %s must be a list of tensors, not %s"
+                        % (name, what, type(obj).__name__))
+    if len(obj) != n:
+        raise ValueError("%s: %s has %d tensors; the group has %d ranks"
+                         % (name, what, len(obj), n))
+    return [T.view(t, "%s[%d]" % (what, i), writable=True) for i, t in enumerate(obj)]
+
+
+def _start(g, name, kind, *, send=(), recv=(), op=0, dtype=0, count=0, root=0, peer=0, tag=0,
+           async_op=False, outputs=None, source=False):
+    """Assigns the sequence number now (program order) and runs the call, or starts it."""
+    w = g._world
+    w.check()
+    with w.lock:
+        if kind == _K.SEND:
+            seq = g._send_seq.get(peer, 0)
+            g._send_seq[peer] = seq + 1
+        elif kind == _K.RECV:
+            seq = g._recv_seq
+            g._recv_seq += 1
+        else:
+            seq = g._seq
+            g._seq += 1
+    header = pb.CollectiveHeader(job=w.job, group=g.id, seq=seq, kind=kind, op=int(op),
+                                 dtype=dtype, count=count, root=root, peer=peer, rank=g.rank(),
+                                 tag=tag, timeout_ms=w.timeout_ms, incarnation=w.incarnation)
+    send_segs = T.Segments(send) if send else None
+    recv_segs = T.Segments(recv) if recv else None
+
+    def run():
+        result = w.run(g, header, send_segs, recv_segs, name)
+        if source:
+            src = result.source if result is not None else -1
+            return g.ranks[src] if 0 <= src < g.size() else src
+        return None
+
+    if async_op:
+        return Work(run, outputs)
+    return run()
+
+
+def _snapshot(inputs, outputs):
+    """Copies inputs that share memory with outputs, so that results cannot overwrite
+    bytes not yet sent."""
+    if not T.overlaps(inputs, outputs):
+        return inputs
+    import numpy as np
+    out = []
+    for b in inputs:
+        c = T.Buf(b.tensor, b.dtype, b.numel, np.array(b.arr, copy=True))
+        out.append(c)
+    return out
+
+
+def barrier(group=None, async_op=False, device_ids=None):
+    g = _member(group, "barrier")
+    if g is None:
+        return None
+    return _start(g, "barrier", _K.BARRIER, async_op=async_op)
+
+
+def broadcast(tensor, src, group=None, async_op=False):
+    """Copies src's tensor (src: a global rank) into every rank's tensor, in place."""
+    g = _member(group, "broadcast")
+    if g is None:
+        return None
+    b = T.view(tensor, "tensor", writable=True)
+    root = _group_rank(g, src, "broadcast: src")
+    me = g.rank()
+    return _start(g, "broadcast", _K.BROADCAST, send=[b] if me == root else (),
+                  recv=[b] if me != root else (), dtype=b.dtype, count=b.numel, root=root,
+                  async_op=async_op, outputs=[tensor])
+
+
+def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
+    """Reduces tensor across the group; every rank gets the result in place."""
+    g = _member(group, "all_reduce")
+    if g is None:
+        return None
+    b = T.view(tensor, "tensor", writable=True)
+    op = _op(op, b.dtype, "all_reduce")
+    return _start(g, "all_reduce", _K.ALL_REDUCE, send=[b], recv=[b], op=op, dtype=b.dtype,
+                  count=b.numel, async_op=async_op, outputs=[tensor])
+
+
+def reduce(tensor, dst, op=ReduceOp.SUM, group=None, async_op=False):
+    """Reduces tensor across the group into dst's tensor (dst: a global rank)."""
+    g = _member(group, "reduce")
+    if g is None:
+        return None
+    b = T.view(tensor, "tensor", writable=True)
+    op = _op(op, b.dtype, "reduce")
+    root = _group_rank(g, dst, "reduce: dst")
+    return _start(g, "reduce", _K.REDUCE, send=[b], recv=[b] if g.rank() == root else (),
+                  op=op, dtype=b.dtype, count=b.numel, root=root, async_op=async_op,
+                  outputs=[tensor])
+
+
+def all_gather(tensor_list, tensor, group=None, async_op=False):
+    """tensor_list[i] gets rank i's tensor, on every rank."""
+    g = _member(group, "all_gather")
+    if g is None:
+        return None
+    b = T.view(tensor, "tensor")
+    outs = _list(tensor_list, "all_gather", "tensor_list", g.size())
+    _same(outs, b, "all_gather", "tensor_list")
+    send = _snapshot([b], outs)
+    return _start(g, "all_gather", _K.ALL_GATHER, send=send, recv=outs, dtype=b.dtype,
+                  count=b.numel, async_op=async_op, outputs=list(tensor_list))
+
+
+def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
+    """output_tensor (n times input's size) gets every rank's input_tensor in rank order."""
+    g = _member(group, "all_gather_into_tensor")
+    if g is None:
+        return None
+    b = T.view(input_tensor, "input_tensor")
+    o = T.view(output_tensor, "output_tensor", writable=True)
+    if o.dtype != b.dtype:
+        raise TypeError("all_gather_into_tensor: output is %s, input %s"
+                        % (T.NAMES[o.dtype], T.NAMES[b.dtype]))
+    if o.numel != b.numel * g.size():
+        raise ValueError("all_gather_into_tensor: output has %d elements, need %d x %d"
+                         % (o.numel, g.size(), b.numel))
+    send = _snapshot([b], [o])
+    return _start(g, "all_gather_into_tensor", _K.ALL_GATHER, send=send, recv=[o],
+                  dtype=b.dtype, count=b.numel, async_op=async_op, outputs=[output_tensor])
+
+
+_all_gather_base = all_gather_into_tensor
+
+
+def gather(tensor, gather_list=None, dst=0, group=None, async_op=False):
+    """On dst (a global rank), gather_list[i] gets rank i's tensor; others pass no list."""
+    g = _member(group, "gather")
+    if g is None:
+        return None
+    b = T.view(tensor, "tensor")
+    root = _group_rank(g, dst, "gather: dst")
+    outs = ()
+    if g.rank() == root:
+        if gather_list is None:
+            raise ValueError("gather: Argument ``gather_list`` must be specified on destination "
+                             "rank.")
+        outs = _list(gather_list, "gather", "gather_list", g.size())
+        _same(outs, b, "gather", "gather_list")
+    elif gather_list:
+        raise ValueError("gather: Argument ``gather_list`` must NOT be specified on "
+                         "non-destination ranks.")
+    send = _snapshot([b], outs)
+    return _start(g, "gather", _K.GATHER, send=send, recv=outs, dtype=b.dtype, count=b.numel,
+                  root=root, async_op=async_op, outputs=list(gather_list or []))
+
+
+def scatter(tensor, scatter_list=None, src=0, group=None, async_op=False):
+    """Rank i's tensor gets scatter_list[i] of src (a global rank); others pass no list."""
+    g = _member(group, "scatter")
+    if g is None:
+        return None
+    b = T.view(tensor, "tensor", writable=True)
+    root = _group_rank(g, src, "scatter: src")
+    ins = ()
+    if g.rank() == root:
+        if scatter_list is None:
+            raise ValueError("scatter: Argument ``scatter_list`` must be specified on source "
+                             "rank.")
+        ins = _list(scatter_list, "scatter", "scatter_list", g.size())
+        _same(ins, b, "scatter", "scatter_list")
+        ins = _snapshot(ins, [b])
+    elif scatter_list:
+        raise ValueError("scatter: Argument ``scatter_list`` must NOT be specified on "
+                         "non-source ranks.")
+    return _start(g, "scatter", _K.SCATTER, send=ins, recv=[b], dtype=b.dtype, count=b.numel,
+                  root=root, async_op=async_op, outputs=[tensor])
+
+
+def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False):
+    """Rank i's output gets the reduction of every rank's input_list[i]."""
+    g = _member(group, "reduce_scatter")
+    if g is None:
+        return None
+    o = T.view(output, "output", writable=True)
+    ins = _list(input_list, "reduce_scatter", "input_list", g.size())
+    _same(ins, o, "reduce_scatter", "input_list")
+    op = _op(op, o.dtype, "reduce_scatter")
+    ins = _snapshot(ins, [o])
+    return _start(g, "reduce_scatter", _K.REDUCE_SCATTER, send=ins, recv=[o], op=op,
+                  dtype=o.dtype, count=o.numel, async_op=async_op, outputs=[output])
+
+
+def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=False):
+    """reduce_scatter with the input as one tensor of n blocks."""
+    g = _member(group, "reduce_scatter_tensor")
+    if g is None:
+        return None
+    o = T.view(output, "output", writable=True)
+    i = T.view(input, "input")
+    if o.dtype != i.dtype:
+        raise TypeError("reduce_scatter_tensor: output is %s, input %s"
+                        % (T.NAMES[o.dtype], T.NAMES[i.dtype]))
+    if i.numel != o.numel * g.size():
+        raise ValueError("reduce_scatter_tensor: input has %d elements, need %d x %d"
+                         % (i.numel, g.size(), o.numel))
+    op = _op(op, o.dtype, "reduce_scatter_tensor")
+    send = _snapshot([i], [o])
+    return _start(g, "reduce_scatter_tensor", _K.REDUCE_SCATTER, send=send, recv=[o], op=op,
+                  dtype=o.dtype, count=o.numel, async_op=async_op, outputs=[output])
+
+
+_reduce_scatter_base = reduce_scatter_tensor
+
+
+def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False):
+    """output_tensor_list[j] gets rank j's input_tensor_list[rank]. Blocks must be equal-sized."""
+    g = _member(group, "all_to_all")
+    if g is None:
+        return None
+    if T.is_tensor(output_tensor_list) or T.is_tensor(input_tensor_list):
+        raise TypeError("all_to_all takes lists of tensors (use all_to_all_single for tensors)")
+    outs = _list(output_tensor_list, "all_to_all", "output_tensor_list", g.size())
+    ins = _list(input_tensor_list, "all_to_all", "input_tensor_list", g.size())
+    _same(outs, ins[0], "all_to_all", "output_tensor_list")
+    _same(ins, ins[0], "all_to_all", "input_tensor_list")
+    ins = _snapshot(ins, outs)
+    return _start(g, "all_to_all", _K.ALL_TO_ALL, send=ins, recv=outs, dtype=ins[0].dtype,
+                  count=ins[0].numel, async_op=async_op, outputs=list(output_tensor_list))
+
+
+def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None,
+                      group=None, async_op=False):
+    """Block j of output (split along the first dimension) gets rank j's block `rank` of input.
+    paramsync needs equal blocks: split sizes, when given, must all be equal."""
+    g = _member(group, "all_to_all_single")
+    if g is None:
+        return None
+    o = T.view(output, "output", writable=True)
+    i = T.view(input, "input")
+    n = g.size()
+    if o.dtype != i.dtype:
+        raise TypeError("all_to_all_single: output is %s, input %s (one dtype per collective)"
+                        % (T.NAMES[o.dtype], T.NAMES[i.dtype]))
+    for name, sizes in (("output_split_sizes", output_split_sizes),
+                        ("input_split_sizes", input_split_sizes)):
+        if sizes is not None and len(sizes) and len(set(int(s) for s in sizes)) > 1:
+            raise ValueError("all_to_all_single: paramsync moves equal blocks; %s %s differ"
+                             % (name, list(sizes)))
+    if i.numel != o.numel or i.numel % n:
+        raise ValueError("all_to_all_single: input (%d elements) and output (%d) must be the "
+                         "same size, a multiple of the group size %d" % (i.numel, o.numel, n))
+    send = _snapshot([i], [o])
+    return _start(g, "all_to_all_single", _K.ALL_TO_ALL, send=send, recv=[o], dtype=i.dtype,
+                  count=i.numel // n, async_op=async_op, outputs=[output])
+
+
+def _p2p_peer(g, rank, what):
+    peer = _group_rank(g, rank, what)
+    if peer == g.rank():
+        raise ValueError("%s: a rank cannot send to or receive from itself" % what)
+    return peer
+
+
+def _tag(tag):
+    tag = int(tag)
+    if not 0 <= tag <= 0xFFFFFFFF:
+        raise ValueError("tag must be a non-negative 32-bit integer, got %d" % tag)
+    return tag
+
+
+def isend(tensor, dst, group=None, tag=0):
+    """Starts sending tensor to dst (a global rank); returns a Work."""
+    g = _member(group, "isend")
+    if g is None:
+        return None
+    b = T.view(tensor, "tensor")
+    peer = _p2p_peer(g, dst, "isend: dst")
+    return _start(g, "send", _K.SEND, send=[b], dtype=b.dtype, count=b.numel, peer=peer,
+                  tag=_tag(tag), async_op=True, outputs=[])
+
+
+def send(tensor, dst, group=None, tag=0):
+    """Sends tensor to dst (a global rank); returns when the daemon has taken it."""
+    g = _member(group, "send")
+    if g is None:
+        return None
+    b = T.view(tensor, "tensor")
+    peer = _p2p_peer(g, dst, "send: dst")
+    _start(g, "send", _K.SEND, send=[b], dtype=b.dtype, count=b.numel, peer=peer, tag=_tag(tag))
+
+
+def irecv(tensor, src=None, group=None, tag=0):
+    """Starts receiving into tensor from src (a global rank; None: any). The Work's
+    source_rank() gives the sender once done."""
+    g = _member(group, "irecv")
+    if g is None:
+        return None
+    b = T.view(tensor, "tensor", writable=True)
+    peer = -1 if src is None else _p2p_peer(g, src, "irecv: src")
+    return _start(g, "recv", _K.RECV, recv=[b], dtype=b.dtype, count=b.numel, peer=peer,
+                  tag=_tag(tag), async_op=True, outputs=[tensor], source=True)
+
+
+def recv(tensor, src=None, group=None, tag=0):
+    """Receives into tensor from src (a global rank; None: any). Returns the sender's rank."""
+    g = _member(group, "recv")
+    if g is None:
+        return -1
+    b = T.view(tensor, "tensor", writable=True)
+    peer = -1 if src is None else _p2p_peer(g, src, "recv: src")
+    return _start(g, "recv", _K.RECV, recv=[b], dtype=b.dtype, count=b.numel, peer=peer,
+                  tag=_tag(tag), source=True)
+
+
+class P2POp:
+    """One operation for batch_isend_irecv: P2POp(isend, tensor, peer) or P2POp(irecv, ...)."""
+
+    def __init__(self, op, tensor, peer, group=None, tag=0):
+        if op not in (isend, irecv):
+            raise ValueError("P2POp: op must be paramsync.distributed.isend or irecv")
+        self.op, self.tensor, self.peer, self.group, self.tag = op, tensor, peer, group, tag
+
+
+def batch_isend_irecv(p2p_op_list):
+    """Starts every operation of the list (in order); returns their Works."""
+    if not p2p_op_list or not all(isinstance(p, P2POp) for p in p2p_op_list):
+        raise ValueError("batch_isend_irecv takes a non-empty list of P2POp")
+    return [p.op(p.tensor, p.peer, p.group, p.tag) for p in p2p_op_list]
+
+
+# torch's helpers that have no meaning here, kept so that ported code runs.
+def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
+    return barrier(group)
+
