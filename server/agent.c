@@ -346,6 +346,7 @@ static void worker_join(ps__rpc_call_t *down, void *arg)
         return;
     }
     char *job = strdup(req->job);
+    int rank = -1;
     char *asked = req->agent;
     req->agent = a->self; /* borrowed; the request's own value is put back before freeing */
     int rc = ps__rpc_call_start(a->coord, PS_M_COORD_JOIN, 0, &up);
@@ -361,8 +362,10 @@ static void worker_join(ps__rpc_call_t *down, void *arg)
         if (!watching || ps__rpc_recv_msg(up, &paramsync__v1__join_event__descriptor,
                                           (ProtobufCMessage **)&ev) != 0)
             break;
-        if (ev->kind == PARAMSYNC__V1__JOIN_EVENT__KIND__READY && job)
+        if (ev->kind == PARAMSYNC__V1__JOIN_EVENT__KIND__READY && job) {
             route_set(a, job, ev->incarnation, ev->hub);
+            rank = ev->rank;
+        }
         int src = ps__rpc_send_msg(down, &ev->base);
         protobuf_c_message_free_unpacked(&ev->base, NULL);
         if (src < 0)
@@ -387,7 +390,47 @@ static void worker_join(ps__rpc_call_t *down, void *arg)
     }
     ps__rpc_call_destroy(up);
     free(msg);
+    /* The member is gone: so are its shared segments. */
+    if (job && rank >= 0)
+        ps__hub_shm_release(a->hub, job, rank);
     free(job);
+}
+
+static void worker_shm_attach(ps__rpc_call_t *call, void *arg)
+{
+    ps__agent_t *a = arg;
+    Paramsync__V1__ShmAttachRequest *req = NULL;
+    Paramsync__V1__ShmAttachResponse resp = PARAMSYNC__V1__SHM_ATTACH_RESPONSE__INIT;
+    char reason[512] = "";
+    if (ps__rpc_recv_msg(call, &paramsync__v1__shm_attach_request__descriptor,
+                         (ProtobufCMessage **)&req) != 0) {
+        ps__rpc_call_send_status(call, GRPC_STATUS_INVALID_ARGUMENT, "malformed ShmAttachRequest");
+        return;
+    }
+    if (auth_check(a, call, req->job)) {
+        protobuf_c_message_free_unpacked(&req->base, NULL);
+        return;
+    }
+    int code = 0;
+    char *msg = NULL;
+    char *hub = route_get(a, req->job, 0, &code, &msg);
+    if (!hub)
+        snprintf(reason, sizeof(reason), "job %s: %s", req->job, msg ? msg : "unknown job");
+    else if (strcmp(hub, a->self) != 0)
+        snprintf(reason, sizeof(reason), "job %s's collectives run on agent %s, not this one",
+                 req->job, hub);
+    else
+        resp.attached = ps__hub_shm_attach(a->hub, req->job, req->rank, req->name, req->size,
+                                           req->magic, reason, sizeof(reason));
+    if (!resp.attached)
+        PS_LOG(PS_LOG_INFO, "job %s: rank %d's shared memory not used: %s", req->job, req->rank,
+               reason);
+    resp.reason = reason;
+    ps__rpc_send_msg(call, &resp.base);
+    ps__rpc_call_send_status(call, GRPC_STATUS_OK, "");
+    free(hub);
+    free(msg);
+    protobuf_c_message_free_unpacked(&req->base, NULL);
 }
 
 static void worker_leave(ps__rpc_call_t *call, void *arg)
@@ -516,6 +559,7 @@ int ps__agent_create(const ps__config_t *cfg, ps__rpc_server_t *srv, const char 
     rc = rc ? rc : ps__rpc_server_add_method(srv, PS_M_WORKER_LEAVE, worker_leave, a);
     rc = rc ? rc : ps__rpc_server_add_method(srv, PS_M_WORKER_NEW_GROUP, worker_new_group, a);
     rc = rc ? rc : ps__rpc_server_add_method(srv, PS_M_WORKER_COLLECTIVE, worker_collective, a);
+    rc = rc ? rc : ps__rpc_server_add_method(srv, PS_M_WORKER_SHM_ATTACH, worker_shm_attach, a);
     if (rc)
         goto fail;
     *out = a;

@@ -35,6 +35,7 @@ typedef struct ps__config {
 #define PS_M_WORKER_LEAVE       "/paramsync.v1.Worker/Leave"
 #define PS_M_WORKER_NEW_GROUP   "/paramsync.v1.Worker/NewGroup"
 #define PS_M_WORKER_COLLECTIVE  "/paramsync.v1.Worker/Collective"
+#define PS_M_WORKER_SHM_ATTACH  "/paramsync.v1.Worker/ShmAttach"
 #define PS_M_COORD_REGISTER     "/paramsync.v1.Coordinator/RegisterAgent"
 #define PS_M_COORD_JOIN         "/paramsync.v1.Coordinator/Join"
 #define PS_M_COORD_LEAVE        "/paramsync.v1.Coordinator/Leave"
@@ -110,6 +111,15 @@ void ps__hub_destroy(ps__hub_t *h);
  * `first`; the hub takes over `first` and ends the call with a status. */
 struct ps__frame;
 void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, struct ps__frame *first);
+
+/** Maps a worker's shared segment (see ShmAttach in the proto). Returns 1
+ * when attached, else 0 with the reason in `reason`. */
+int ps__hub_shm_attach(ps__hub_t *h, const char *job, int rank, const char *name, uint64_t size,
+                       uint64_t magic, char *reason, size_t rlen);
+
+/** Drops the segments of job's rank (every rank for rank < 0); collectives
+ * still using one keep it mapped until they end. */
+void ps__hub_shm_release(ps__hub_t *h, const char *job, int rank);
 
 /** Adds the hub's in-flight collectives and unmatched sends/receives. */
 int ps__hub_status(ps__hub_t *h, const char *job, Paramsync__V1__StatusResponse *resp);

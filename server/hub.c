@@ -1,13 +1,17 @@
 /* The collective engine of the agent that hosts a job: matching, checking and pipelined data steps.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <grpc/status.h>
 
@@ -35,13 +39,42 @@
 typedef Paramsync__V1__CollectiveHeader header_t;
 
 /* A reference-counted buffer, handed to gRPC without a copy when sent. */
+/* A worker's shared-memory segment, mapped by ShmAttach. Views of it (blobs)
+ * and members using it hold references, so a worker that leaves or dies
+ * mid-collective cannot unmap memory still being read. */
+typedef struct shm_map {
+    char *name, *job;
+    int rank;
+    uint8_t *base;
+    size_t size;
+    int refs;
+    struct shm_map *next;
+} shm_map_t;
+
 typedef struct blob {
     int refs;
     size_t len;
-    uint8_t data[];
+    uint8_t *data;  /* storage[], or a view into map */
+    shm_map_t *map; /* the segment a view belongs to, else NULL */
+    uint8_t storage[];
 } blob_t;
 
+/* Reference counts of blobs and segments (gRPC releases blobs from its
+ * own threads). */
 static pthread_mutex_t blob_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void shm_unref(shm_map_t *m)
+{
+    pthread_mutex_lock(&blob_lock);
+    int last = --m->refs == 0;
+    pthread_mutex_unlock(&blob_lock);
+    if (last) {
+        munmap(m->base, m->size);
+        free(m->name);
+        free(m->job);
+        free(m);
+    }
+}
 
 static blob_t *blob_new(size_t len)
 {
@@ -49,6 +82,24 @@ static blob_t *blob_new(size_t len)
     if (b) {
         b->refs = 1;
         b->len = len;
+        b->data = b->storage;
+        b->map = NULL;
+    }
+    return b;
+}
+
+/* A blob that reads len bytes of a segment in place (no copy). */
+static blob_t *blob_view(shm_map_t *map, uint8_t *data, size_t len)
+{
+    blob_t *b = malloc(sizeof(*b));
+    if (b) {
+        b->refs = 1;
+        b->len = len;
+        b->data = data;
+        b->map = map;
+        pthread_mutex_lock(&blob_lock);
+        map->refs++;
+        pthread_mutex_unlock(&blob_lock);
     }
     return b;
 }
@@ -68,8 +119,11 @@ static void blob_unref(void *arg)
     pthread_mutex_lock(&blob_lock);
     int last = --b->refs == 0;
     pthread_mutex_unlock(&blob_lock);
-    if (last)
+    if (last) {
+        if (b->map)
+            shm_unref(b->map);
         free(b);
+    }
 }
 
 typedef struct slot {
@@ -98,7 +152,9 @@ typedef struct member {
     int finished;
     struct member *next_wait; /* p2p mailbox */
     int64_t arrival_ms;
-    int refused; /* p2p: a gRPC code when the match could not be served */
+    int refused;      /* p2p: a gRPC code when the match could not be served */
+    shm_map_t *shm;   /* input and output live in this segment */
+    uint64_t shm_out; /* output offset in it */
 } member_t;
 
 #define K_BARRIER        PARAMSYNC__V1__COLLECTIVE_KIND__BARRIER
@@ -174,6 +230,7 @@ struct ps__hub {
     pthread_cond_t p2p_changed;
     job_t *jobs;
     uint64_t inflight_bytes; /* reserved by the collectives in flight */
+    shm_map_t *shms;         /* attached segments */
 };
 
 static const char *kind_name(int k)
@@ -761,13 +818,15 @@ static void member_deposit(member_t *m)
         plan_step(c, s, &p);
         if (!step_contributes(&p, m->index))
             continue;
-        blob_t *b = blob_new(p.len);
+        blob_t *b = m->shm ? blob_view(m->shm, m->shm->base + m->in_off, p.len) : blob_new(p.len);
         pthread_mutex_lock(c->lock);
         slot_t *sl = b ? slot_claim(c, s) : NULL;
         if (!b && !c->failed)
             coll_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", kind_name(c->kind));
         pthread_mutex_unlock(c->lock);
-        if (!sl || member_read(m, b->data, p.len) < 0) {
+        if (sl && m->shm)
+            m->in_off += p.len;
+        if (!sl || (!m->shm && member_read(m, b->data, p.len) < 0)) {
             blob_unref(b);
             return;
         }
@@ -880,7 +939,11 @@ static int member_write(member_t *m, int finish)
         blob_t *out = sl->out;
         blob_ref(out);
         pthread_mutex_unlock(c->lock);
-        int rc = send_frame(m, first ? &res : NULL, off, out, p.len, s == last_step);
+        int rc = 0;
+        if (m->shm) /* the result frame follows the data, below */
+            memcpy(m->shm->base + m->shm_out + off, out->data, p.len);
+        else
+            rc = send_frame(m, first ? &res : NULL, off, out, p.len, s == last_step);
         blob_unref(out);
         first = 0;
         off += p.len;
@@ -895,11 +958,14 @@ static int member_write(member_t *m, int finish)
         pthread_mutex_unlock(c->lock);
         if (rc < 0)
             return 0;
-        if (s == last_step)
+        if (s == last_step && !m->shm)
             return 1;
     }
-    if (first)
+    if (first || m->shm) {
+        res.shm = m->shm != NULL && !first;
+        res.bytes = res.shm ? m->out_total : 0;
         return send_frame(m, &res, 0, NULL, 0, finish) == 0 && finish;
+    }
     return 0;
 }
 
@@ -1057,6 +1123,8 @@ static void member_free(member_t *m)
     ps__frame_clear(&m->frame);
     if (m->first)
         protobuf_c_message_free_unpacked(&m->first->base, NULL);
+    if (m->shm)
+        shm_unref(m->shm);
     free(m);
 }
 
@@ -1223,6 +1291,25 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
     int n = group_size(j, hd->group);
     if ((code = header_check(h->cfg, hd, n, msg, sizeof(msg))) != 0)
         goto fail_locked;
+    if (hd->shm && *hd->shm) {
+        for (shm_map_t *sm = h->shms; sm && !m->shm; sm = sm->next)
+            if (strcmp(sm->name, hd->shm) == 0 && strcmp(sm->job, hd->job) == 0)
+                m->shm = sm;
+        if (!m->shm || m->frame.data_len) {
+            code = GRPC_STATUS_INVALID_ARGUMENT;
+            snprintf(msg, sizeof(msg), "%s (group %u): rank %d: %s", kind_name(hd->kind), hd->group,
+                     hd->rank,
+                     m->shm ? "a collective in shared memory carries no data frames"
+                            : "its shared-memory segment is not attached to this agent "
+                              "(ShmAttach first)");
+            m->shm = NULL;
+            goto fail_locked;
+        }
+        pthread_mutex_lock(&blob_lock);
+        m->shm->refs++;
+        pthread_mutex_unlock(&blob_lock);
+        m->shm_out = hd->shm_out_offset;
+    }
 
     if (hd->kind == K_SEND || hd->kind == K_RECV) {
         int dst = hd->kind == K_SEND ? hd->peer : hd->rank;
@@ -1329,7 +1416,16 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
     pthread_t writer;
     int have_writer = 0;
     if (!c->failed) {
-        if (m->frame.data_len > m->in_total) {
+        if (m->shm && (m->in_total > m->shm_out || m->shm_out > m->shm->size ||
+                       m->out_total > m->shm->size - m->shm_out)) {
+            pthread_mutex_lock(&h->lock);
+            coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
+                      "%s (group %u, seq %" PRIu64 "): rank %d's shared segment (%zu bytes, output "
+                      "at %" PRIu64 ") cannot hold %" PRIu64 " input and %" PRIu64 " output bytes",
+                      kind_name(c->kind), c->group, c->seq, c->ranks[m->index], m->shm->size,
+                      m->shm_out, m->in_total, m->out_total);
+            pthread_mutex_unlock(&h->lock);
+        } else if (m->frame.data_len > m->in_total) {
             pthread_mutex_lock(&h->lock);
             coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
                       "%s (group %u, seq %" PRIu64
@@ -1412,10 +1508,86 @@ int ps__hub_create(const ps__config_t *cfg, ps__job_lookup_fn lookup, void *look
     return 0;
 }
 
+int ps__hub_shm_attach(ps__hub_t *h, const char *job, int rank, const char *name, uint64_t size,
+                       uint64_t magic, char *reason, size_t rlen)
+{
+    /* Names are POSIX shm names: one leading slash, no other. */
+    if (!name || name[0] != '/' || strchr(name + 1, '/') || strlen(name) > 200 || size < 8 ||
+        size > h->cfg->max_tensor_bytes * 2 + 4096) {
+        snprintf(reason, rlen, "bad segment name or size");
+        return 0;
+    }
+    int fd = shm_open(name, O_RDWR, 0);
+    if (fd < 0) {
+        snprintf(reason, rlen,
+                 "segment %s is not visible to the agent (%s): another host or "
+                 "container?",
+                 name, strerror(errno));
+        return 0;
+    }
+    struct stat st;
+    uint8_t *base = MAP_FAILED;
+    if (fstat(fd, &st) == 0 && (uint64_t)st.st_size >= size)
+        base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    uint64_t seen = 0;
+    if (base != MAP_FAILED)
+        memcpy(&seen, base, sizeof(seen));
+    if (base == MAP_FAILED || seen != magic) {
+        if (base != MAP_FAILED)
+            munmap(base, size);
+        snprintf(reason, rlen, "segment %s is %s", name,
+                 base == MAP_FAILED ? "smaller than announced"
+                                    : "not the caller's (magic differs)");
+        return 0;
+    }
+    /* From here the mapping keeps the memory; the name can go, so nothing
+     * is left in /dev/shm when either side dies. */
+    shm_unlink(name);
+    shm_map_t *sm = calloc(1, sizeof(*sm));
+    if (!sm || !(sm->name = strdup(name)) || !(sm->job = strdup(job))) {
+        if (sm)
+            free(sm->name);
+        free(sm);
+        munmap(base, size);
+        snprintf(reason, rlen, "out of memory");
+        return 0;
+    }
+    sm->rank = rank;
+    sm->base = base;
+    sm->size = size;
+    sm->refs = 1;
+    pthread_mutex_lock(&h->lock);
+    sm->next = h->shms;
+    h->shms = sm;
+    pthread_mutex_unlock(&h->lock);
+    return 1;
+}
+
+void ps__hub_shm_release(ps__hub_t *h, const char *job, int rank)
+{
+    pthread_mutex_lock(&h->lock);
+    for (shm_map_t **p = &h->shms; *p;) {
+        shm_map_t *sm = *p;
+        if (strcmp(sm->job, job) == 0 && (rank < 0 || sm->rank == rank)) {
+            *p = sm->next;
+            shm_unref(sm);
+        } else {
+            p = &sm->next;
+        }
+    }
+    pthread_mutex_unlock(&h->lock);
+}
+
 void ps__hub_destroy(ps__hub_t *h)
 {
     if (!h)
         return;
+    while (h->shms) {
+        shm_map_t *sm = h->shms;
+        h->shms = sm->next;
+        shm_unref(sm);
+    }
     while (h->jobs) {
         job_t *j = h->jobs;
         h->jobs = j->next;
