@@ -130,6 +130,17 @@ static void take_frame(ps__coll_t *c, recv_state_t *st, grpc_byte_buffer *bb)
             goto out;
         }
         c->source = res->source;
+        if (res->code == 0 && res->shm) {
+            /* The agent wrote the output into the segment. */
+            if (!c->shm_out) {
+                fail_local(c, st, PS_EINTERNAL,
+                           strdup("the agent answered in shared memory this call did not use"));
+                goto out;
+            }
+            if (c->out_bytes)
+                memcpy(c->out, c->shm_out, c->out_bytes);
+            st->received = c->out_bytes;
+        }
     }
     if (f.data_len) {
         uint64_t off = f.meta->offset;
@@ -204,10 +215,12 @@ int ps__coll_run(ps__coll_t *c)
     if (rc < 0)
         goto done;
 
-    /* Small inputs travel with the header: one message, one round trip. */
-    size_t first = first_frame_len(c);
+    /* Small inputs travel with the header: one message, one round trip.
+     * With shared memory the header travels alone. */
+    int shm = ps__shm_begin(comm, c);
+    size_t first = shm ? 0 : first_frame_len(c);
     rc = send_frame(c, &c->hdr, 0, first);
-    if (rc == 0 && first < c->in_bytes) {
+    if (rc == 0 && !shm && first < c->in_bytes) {
         if (pthread_create(&sender, NULL, sender_main, c) == 0)
             sender_started = 1;
         else
@@ -228,6 +241,7 @@ int ps__coll_run(ps__coll_t *c)
     }
     int status = ps__rpc_call_finish(call, &status_msg);
     rc = outcome(c, &st, status, &status_msg, &msg);
+    ps__shm_end(comm, c);
     if (sender_started) {
         /* A sender still blocked in a send of a failed call must not wait
          * for flow control that will never come. */

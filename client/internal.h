@@ -15,6 +15,7 @@
 #define PS__METHOD_LEAVE      "/paramsync.v1.Worker/Leave"
 #define PS__METHOD_NEW_GROUP  "/paramsync.v1.Worker/NewGroup"
 #define PS__METHOD_COLLECTIVE "/paramsync.v1.Worker/Collective"
+#define PS__METHOD_SHM_ATTACH "/paramsync.v1.Worker/ShmAttach"
 
 /* torch's default collective timeout. */
 #define PS__DEFAULT_TIMEOUT_MS (30 * 60 * 1000)
@@ -48,6 +49,7 @@ typedef struct ps__coll {
     size_t in_bytes;
     void *out;
     size_t out_bytes;
+    uint8_t *shm_out; /* output in the shared segment, when this call uses it */
     int source; /* RECV: the sender's group rank, once done */
 
     /* While the call is in flight it is on comm's list, so that a lost member
@@ -100,7 +102,23 @@ struct ps_comm {
 
     ps_error_fn error_fn;
     void *error_arg;
+
+    struct ps__shm *shm; /* the shared-memory segment (shm.c), or NULL */
 };
+
+/* ---- shared memory (shm.c) ---- */
+
+/** Puts c's input in the comm's shared segment and marks its header, when
+ * the agent is on this host and the payload is large enough. Returns 1
+ * when c uses shared memory, 0 when it goes over gRPC. Never fails: any
+ * problem means gRPC. */
+int ps__shm_begin(ps_comm_t *comm, ps__coll_t *c);
+
+/** Releases the segment after c (no-op when c did not use it). */
+void ps__shm_end(ps_comm_t *comm, ps__coll_t *c);
+
+/** Unmaps the comm's segment (finalize). */
+void ps__shm_free(ps_comm_t *comm);
 
 /* ---- errors (comm.c) ---- */
 

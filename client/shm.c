@@ -1,0 +1,168 @@
+/* The shared-memory path: payloads of local workers go through a POSIX segment the agent maps. */
+#include "internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+/*
+ * Over gRPC every payload byte is framed, copied into the transport and out
+ * of it on both sides. When the agent runs on this host (and hosts the job's
+ * collectives) the worker instead copies its input into a segment the agent
+ * has mapped, sends only the header, and copies its output back when the
+ * result frame says it is there. The segment is offered once per size with
+ * ShmAttach, which checks the agent really maps the same memory (magic
+ * bytes); if it cannot, the comm stays on gRPC for good.
+ *
+ * PARAMSYNC_SHM=0 turns the path off; it is also off for agents that are
+ * not on a loopback or unix-socket address, and for payloads under
+ * PS__SHM_MIN_BYTES, where one gRPC message is cheaper than two copies.
+ */
+
+#define PS__SHM_MIN_BYTES (64u << 10)
+#define PS__SHM_ALIGN     4096u
+
+struct ps__shm {
+    char name[64];
+    uint8_t *base;
+    size_t size;
+    int in_use;   /* one collective at a time uses the segment */
+    int disabled; /* the agent cannot map our segments */
+};
+
+static int target_is_local(const char *t)
+{
+    if (strncmp(t, "unix:", 5) == 0)
+        return 1;
+    if (strncmp(t, "ipv4:", 5) == 0)
+        t += 5;
+    return strncmp(t, "127.", 4) == 0 || strncmp(t, "localhost:", 10) == 0 ||
+           strncmp(t, "[::1]:", 6) == 0;
+}
+
+static void segment_unmap(struct ps__shm *s)
+{
+    if (s->base) {
+        munmap(s->base, s->size);
+        s->base = NULL;
+        s->size = 0;
+    }
+}
+
+/* Creates a segment of size bytes and offers it to the agent. 0 when the
+ * agent attached it; a negative code otherwise (the segment is gone). */
+static int segment_create(ps_comm_t *comm, struct ps__shm *s, size_t size)
+{
+    static unsigned counter;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    uint64_t magic = ((uint64_t)getpid() << 32) ^ (uint64_t)ts.tv_nsec ^ (uint64_t)++counter;
+    snprintf(s->name, sizeof(s->name), "/paramsync.%d.%u.%llx", (int)getpid(), counter,
+             (unsigned long long)(ts.tv_nsec & 0xffffff));
+    int fd = shm_open(s->name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0)
+        return PS_EUNAVAIL;
+    int rc = 0;
+    if (ftruncate(fd, (off_t)size) != 0)
+        rc = PS_ENOMEM;
+    uint8_t *base = rc ? MAP_FAILED : mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (base == MAP_FAILED) {
+        shm_unlink(s->name);
+        return PS_ENOMEM;
+    }
+    memcpy(base, &magic, sizeof(magic));
+
+    Paramsync__V1__ShmAttachRequest req = PARAMSYNC__V1__SHM_ATTACH_REQUEST__INIT;
+    Paramsync__V1__ShmAttachResponse *resp = NULL;
+    req.job = comm->job;
+    req.rank = comm->rank;
+    req.name = s->name;
+    req.size = size;
+    req.magic = magic;
+    rc = ps__rpc_unary(comm->channel, PS__METHOD_SHM_ATTACH, &req.base,
+                       &paramsync__v1__shm_attach_response__descriptor, (ProtobufCMessage **)&resp,
+                       PS__CONTROL_TIMEOUT_MS, NULL);
+    int attached = rc == 0 && resp->attached;
+    if (resp)
+        protobuf_c_message_free_unpacked(&resp->base, NULL);
+    /* The agent unlinks the name once it maps the segment; do it here too
+     * for every other outcome, so nothing is left in /dev/shm. */
+    shm_unlink(s->name);
+    if (!attached) {
+        munmap(base, size);
+        return rc < 0 ? rc : PS_ENOTSUP;
+    }
+    s->base = base;
+    s->size = size;
+    return 0;
+}
+
+int ps__shm_begin(ps_comm_t *comm, ps__coll_t *c)
+{
+    size_t out_off = (c->in_bytes + PS__SHM_ALIGN - 1) / PS__SHM_ALIGN * PS__SHM_ALIGN;
+    size_t need = out_off + c->out_bytes;
+    if (c->in_bytes + c->out_bytes < PS__SHM_MIN_BYTES || !target_is_local(comm->target))
+        return 0;
+    const char *env = getenv("PARAMSYNC_SHM");
+    if (env && strcmp(env, "0") == 0)
+        return 0;
+    pthread_mutex_lock(&comm->lock);
+    struct ps__shm *s = comm->shm;
+    if (!s && (s = calloc(1, sizeof(*s))))
+        comm->shm = s;
+    if (!s || s->disabled || s->in_use) {
+        pthread_mutex_unlock(&comm->lock);
+        return 0;
+    }
+    s->in_use = 1;
+    pthread_mutex_unlock(&comm->lock);
+
+    if (s->size < need) {
+        /* Grow by doubling so a training loop settles on one segment. */
+        size_t size = s->size ? s->size : PS__SHM_ALIGN;
+        while (size < need)
+            size *= 2;
+        segment_unmap(s);
+        int rc = segment_create(comm, s, size);
+        if (rc < 0) {
+            pthread_mutex_lock(&comm->lock);
+            s->in_use = 0;
+            /* An agent that cannot map ours never will: stay on gRPC. */
+            s->disabled = rc == PS_ENOTSUP || rc == PS_EUNAVAIL;
+            pthread_mutex_unlock(&comm->lock);
+            return 0;
+        }
+    }
+    if (c->in_bytes)
+        memcpy(s->base, c->in, c->in_bytes);
+    c->hdr.shm = s->name;
+    c->hdr.shm_out_offset = out_off;
+    c->shm_out = s->base + out_off;
+    return 1;
+}
+
+void ps__shm_end(ps_comm_t *comm, ps__coll_t *c)
+{
+    if (!c->shm_out)
+        return;
+    pthread_mutex_lock(&comm->lock);
+    comm->shm->in_use = 0;
+    pthread_mutex_unlock(&comm->lock);
+    c->shm_out = NULL;
+    c->hdr.shm = (char *)protobuf_c_empty_string;
+}
+
+void ps__shm_free(ps_comm_t *comm)
+{
+    if (!comm->shm)
+        return;
+    segment_unmap(comm->shm);
+    free(comm->shm);
+    comm->shm = NULL;
+}
