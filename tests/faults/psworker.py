@@ -1,0 +1,649 @@
+#!/usr/bin/python3
+"""A raw paramsync worker and daemon harness for the fault and security tests.
+
+Speaks paramsync.v1 over grpcio with stubs generated from proto/ at run time
+(protoc + grpc_python_plugin, Debian protobuf-compiler-grpc), so it needs no
+built client and can send exactly what a test wants: no token, a wrong
+token, TLS or not, a tensor sent slowly so that a kill lands mid-transfer.
+
+Used two ways:
+  * imported by a test (tests/faults/*.py, tests/security/*.py): Daemon
+    starts paramsyncd; Conn/Member/collective() act as a worker in-process;
+    WorkerProc runs a worker in a child process (so it can be SIGKILLed).
+  * run as `psworker.py run SPEC_JSON` by WorkerProc: joins, runs the spec's
+    steps, and prints one JSON line per event (with time.monotonic(), which
+    is CLOCK_MONOTONIC and so comparable between processes).
+
+Run with Debian's /usr/bin/python3 (python3-grpcio, python3-protobuf).
+"""
+import array
+import importlib
+import json
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+PROTO_DIR = os.path.join(REPO, "proto")
+
+SKIP = 77
+
+_pb = None
+_pb_grpc = None
+grpc = None
+
+
+def fail(msg):
+    """Ends the test as failed, with the reason."""
+    print("FAIL: " + msg, flush=True)
+    sys.exit(1)
+
+
+def skip(msg):
+    print("SKIPPED: " + msg, flush=True)
+    sys.exit(SKIP)
+
+
+def check(cond, msg):
+    if not cond:
+        fail(msg)
+
+
+_failures = []
+
+
+def expect(cond, msg):
+    """A failed expectation is reported, and the test goes on to check the rest;
+    done() then fails the test. Use check() where going on makes no sense."""
+    if not cond:
+        print("FAIL: " + msg, flush=True)
+        _failures.append(msg)
+    return cond
+
+
+def done():
+    """Ends the test: PASS, or FAIL with every failed expectation."""
+    if _failures:
+        print("FAILED: %d expectation(s) not met:" % len(_failures), flush=True)
+        for f in _failures:
+            print("  - " + f.splitlines()[0][:400], flush=True)
+        sys.exit(1)
+    print("PASS", flush=True)
+    sys.exit(0)
+
+
+def log(msg):
+    print("[%8.3f] %s" % (time.monotonic() % 100000, msg), flush=True)
+
+
+_stubs_lock = threading.Lock()
+
+
+def stubs():
+    """Generates (once per process tree: PSWORKER_STUBS) and imports the stubs."""
+    with _stubs_lock:
+        return _stubs()
+
+
+def _stubs():
+    global _pb, _pb_grpc, grpc
+    if _pb is not None:
+        return _pb, _pb_grpc
+    try:
+        import grpc as _grpc
+    except ImportError:
+        skip("python3-grpcio is missing (use Debian's /usr/bin/python3; "
+             "scripts/packages.d/faults.txt installs it)")
+    grpc = _grpc
+    out = os.environ.get("PSWORKER_STUBS")
+    if not out or not os.path.exists(os.path.join(out, "paramsync", "v1", "paramsync_pb2.py")):
+        out = tempfile.mkdtemp(prefix="psworker-stubs-")
+        plugin = "/usr/bin/grpc_python_plugin"
+        if not os.path.exists(plugin):
+            skip("grpc_python_plugin is missing (Debian protobuf-compiler-grpc)")
+        cmd = ["protoc", "--python_out=" + out, "--grpc_out=" + out,
+               "--plugin=protoc-gen-grpc=" + plugin, "-I", PROTO_DIR,
+               os.path.join(PROTO_DIR, "paramsync", "v1", "paramsync.proto")]
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True)
+        except FileNotFoundError:
+            skip("protoc is missing (Debian protobuf-compiler)")
+        if r.returncode != 0:
+            fail("protoc failed: " + r.stderr)
+        for d in ("paramsync", "paramsync/v1"):
+            open(os.path.join(out, d, "__init__.py"), "a").close()
+        os.environ["PSWORKER_STUBS"] = out
+    sys.path.insert(0, out)
+    # A paramsync package elsewhere on sys.path (client/python) must not shadow ours.
+    for m in [m for m in sys.modules if m == "paramsync" or m.startswith("paramsync.")]:
+        del sys.modules[m]
+    _pb = importlib.import_module("paramsync.v1.paramsync_pb2")
+    _pb_grpc = importlib.import_module("paramsync.v1.paramsync_pb2_grpc")
+    sys.path.remove(out)
+    return _pb, _pb_grpc
+
+
+def code_name(code):
+    """'ABORTED' for 10, etc."""
+    stubs()
+    for c in grpc.StatusCode:
+        if c.value[0] == code:
+            return c.name
+    return str(code)
+
+
+def code_of(name):
+    stubs()
+    return getattr(grpc.StatusCode, name).value[0]
+
+
+# ---------------------------------------------------------------- daemons
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def paramsyncd_path(argv=None):
+    """--paramsyncd PATH from argv, else $PARAMSYNCD, else the usual build dir."""
+    argv = argv if argv is not None else sys.argv
+    if "--paramsyncd" in argv:
+        return argv[argv.index("--paramsyncd") + 1]
+    if os.environ.get("PARAMSYNCD"):
+        return os.environ["PARAMSYNCD"]
+    for b in ("build", "build-faults"):
+        p = os.path.join(REPO, b, "server", "paramsyncd")
+        if os.path.exists(p):
+            return p
+    fail("no paramsyncd: pass --paramsyncd PATH or set PARAMSYNCD")
+
+
+class Daemon:
+    """One paramsyncd process; its stderr goes to WORKDIR/NAME.log."""
+
+    def __init__(self, binary, workdir, name, args, port=None, metrics=False, env=None):
+        self.binary, self.workdir, self.name = binary, workdir, name
+        self.args = list(args)
+        self.port = port or free_port()
+        self.metrics_port = free_port() if metrics else None
+        self.env = env
+        self.proc = None
+        self.logpath = os.path.join(workdir, name + ".log")
+        self.addr = "127.0.0.1:%d" % self.port
+
+    def start(self, timeout=15):
+        args = [self.binary] + self.args
+        if "--listen" not in self.args:
+            args += ["--listen", self.addr]
+        args += ["--metrics-addr",
+                 "127.0.0.1:%d" % self.metrics_port if self.metrics_port else "off"]
+        env = dict(os.environ)
+        env.update(self.env or {})
+        self.logf = open(self.logpath, "ab")
+        self.logf.write(("==== start: %s\n" % " ".join(args)).encode())
+        self.logf.flush()
+        self.start_offset = self.logf.tell()
+        self.proc = subprocess.Popen(args, stdout=self.logf, stderr=subprocess.STDOUT, env=env)
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if "listening on" in self.log_text(since_start=True):
+                return self
+            if self.proc.poll() is not None:
+                fail("%s exited with %s at start-up:\n%s" % (self.name, self.proc.returncode,
+                                                             self.log_text(since_start=True)))
+            time.sleep(0.05)
+        fail("%s did not start within %ss:\n%s" % (self.name, timeout, self.log_text()))
+
+    def log_text(self, since_start=False):
+        try:
+            with open(self.logpath, "rb") as f:
+                if since_start:
+                    f.seek(self.start_offset)
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def rss_kb(self):
+        with open("/proc/%d/status" % self.proc.pid) as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+        return -1
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self, sig=signal.SIGKILL):
+        if self.alive():
+            self.proc.send_signal(sig)
+        if self.proc:
+            self.proc.wait(timeout=20)
+
+    def stop(self):
+        """SIGTERM, and the exit status (the daemon must exit 0)."""
+        if not self.alive():
+            return self.proc.returncode if self.proc else None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            return "hung on SIGTERM"
+
+    def metrics(self):
+        import urllib.request
+        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % self.metrics_port,
+                                    timeout=5) as r:
+            return r.read().decode(errors="replace")
+
+
+class Cleanup:
+    """Stops every daemon and worker process a test started, whatever happens."""
+
+    def __init__(self):
+        self.items = []
+
+    def add(self, x):
+        self.items.append(x)
+        return x
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for x in reversed(self.items):
+            try:
+                if isinstance(x, Daemon):
+                    if x.alive():
+                        x.kill(signal.SIGKILL)
+                elif isinstance(x, WorkerProc):
+                    x.kill()
+            except Exception:
+                pass
+        return False
+
+
+# ---------------------------------------------------------------- in-process worker
+
+class Conn:
+    """A channel to an agent, with the metadata and credentials of one worker."""
+
+    def __init__(self, addr, token=None, tls=None):
+        pb, pb_grpc = stubs()
+        self.addr = addr
+        opts = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1),
+                ("grpc.enable_retries", 0)]
+        if tls:
+            def rd(p):
+                with open(p, "rb") as f:
+                    return f.read()
+            creds = grpc.ssl_channel_credentials(
+                root_certificates=rd(tls["ca"]) if tls.get("ca") else None,
+                private_key=rd(tls["key"]) if tls.get("key") else None,
+                certificate_chain=rd(tls["cert"]) if tls.get("cert") else None)
+            if tls.get("server_name"):
+                opts.append(("grpc.ssl_target_name_override", tls["server_name"]))
+            self.channel = grpc.secure_channel(addr, creds, options=opts)
+        else:
+            self.channel = grpc.insecure_channel(addr, options=opts)
+        self.md = [("authorization", "Bearer " + token)] if token else []
+        self.worker = pb_grpc.WorkerStub(self.channel)
+        self.admin = pb_grpc.AdminStub(self.channel)
+
+    def status(self, job="", timeout=5):
+        pb, _ = stubs()
+        return self.admin.Status(pb.StatusRequest(job=job), timeout=timeout)
+
+    def close(self):
+        self.channel.close()
+
+
+class RpcOutcome:
+    def __init__(self, code, message, data=b"", source=-1, t=None):
+        self.code, self.message, self.data, self.source = code, message, data, source
+        self.t = t if t is not None else time.monotonic()
+
+    @property
+    def name(self):
+        return code_name(self.code)
+
+    def __repr__(self):
+        return "%s %r (%d bytes)" % (self.name, self.message, len(self.data))
+
+
+def _err(e):
+    return RpcOutcome(e.code().value[0], e.details() or "")
+
+
+class Member:
+    """One rank's membership: the open Join stream and its events."""
+
+    def __init__(self, conn):
+        self.conn = conn
+        self.events = queue.Queue()
+        self.all_events = []
+        self._close = threading.Event()
+        self.ready = None
+        self.end = None  # RpcOutcome when the Join stream ended
+        self.seq = {}
+
+    def join(self, job, world_size, rank=-1, timeout_ms=0, wait_s=20):
+        """Returns the READY event, or an RpcOutcome when refused."""
+        pb, _ = stubs()
+        self.job = job
+        req = pb.JoinRequest(job=job, world_size=world_size, rank=rank, timeout_ms=timeout_ms)
+
+        def reqs():
+            yield req
+            self._close.wait()
+
+        self.call = self.conn.worker.Join(reqs(), metadata=self.conn.md)
+        self._t = threading.Thread(target=self._pump, daemon=True)
+        self._t.start()
+        end = time.monotonic() + wait_s
+        while time.monotonic() < end:
+            try:
+                ev = self.events.get(timeout=max(0.01, end - time.monotonic()))
+            except queue.Empty:
+                break
+            if isinstance(ev, RpcOutcome):
+                return ev
+            if ev.kind == pb.JoinEvent.READY:
+                self.ready = ev
+                self.rank = ev.rank
+                self.incarnation = ev.incarnation
+                return ev
+        return RpcOutcome(code_of("DEADLINE_EXCEEDED"), "psworker: no READY in %ss" % wait_s)
+
+    def _pump(self):
+        try:
+            for ev in self.call:
+                self.all_events.append(ev)
+                self.events.put(ev)
+            self.end = RpcOutcome(0, "")
+        except grpc.RpcError as e:
+            self.end = _err(e)
+        self.events.put(self.end)
+
+    def wait_event(self, kind, timeout):
+        """The next event of kind (a JoinEvent.Kind value), skipping others; None if none."""
+        end = time.monotonic() + timeout
+        while True:
+            left = end - time.monotonic()
+            if left <= 0:
+                return None
+            try:
+                ev = self.events.get(timeout=left)
+            except queue.Empty:
+                return None
+            if isinstance(ev, RpcOutcome):
+                self.events.put(ev)
+                return None
+            if ev.kind == kind:
+                return ev
+
+    def leave(self, call_leave=True):
+        """Leave (optionally) and half-close the Join stream: a graceful leave."""
+        pb, _ = stubs()
+        out = None
+        if call_leave and self.ready is not None:
+            try:
+                self.conn.worker.Leave(pb.LeaveRequest(job=self.job, rank=self.rank),
+                                       metadata=self.conn.md, timeout=10)
+            except grpc.RpcError as e:
+                out = _err(e)
+        self._close.set()
+        if hasattr(self, "_t"):
+            self._t.join(timeout=10)
+        return out
+
+    def next_seq(self, group=0):
+        s = self.seq.get(group, 0)
+        self.seq[group] = s + 1
+        return s
+
+    def collective(self, kind, count=0, data=b"", **kw):
+        kw.setdefault("job", self.job)
+        kw.setdefault("rank", self.rank if kw.get("group", 0) == 0 else kw.get("rank"))
+        kw.setdefault("incarnation", self.incarnation)
+        kw.setdefault("seq", self.next_seq(kw.get("group", 0)))
+        return collective(self.conn, kind, count, data, **kw)
+
+
+def collective(conn, kind, count=0, data=b"", job="", group=0, seq=0, op="SUM",
+               dtype="FLOAT32", root=0, peer=0, rank=0, tag=0, timeout_ms=0, chunk=1 << 20,
+               incarnation=0, slow_s=0.0, on_sent=None, rpc_timeout=None):
+    """One rank's Collective call; returns an RpcOutcome with the received bytes.
+
+    chunk: payload bytes per frame; slow_s: pause after each frame; on_sent(n):
+    called after each frame with the bytes sent so far."""
+    pb, _ = stubs()
+    hdr = pb.CollectiveHeader(
+        job=job, group=group, seq=seq, kind=getattr(pb, kind) if isinstance(kind, str) else kind,
+        op=getattr(pb, op) if isinstance(op, str) else op,
+        dtype=getattr(pb, dtype) if isinstance(dtype, str) else dtype,
+        count=count, root=root, peer=peer, rank=rank, tag=tag, timeout_ms=timeout_ms,
+        chunk_bytes=chunk, incarnation=incarnation)
+    mv = memoryview(data)
+
+    def reqs():
+        off = 0
+        first = True
+        while first or off < len(mv):
+            piece = bytes(mv[off:off + chunk])
+            f = pb.Frame(offset=off, data=piece)
+            if first:
+                f.header.CopyFrom(hdr)
+            first = False
+            yield f
+            off += len(piece)
+            if on_sent:
+                on_sent(off)
+            if slow_s:
+                time.sleep(slow_s)
+
+    out = []
+    result = None
+    try:
+        call = conn.worker.Collective(reqs(), metadata=conn.md, timeout=rpc_timeout)
+        for f in call:
+            if f.HasField("result"):
+                result = f.result
+            if f.data:
+                out.append(f.data)
+        data = b"".join(out)
+        return RpcOutcome(0, result.message if result else "", data,
+                          result.source if result else -1)
+    except grpc.RpcError as e:
+        return _err(e)
+
+
+def floats(values):
+    return array.array("f", values).tobytes()
+
+
+def unfloats(b):
+    a = array.array("f")
+    a.frombytes(b)
+    return a
+
+
+def rank_tensor(rank, count):
+    """The test tensor of a rank: element i is (rank + 1) * 1000 + i % 97."""
+    return floats([(rank + 1) * 1000 + (i % 97) for i in range(count)])
+
+
+def sum_tensor(ranks, count):
+    """The element-wise sum of rank_tensor over ranks (exact in float32 for small sizes)."""
+    s = sum(r + 1 for r in ranks) * 1000
+    n = len(ranks)
+    return floats([s + n * (i % 97) for i in range(count)])
+
+
+# ---------------------------------------------------------------- worker processes
+
+class WorkerProc:
+    """A worker in a child process, driven by a spec; its JSON events are collected.
+
+    spec: {addr, job, world, rank, token?, tls?, steps: [...]} where a step is
+      {"do": "all_reduce", "count": N, "verify": bool, "chunk": B, "slow_s": S,
+       "timeout_ms": T, "kind": "ALL_REDUCE"}  -> prints {"ev": "coll", ...}
+      {"do": "sleep", "s": S}
+      {"do": "wait_lost", "s": S}          -> prints {"ev": "lost", "rank": R} if seen
+      {"do": "leave"}
+    Every process prints {"ev": "ready", ...} after READY and {"ev": "end"} last."""
+
+    def __init__(self, spec, name=None):
+        self.spec = spec
+        self.name = name or "%s/r%s" % (spec.get("job"), spec.get("rank"))
+        self.lines = []
+        self.cond = threading.Condition()
+        stubs()  # make the stubs once, in PSWORKER_STUBS, for the child to reuse
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "run",
+                                      json.dumps(spec)], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        self.err = []
+        threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=self._read_err, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                ev = {"ev": "text", "text": line.rstrip()}
+            with self.cond:
+                self.lines.append(ev)
+                self.cond.notify_all()
+        with self.cond:
+            self.lines.append({"ev": "eof", "t": time.monotonic()})
+            self.cond.notify_all()
+
+    def _read_err(self):
+        for line in self.proc.stderr:
+            self.err.append(line)
+
+    def wait(self, ev, timeout, **match):
+        """The first event named ev (whose fields match), or None after timeout."""
+        end = time.monotonic() + timeout
+        with self.cond:
+            while True:
+                for x in self.lines:
+                    if x.get("ev") == ev and all(x.get(k) == v for k, v in match.items()):
+                        return x
+                if any(x.get("ev") == "eof" for x in self.lines) and ev != "eof":
+                    return None
+                left = end - time.monotonic()
+                if left <= 0:
+                    return None
+                self.cond.wait(left)
+
+    def events(self, ev):
+        with self.cond:
+            return [x for x in self.lines if x.get("ev") == ev]
+
+    def kill(self, sig=signal.SIGKILL):
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def finish(self, timeout):
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def describe(self):
+        with self.cond:
+            return "%s: %s%s" % (self.name, json.dumps(self.lines),
+                                 ("\nstderr: " + "".join(self.err[-20:])) if self.err else "")
+
+
+def _emit(**kw):
+    kw.setdefault("t", time.monotonic())
+    sys.stdout.write(json.dumps(kw) + "\n")
+    sys.stdout.flush()
+
+
+def _run_spec(spec):
+    pb, _ = stubs()
+    conn = Conn(spec["addr"], token=spec.get("token"), tls=spec.get("tls"))
+    m = Member(conn)
+    ready = m.join(spec["job"], spec["world"], spec.get("rank", -1),
+                   timeout_ms=spec.get("join_timeout_ms", 0), wait_s=spec.get("join_wait_s", 30))
+    if isinstance(ready, RpcOutcome):
+        _emit(ev="join_failed", code=ready.name, message=ready.message)
+        _emit(ev="end")
+        return
+    _emit(ev="ready", rank=ready.rank, world=ready.world_size, incarnation=ready.incarnation,
+          hub=ready.hub)
+    for st in spec.get("steps", []):
+        do = st["do"]
+        if do == "sleep":
+            time.sleep(st["s"])
+        elif do == "wait_lost":
+            ev = m.wait_event(pb.JoinEvent.MEMBER_LOST, st["s"])
+            if ev is not None:
+                _emit(ev="lost", rank=ev.rank, message=ev.message)
+        elif do == "leave":
+            r = m.leave()
+            _emit(ev="left", code=r.name if r else "OK", message=r.message if r else "")
+        elif do == "collective":
+            count = st.get("count", 0)
+            kind = st.get("kind", "ALL_REDUCE")
+            if st.get("raw"):
+                data = bytes(count * 4)
+            else:
+                data = rank_tensor(m.rank, count) if count else b""
+            state = {"said": False}
+
+            def on_sent(n, st=st, state=state):
+                if not state["said"] and n >= st.get("announce_after", 1):
+                    state["said"] = True
+                    _emit(ev="sending", bytes=n)
+
+            _emit(ev="coll_start", count=count)
+            r = m.collective(kind, count, data, chunk=st.get("chunk", 1 << 20),
+                             slow_s=st.get("slow_s", 0.0), on_sent=on_sent,
+                             timeout_ms=st.get("timeout_ms", 0))
+            verified = None
+            if r.code == 0 and st.get("verify"):
+                verified = r.data == sum_tensor(range(m.ready.world_size), count)
+            _emit(ev="coll", code=r.name, message=r.message, t=r.t, bytes=len(r.data),
+                  verified=verified)
+        else:
+            raise ValueError("unknown step " + do)
+    if spec.get("hold_s"):
+        time.sleep(spec["hold_s"])
+    # Report MEMBER_LOST events seen while running.
+    for ev in m.all_events:
+        if ev.kind == pb.JoinEvent.MEMBER_LOST:
+            _emit(ev="lost_seen", rank=ev.rank, message=ev.message)
+    if m.end is not None:
+        _emit(ev="join_end", code=m.end.name, message=m.end.message)
+    _emit(ev="end")
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 3 and sys.argv[1] == "run":
+        _run_spec(json.loads(sys.argv[2]))
+    else:
+        print(__doc__)
+        sys.exit(2)

@@ -1,0 +1,150 @@
+#!/usr/bin/python3
+"""A worker SIGKILLed before it arrives, and in the middle of a large collective.
+
+Every other participant's call must end with ABORTED or UNAVAILABLE, the
+message naming the dead rank, within 2x --liveness-timeout-ms of the kill;
+each survivor must also see MEMBER_LOST for it on its Join stream; and the
+daemon's RSS must come back near its baseline once the jobs are gone.
+"""
+import os
+import re
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import psworker as P  # noqa: E402
+
+LIVENESS_MS = 2000
+BOUND_S = 2 * LIVENESS_MS / 1000.0
+BIG = 16 << 20  # float32 elements: a 64 MiB tensor per rank
+RSS_SLACK_KB = 16 << 10
+WARMUP_ROUNDS = 4
+
+
+def names_rank(msg, r):
+    return re.search(r"\brank %d\b" % r, msg) is not None
+
+
+def spawn(cl, d, job, world, specs):
+    procs = []
+    for r in range(world):
+        spec = {"addr": d.addr, "job": job, "world": world, "rank": r}
+        spec.update(specs.get(r, specs.get("*", {})))
+        procs.append(cl.add(P.WorkerProc(spec)))
+    for p in procs:
+        P.check(p.wait("ready", 30) is not None, "no READY: " + p.describe())
+    return procs
+
+
+def check_survivors(survivors, victim, t_kill, what):
+    worst = 0.0
+    for p in survivors:
+        ev = p.wait("coll", BOUND_S + 10)
+        P.check(ev is not None, "%s: survivor got no answer within %.1fs of the kill: %s" %
+                (what, BOUND_S + 10, p.describe()))
+        dt = ev["t"] - t_kill
+        worst = max(worst, dt)
+        P.expect(ev["code"] in ("ABORTED", "UNAVAILABLE"),
+                "%s: survivor %s got %s %r, want ABORTED or UNAVAILABLE" %
+                (what, p.name, ev["code"], ev["message"]))
+        P.expect(names_rank(ev["message"], victim),
+                "%s: survivor %s's error does not name rank %d: %r" %
+                (what, p.name, victim, ev["message"]))
+        P.expect(dt <= BOUND_S, "%s: survivor %s's error came %.2fs after the kill (bound %.1fs)"
+                % (what, p.name, dt, BOUND_S))
+        lost = p.wait("lost", BOUND_S + 4)
+        P.expect(lost is not None and lost["rank"] == victim,
+                "%s: survivor %s saw no MEMBER_LOST for rank %d: %s" %
+                (what, p.name, victim, p.describe()))
+        P.expect(p.finish(15) == 0, "%s: worker %s did not exit cleanly" % (what, p.name))
+    return worst
+
+
+def main():
+    binary = P.paramsyncd_path()
+    work = tempfile.mkdtemp(prefix="ps-faults-killed-")
+    with P.Cleanup() as cl:
+        d = cl.add(P.Daemon(binary, work, "paramsyncd",
+                            ["--liveness-timeout-ms", str(LIVENESS_MS)])).start()
+
+        # Warm-up: successful 64 MiB all_reduces of 3 ranks (the shape of the rounds below),
+        # so that allocator pools and threads exist before the baseline is taken. The
+        # daemon keeps freed memory (it raises glibc's trim threshold), so RSS climbs for
+        # the first few rounds of any workload and then flattens; the baseline is taken
+        # there, and the killed rounds must not add more than RSS_SLACK_KB to it (a
+        # collective's window that leaked would cost about 16 MiB a round).
+        for i in range(WARMUP_ROUNDS):
+            warm = spawn(cl, d, "warmup-%d" % i, 3,
+                         {"*": {"steps": [{"do": "collective", "count": BIG, "raw": True},
+                                          {"do": "leave"}]}})
+            for p in warm:
+                ev = p.wait("coll", 60)
+                P.check(ev is not None and ev["code"] == "OK" and ev["bytes"] == BIG * 4,
+                        "warm-up all_reduce failed: " + p.describe())
+                P.check(p.finish(15) == 0, "warm-up worker did not exit: " + p.describe())
+            P.log("warm-up round %d: RSS %d KiB" % (i, d.rss_kb()))
+        time.sleep(0.5)
+        baseline = d.rss_kb()
+        P.log("RSS baseline after %d successful 64 MiB rounds: %d KiB" % (WARMUP_ROUNDS, baseline))
+
+        # 1. The victim joins but never calls the collective; the others wait for it.
+        victim = 2
+        specs = {"*": {"steps": [{"do": "collective", "count": 1000},
+                                 {"do": "wait_lost", "s": BOUND_S}, {"do": "leave"}]},
+                 victim: {"steps": [{"do": "sleep", "s": 120}]}}
+        procs = spawn(cl, d, "before-arrival", 3, specs)
+        for p in procs[:victim]:
+            P.check(p.wait("coll_start", 10) is not None, "no coll_start: " + p.describe())
+        time.sleep(0.5)  # the survivors are now waiting in the hub
+        P.check(not procs[0].events("coll"), "the collective ended before the kill: " +
+                procs[0].describe())
+        t_kill = time.monotonic()
+        procs[victim].kill()
+        worst = check_survivors(procs[:victim], victim, t_kill, "killed before arriving")
+        P.log("killed before arriving: survivors failed within %.2fs (bound %.1fs)" %
+              (worst, BOUND_S))
+
+        # 2. The victim dies with 8 of its 64 MiB sent; the others sent all of theirs.
+        peak = 0
+        for round_ in range(int(os.environ.get("PSFAULTS_ROUNDS", "3"))):
+            specs = {"*": {"steps": [{"do": "collective", "count": BIG, "raw": True},
+                                     {"do": "wait_lost", "s": BOUND_S}, {"do": "leave"}]},
+                     victim: {"steps": [{"do": "collective", "count": BIG, "raw": True,
+                                         "slow_s": 0.05, "announce_after": 8 << 20}]}}
+            procs = spawn(cl, d, "mid-collective-%d" % round_, 3, specs)
+            P.check(procs[victim].wait("sending", 30) is not None,
+                    "the victim never got 8 MiB out: " + procs[victim].describe())
+            time.sleep(0.2)
+            peak = max(peak, d.rss_kb())
+            P.check(not procs[0].events("coll"), "the collective ended before the kill: " +
+                    procs[0].describe())
+            t_kill = time.monotonic()
+            procs[victim].kill()
+            worst = check_survivors(procs[:victim], victim, t_kill,
+                                    "killed mid-collective (round %d)" % round_)
+            P.log("killed mid-collective, round %d: survivors failed within %.2fs (bound %.1fs); "
+                  "RSS now %d KiB" % (round_, worst, BOUND_S, d.rss_kb()))
+
+        # 3. The daemon's memory comes back once the jobs are gone.
+        after = d.rss_kb()
+        P.log("RSS after rounds: %d KiB" % after)
+        end = time.monotonic() + 5
+        while after > baseline + RSS_SLACK_KB and time.monotonic() < end:
+            time.sleep(0.25)
+            after = d.rss_kb()
+        P.log("RSS: baseline %d KiB, peak during transfers %d KiB, after 4 killed workers %d KiB "
+              "(%+d KiB)" % (baseline, peak, after, after - baseline))
+        P.expect(after <= baseline + RSS_SLACK_KB,
+                "RSS did not return near its baseline: %d KiB -> %d KiB (slack %d KiB)" %
+                (baseline, after, RSS_SLACK_KB))
+        st = P.Conn(d.addr).status()
+        P.expect(len(st.jobs) == 0, "jobs still held after every worker left: %s" % st)
+        P.expect(len(st.collectives) == 0, "collectives still held: %s" % st)
+        rc = d.stop()
+        P.expect(rc == 0, "paramsyncd exited %s on SIGTERM" % rc)
+    P.done()
+
+
+if __name__ == "__main__":
+    main()
