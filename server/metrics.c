@@ -1,5 +1,4 @@
-/* The metrics registry (fixed slots, relaxed atomics), its Prometheus text rendering and /metrics.
- */
+/* The metrics registry (fixed slots, relaxed atomics), its text exposition and HTTP /metrics. */
 #include "metrics.h"
 
 #include <netdb.h>
