@@ -433,9 +433,19 @@ int ps_init(const ps_init_options_t *opts, ps_comm_t **out)
 
     ps__rpc_acquire();
     rpc_acquired = 1;
-    rc = ps__rpc_channel_create(comm->target, &comm->channel);
+    /* Credentials come from the environment, as a container passes them:
+     * the job token, and TLS files when the agent serves TLS. */
+    ps__rpc_options_t ropts;
+    memset(&ropts, 0, sizeof(ropts));
+    ropts.token = getenv("PARAMSYNC_TOKEN");
+    ropts.tls_ca = getenv("PARAMSYNC_TLS_CA");
+    ropts.tls_cert = getenv("PARAMSYNC_TLS_CERT");
+    ropts.tls_key = getenv("PARAMSYNC_TLS_KEY");
+    ropts.tls_server_name = getenv("PARAMSYNC_TLS_SERVER_NAME");
+    rc = ps__rpc_channel_create_ex(comm->target, &ropts, &comm->channel);
     if (rc < 0) {
-        errmsg = ps__strdupf("cannot make a channel to '%s'", comm->target);
+        errmsg = ps__strdupf("cannot make a channel to '%s'%s", comm->target,
+                             rc == PS_EINVAL ? ": cannot read PARAMSYNC_TLS_CA/CERT/KEY" : "");
         goto fail;
     }
     /* No deadline on the stream itself: it lasts as long as the comm. The
