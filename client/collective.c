@@ -38,7 +38,7 @@ static void frame_released(void *arg)
 
 /* Sends one frame of input bytes [off, off+len), referencing them in place. */
 static int send_frame(ps__coll_t *c, const Paramsync__V1__CollectiveHeader *hdr, size_t off,
-                      size_t len)
+                      size_t len, int last)
 {
     pthread_mutex_lock(&c->lock);
     c->pending_releases++;
@@ -47,7 +47,8 @@ static int send_frame(ps__coll_t *c, const Paramsync__V1__CollectiveHeader *hdr,
     grpc_byte_buffer *bb = ps__frame_encode(hdr, NULL, off, data, len, frame_released, c);
     if (!bb)
         return PS_ENOMEM; /* the encoder already released the reference */
-    int rc = ps__rpc_call_send(c->call, bb);
+    /* The last frame carries the half-close in the same batch. */
+    int rc = last ? ps__rpc_call_send_last(c->call, bb, 0, NULL) : ps__rpc_call_send(c->call, bb);
     grpc_byte_buffer_destroy(bb);
     return rc;
 }
@@ -68,14 +69,13 @@ static void *sender_main(void *arg)
     size_t chunk = c->comm->chunk_bytes;
     for (size_t off = first_frame_len(c); off < c->in_bytes; off += chunk) {
         size_t len = c->in_bytes - off < chunk ? c->in_bytes - off : chunk;
-        int rc = send_frame(c, NULL, off, len);
+        int rc = send_frame(c, NULL, off, len, off + len == c->in_bytes);
         if (rc < 0) {
             if (rc == PS_ENOMEM)
                 ps__rpc_call_cancel(c->call, -PS_ENOMEM, "out of memory sending a frame");
             return NULL;
         }
     }
-    ps__rpc_call_close_send(c->call);
     return NULL;
 }
 
@@ -219,14 +219,13 @@ int ps__coll_run(ps__coll_t *c)
      * With shared memory the header travels alone. */
     int shm = ps__shm_begin(comm, c);
     size_t first = shm ? 0 : first_frame_len(c);
-    rc = send_frame(c, &c->hdr, 0, first);
-    if (rc == 0 && !shm && first < c->in_bytes) {
+    int more = !shm && first < c->in_bytes;
+    rc = send_frame(c, &c->hdr, 0, first, !more);
+    if (rc == 0 && more) {
         if (pthread_create(&sender, NULL, sender_main, c) == 0)
             sender_started = 1;
         else
             fail_local(c, &st, PS_ENOMEM, strdup("no thread to send the input"));
-    } else if (rc == 0) {
-        ps__rpc_call_close_send(call);
     } else if (rc == PS_ENOMEM) {
         fail_local(c, &st, PS_ENOMEM, strdup("out of memory sending the header"));
     }
