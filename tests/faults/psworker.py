@@ -275,6 +275,53 @@ class Cleanup:
         return False
 
 
+def cluster(cl, binary, workdir, n_agents, common=(), coord_args=(), agent_args=(), tag=""):
+    """A coordinator and n agents (each registered before this returns)."""
+    coord = cl.add(Daemon(binary, workdir, "coordinator" + tag,
+                          ["--role", "coordinator"] + list(common) + list(coord_args))).start()
+    agents = []
+    for i in range(n_agents):
+        a = cl.add(Daemon(binary, workdir, "agent%d%s" % (i, tag),
+                          ["--role", "agent", "--coordinator", coord.addr] + list(common) +
+                          list(agent_args)))
+        agents.append(a.start())
+    return coord, agents
+
+
+def wait_registered(conn, addrs, timeout=15):
+    """Waits until the coordinator lists every agent address; the last Status."""
+    end = time.monotonic() + timeout
+    st = None
+    while time.monotonic() < end:
+        try:
+            st = conn.status()
+            if all(a in st.agents for a in addrs):
+                return st
+        except Exception:  # noqa: BLE001 - not serving yet
+            pass
+        time.sleep(0.1)
+    fail("agents %s never registered with the coordinator: %s" % (addrs, st))
+
+
+def spawn_job(cl, job, world, addr, specs, ready_s=30, **common):
+    """Starts one WorkerProc per rank; addr is an address or a function of the rank.
+    specs: {rank or "*": spec fields}. Waits for every READY."""
+    procs = []
+    for r in range(world):
+        spec = {"addr": addr(r) if callable(addr) else addr, "job": job, "world": world,
+                "rank": r}
+        spec.update(common)
+        spec.update(specs.get(r, specs.get("*", {})))
+        procs.append(cl.add(WorkerProc(spec)))
+    for p in procs:
+        check(p.wait("ready", ready_s) is not None, "no READY: " + p.describe())
+    return procs
+
+
+def names_rank(msg, r):
+    return re.search(r"\brank %d\b" % r, msg) is not None
+
+
 # ---------------------------------------------------------------- in-process worker
 
 class Conn:
@@ -338,6 +385,7 @@ class Member:
         self.ready = None
         self.end = None  # RpcOutcome when the Join stream ended
         self.seq = {}
+        self.listener = None  # called with each event, then with the end RpcOutcome
 
     def join(self, job, world_size, rank=-1, timeout_ms=0, wait_s=20):
         """Returns the READY event, or an RpcOutcome when refused."""
@@ -372,10 +420,15 @@ class Member:
             for ev in self.call:
                 self.all_events.append(ev)
                 self.events.put(ev)
-            self.end = RpcOutcome(0, "")
+                if self.listener:
+                    self.listener(ev)
+            end = RpcOutcome(0, "")
         except grpc.RpcError as e:
-            self.end = _err(e)
-        self.events.put(self.end)
+            end = _err(e)
+        self.end = end
+        self.events.put(end)
+        if self.listener:
+            self.listener(end)
 
     def wait_event(self, kind, timeout):
         """The next event of kind (a JoinEvent.Kind value), skipping others; None if none."""
@@ -498,11 +551,16 @@ class WorkerProc:
     """A worker in a child process, driven by a spec; its JSON events are collected.
 
     spec: {addr, job, world, rank, token?, tls?, steps: [...]} where a step is
-      {"do": "all_reduce", "count": N, "verify": bool, "chunk": B, "slow_s": S,
-       "timeout_ms": T, "kind": "ALL_REDUCE"}  -> prints {"ev": "coll", ...}
+      {"do": "collective", "kind": "ALL_REDUCE", "count": N, "verify": bool, "raw": bool,
+       "chunk": B, "slow_s": S, "announce_after": B, "timeout_ms": T}
+          -> {"ev": "coll_start"}, {"ev": "sending"} once announce_after bytes are out,
+             {"ev": "coll", "code", "message", "t", "bytes", "verified"}
       {"do": "sleep", "s": S}
-      {"do": "wait_lost", "s": S}          -> prints {"ev": "lost", "rank": R} if seen
-      {"do": "leave"}
+      {"do": "wait_lost", "s": S}       wait for a MEMBER_LOST, at most S
+      {"do": "wait_join_end", "s": S}   wait for the Join stream to end, at most S
+      {"do": "leave"}                   -> {"ev": "left", "code", "message"}
+    Join events are printed as they come, whatever step runs: {"ev": "lost", "rank"},
+    {"ev": "aborted"}, {"ev": "join_end", "code", "message"}.
     Every process prints {"ev": "ready", ...} after READY and {"ev": "end"} last."""
 
     def __init__(self, spec, name=None):
@@ -535,13 +593,15 @@ class WorkerProc:
         for line in self.proc.stderr:
             self.err.append(line)
 
-    def wait(self, ev, timeout, **match):
-        """The first event named ev (whose fields match), or None after timeout."""
+    def wait(self, ev, timeout, pred=None, **match):
+        """The first event named ev (whose fields match, and pred(event) if given), or None
+        after timeout."""
         end = time.monotonic() + timeout
         with self.cond:
             while True:
                 for x in self.lines:
-                    if x.get("ev") == ev and all(x.get(k) == v for k, v in match.items()):
+                    if x.get("ev") == ev and all(x.get(k) == v for k, v in match.items()) and \
+                            (pred is None or pred(x)):
                         return x
                 if any(x.get("ev") == "eof" for x in self.lines) and ev != "eof":
                     return None
@@ -575,10 +635,14 @@ class WorkerProc:
                                  ("\nstderr: " + "".join(self.err[-20:])) if self.err else "")
 
 
+_emit_lock = threading.Lock()
+
+
 def _emit(**kw):
     kw.setdefault("t", time.monotonic())
-    sys.stdout.write(json.dumps(kw) + "\n")
-    sys.stdout.flush()
+    with _emit_lock:
+        sys.stdout.write(json.dumps(kw) + "\n")
+        sys.stdout.flush()
 
 
 def _run_spec(spec):
@@ -593,17 +657,46 @@ def _run_spec(spec):
         return
     _emit(ev="ready", rank=ready.rank, world=ready.world_size, incarnation=ready.incarnation,
           hub=ready.hub)
+
+    def listener(ev):
+        if isinstance(ev, RpcOutcome):
+            _emit(ev="join_end", code=ev.name, message=ev.message, t=ev.t)
+        elif ev.kind == pb.JoinEvent.MEMBER_LOST:
+            _emit(ev="lost", rank=ev.rank, message=ev.message)
+        elif ev.kind == pb.JoinEvent.JOB_ABORTED:
+            _emit(ev="aborted", message=ev.message)
+
+    m.listener = listener
+    for ev in m.all_events[1:]:  # anything that came before the listener was set
+        listener(ev)
+    if m.end is not None:
+        listener(m.end)
     for st in spec.get("steps", []):
         do = st["do"]
         if do == "sleep":
             time.sleep(st["s"])
-        elif do == "wait_lost":
-            ev = m.wait_event(pb.JoinEvent.MEMBER_LOST, st["s"])
-            if ev is not None:
-                _emit(ev="lost", rank=ev.rank, message=ev.message)
+        elif do == "wait_lost":  # until a MEMBER_LOST (printed as it comes), at most s
+            m.wait_event(pb.JoinEvent.MEMBER_LOST, st["s"])
+        elif do == "wait_join_end":  # until the Join stream ends, at most s
+            end = time.monotonic() + st["s"]
+            while m.end is None and time.monotonic() < end:
+                time.sleep(0.01)
         elif do == "leave":
             r = m.leave()
             _emit(ev="left", code=r.name if r else "OK", message=r.message if r else "")
+        elif do == "rejoin":  # leave (if still a member) and join again: an elastic restart
+            if m.end is None:
+                m.leave()
+            m.listener = None
+            m = Member(conn)
+            ready = m.join(spec["job"], st["world"], st.get("rank", -1),
+                           wait_s=st.get("wait_s", 30))
+            if isinstance(ready, RpcOutcome):
+                _emit(ev="join_failed", code=ready.name, message=ready.message)
+                break
+            _emit(ev="ready", rank=ready.rank, world=ready.world_size,
+                  incarnation=ready.incarnation, hub=ready.hub)
+            m.listener = listener
         elif do == "collective":
             count = st.get("count", 0)
             kind = st.get("kind", "ALL_REDUCE")
@@ -631,12 +724,7 @@ def _run_spec(spec):
             raise ValueError("unknown step " + do)
     if spec.get("hold_s"):
         time.sleep(spec["hold_s"])
-    # Report MEMBER_LOST events seen while running.
-    for ev in m.all_events:
-        if ev.kind == pb.JoinEvent.MEMBER_LOST:
-            _emit(ev="lost_seen", rank=ev.rank, message=ev.message)
-    if m.end is not None:
-        _emit(ev="join_end", code=m.end.name, message=m.end.message)
+    m.listener = None
     _emit(ev="end")
     os._exit(0)
 

@@ -7,7 +7,6 @@ each survivor must also see MEMBER_LOST for it on its Join stream; and the
 daemon's RSS must come back near its baseline once the jobs are gone.
 """
 import os
-import re
 import sys
 import tempfile
 import time
@@ -22,19 +21,8 @@ RSS_SLACK_KB = 16 << 10
 WARMUP_ROUNDS = 4
 
 
-def names_rank(msg, r):
-    return re.search(r"\brank %d\b" % r, msg) is not None
-
-
 def spawn(cl, d, job, world, specs):
-    procs = []
-    for r in range(world):
-        spec = {"addr": d.addr, "job": job, "world": world, "rank": r}
-        spec.update(specs.get(r, specs.get("*", {})))
-        procs.append(cl.add(P.WorkerProc(spec)))
-    for p in procs:
-        P.check(p.wait("ready", 30) is not None, "no READY: " + p.describe())
-    return procs
+    return P.spawn_job(cl, job, world, d.addr, specs)
 
 
 def check_survivors(survivors, victim, t_kill, what):
@@ -48,7 +36,7 @@ def check_survivors(survivors, victim, t_kill, what):
         P.expect(ev["code"] in ("ABORTED", "UNAVAILABLE"),
                 "%s: survivor %s got %s %r, want ABORTED or UNAVAILABLE" %
                 (what, p.name, ev["code"], ev["message"]))
-        P.expect(names_rank(ev["message"], victim),
+        P.expect(P.names_rank(ev["message"], victim),
                 "%s: survivor %s's error does not name rank %d: %r" %
                 (what, p.name, victim, ev["message"]))
         P.expect(dt <= BOUND_S, "%s: survivor %s's error came %.2fs after the kill (bound %.1fs)"
