@@ -230,13 +230,14 @@ class Daemon:
         if self.proc:
             self.proc.wait(timeout=20)
 
-    def stop(self):
-        """SIGTERM, and the exit status (the daemon must exit 0)."""
+    def stop(self, timeout=15):
+        """SIGTERM, and the exit status (the daemon must exit 0); "hung on SIGTERM" (and
+        SIGKILL) when it is still there after timeout seconds."""
         if not self.alive():
             return self.proc.returncode if self.proc else None
         self.proc.send_signal(signal.SIGTERM)
         try:
-            return self.proc.wait(timeout=15)
+            return self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
@@ -425,10 +426,10 @@ class Member:
             end = RpcOutcome(0, "")
         except grpc.RpcError as e:
             end = _err(e)
+        if self.listener:  # before self.end is set: whoever sees the end has seen this
+            self.listener(end)
         self.end = end
         self.events.put(end)
-        if self.listener:
-            self.listener(end)
 
     def wait_event(self, kind, timeout):
         """The next event of kind (a JoinEvent.Kind value), skipping others; None if none."""
