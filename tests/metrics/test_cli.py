@@ -1,0 +1,120 @@
+"""The `paramsync` command: help and usage errors, a clear and quick error
+when the daemon is not there, --json that stays valid JSON whatever a job is
+called, --job filtering, and agents that do not answer reported as warnings."""
+
+import json
+import os
+import subprocess
+import time
+
+import harness as h
+
+
+def run(cli, *argv, env=None, timeout=30):
+    e = dict(os.environ)
+    e.pop("PARAMSYNC_ADDR", None)
+    e.update(env or {})
+    t0 = time.time()
+    r = subprocess.run([cli, *argv], capture_output=True, text=True, timeout=timeout, env=e)
+    return r.returncode, r.stdout, r.stderr, time.time() - t0
+
+
+def main():
+    args = h.parse_args()
+    cli = h.need_cli(args)
+    wd = h.Workdir("cli")
+
+    # Help and usage.
+    rc, out, err, _ = run(cli, "--help")
+    h.expect_equal("paramsync --help exit", rc, 0)
+    h.check("status" in out, f"--help lists the status command: {out}")
+    rc, out, err, _ = run(cli, "status", "--help")
+    h.expect_equal("paramsync status --help exit", rc, 0)
+    for word in ("--addr", "--job", "--json", "PARAMSYNC_ADDR", "waiting"):
+        h.check(word in out, f"status --help mentions {word}: {out}")
+    for argv in ((), ("bogus",), ("status", "--bogus"), ("status", "extra"),
+                 ("status", "--timeout", "x")):
+        rc, out, err, _ = run(cli, *argv)
+        h.expect_equal(f"paramsync {' '.join(argv)} exit (usage)", rc, 2)
+        h.check(err.strip() != "", f"paramsync {' '.join(argv)}: says why on stderr")
+
+    # No daemon: exit 1 at once, naming the address, for --addr and PARAMSYNC_ADDR.
+    dead = f"127.0.0.1:{h.free_port()}"
+    rc, out, err, took = run(cli, "status", "--addr", dead)
+    h.expect_equal("no daemon: exit", rc, 1)
+    h.check(dead in err and "cannot connect" in err, f"no daemon: message {err!r}")
+    h.check(took < 3, f"no daemon: took {took:.1f} s")
+    h.log(f"ok: no daemon: {err.strip()} ({took * 1e3:.0f} ms)")
+    rc, out, err, _ = run(cli, "status", env={"PARAMSYNC_ADDR": dead})
+    h.expect_equal("no daemon via PARAMSYNC_ADDR: exit", rc, 1)
+    h.check(dead in err, f"PARAMSYNC_ADDR used: {err!r}")
+    rc, out, err, _ = run(cli, "status", "--addr", f"unix:{wd.file('none.sock')}")
+    h.expect_equal("no daemon on a unix socket: exit", rc, 1)
+
+    stubs = h.make_stubs(args.proto_dir, wd.path)
+    import grpc
+    from paramsync.v1 import paramsync_pb2 as pb
+    from paramsync.v1 import paramsync_pb2_grpc as pbg
+
+    d = h.Daemon(args.paramsyncd, wd, "embedded", metrics=False)
+    workers = []
+    try:
+        rc, out, err, _ = run(cli, "status", "--addr", d.addr)
+        h.expect_equal("idle daemon: exit", rc, 0)
+        h.check("(embedded)" in out and "no jobs" in out, f"idle daemon text: {out}")
+        rc, out, err, _ = run(cli, "status", "--addr", d.addr, "--json")
+        st = json.loads(out)
+        h.expect_equal("idle daemon: jobs", st["jobs"], [])
+        h.expect_equal("idle daemon: address", st["daemon"]["address"], d.addr)
+
+        # Two held jobs, one with a name full of things JSON and terminals mind.
+        odd = 'we"ird\\job\n\ttab \x1b[31mred\x1b[0m ünïcödé ☃'
+        hold = wd.file("go")
+        for job in (odd, "plain"):
+            workers += [h.Worker(stubs, d.addr, job, 2, r, iters=2, count=8, hold_file=hold,
+                                 log_dir=wd.path) for r in range(2)]
+        for w in workers:
+            w.wait_line("HALF")
+        rc, out, err, _ = run(cli, "status", "--addr", d.addr, "--json")
+        h.expect_equal("two jobs: exit", rc, 0)
+        st = json.loads(out)  # fails the test if the escaping is wrong
+        h.expect_equal("job names round-trip through --json",
+                       sorted(j["job"] for j in st["jobs"]), sorted([odd, "plain"]))
+        rc, out, err, _ = run(cli, "status", "--addr", d.addr)
+        h.expect_equal("two jobs text: exit", rc, 0)
+        h.check("\x1b" not in out, "no escape character reaches the terminal")
+        h.check("plain" in out and "ünïcödé ☃" in out, f"both jobs in the text: {out}")
+        rc, out, err, _ = run(cli, "status", "--addr", d.addr, "--json", "--job", "plain")
+        st = json.loads(out)
+        h.expect_equal("--job plain: jobs", [j["job"] for j in st["jobs"]], ["plain"])
+        h.check(all(c["job"] == "plain" for c in st["collectives"]),
+                f"--job plain: collectives {st['collectives']}")
+        open(hold, "w").close()
+        for w in workers:
+            w.finish()
+
+        # An agent registered with the coordinator that does not answer.
+        gone = f"127.0.0.1:{h.free_port()}"
+        with grpc.insecure_channel(d.addr) as ch:
+            pbg.CoordinatorStub(ch).RegisterAgent(pb.RegisterAgentRequest(address=gone),
+                                                  timeout=5)
+        rc, out, err, _ = run(cli, "status", "--addr", d.addr, "--json", "--timeout", "2")
+        h.expect_equal("silent agent: exit", rc, 0)
+        st = json.loads(out)
+        h.check(gone in st["agents"], f"the registered agent is listed: {st['agents']}")
+        h.expect_equal("silent agent: errors", [e["agent"] for e in st["errors"]], [gone])
+        h.check("warning" in err and gone in err, f"silent agent: warning on stderr: {err!r}")
+        status = d.stop()
+        h.expect_equal("daemon exit after SIGTERM", status, 0)
+    except BaseException:
+        for w in workers:
+            w.kill()
+        d.kill()
+        print(f"daemon log:\n{d.text()}\n(files kept in {wd.path})")
+        raise
+    wd.cleanup()
+    h.finish()
+
+
+if __name__ == "__main__":
+    main()
