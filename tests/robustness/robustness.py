@@ -1,0 +1,801 @@
+#!/usr/bin/python3
+"""Bad input to a running paramsyncd: it must not crash, hang, or stop serving.
+
+    robustness.py --case NAME [--paramsyncd PATH]     one case (ctest runs each)
+    robustness.py --list                              the cases
+
+Each case starts its own daemon (embedded role, free ports), abuses it, then
+checks that the process is alive and still runs a real 2-rank all_reduce
+with the right result. Cases:
+
+  garbage          random bytes on raw TCP to the gRPC port
+  h2_junk          a valid HTTP/2 preface followed by malformed frames
+  huge_headers     a 1 MiB header value, 20000 headers, a HEADERS block never ended
+  half_open        connections that stop mid-preface, mid-frame or mid-message,
+                   held open while the daemon must serve a collective
+  metrics_garbage  random bytes and malformed HTTP to the metrics port
+  malformed_calls  well-framed gRPC calls to every method with bad messages:
+                   each must end with a clean status (INVALID_ARGUMENT or
+                   RESOURCE_EXHAUSTED where the input is at fault) within its
+                   deadline, never UNKNOWN/INTERNAL and never a hang
+  cancelled_calls  collectives whose client cancels while the daemon waits for
+                   peers: the daemon lets go of them, and SIGTERM still exits
+
+Uses the paramsync.v1 worker harness of tests/faults/psworker.py (Debian's
+/usr/bin/python3 with python3-grpcio; stubs generated at run time from proto/).
+Exit status: 0 PASS, 1 FAIL, 77 SKIPPED.
+"""
+import os
+import random
+import socket
+import struct
+import sys
+import subprocess
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "faults"))
+import psworker as pw  # noqa: E402
+
+# Every case is seeded, so a failure replays the same bytes.
+SEED = int(os.environ.get("PARAMSYNC_ROBUSTNESS_SEED", "20240607"))
+
+# A call that takes longer than this has hung.
+CALL_DEADLINE_S = 15
+
+
+# ---------------------------------------------------------------- raw TCP and HTTP/2
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, \
+    CONTINUATION = range(10)
+END_STREAM, ACK, END_HEADERS, PADDED, PRIO = 0x1, 0x1, 0x4, 0x8, 0x20
+
+
+def h2frame(ftype, flags, stream, payload=b"", length=None):
+    """One HTTP/2 frame; length overrides the header's length field (to lie)."""
+    n = len(payload) if length is None else length
+    return struct.pack(">I", n)[1:] + bytes([ftype, flags]) + struct.pack(">I", stream) + payload
+
+
+def settings(*pairs):
+    return h2frame(SETTINGS, 0, 0, b"".join(struct.pack(">HI", k, v) for k, v in pairs))
+
+
+def hpack_int(value, prefix_bits, first=0):
+    limit = (1 << prefix_bits) - 1
+    if value < limit:
+        return bytes([first | value])
+    out = bytearray([first | limit])
+    value -= limit
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def hpack_literal(name, value):
+    """Literal header field without indexing, new name, no Huffman (RFC 7541 6.2.2)."""
+    name = name.encode() if isinstance(name, str) else name
+    value = value.encode() if isinstance(value, str) else value
+    return b"\x00" + hpack_int(len(name), 7) + name + hpack_int(len(value), 7) + value
+
+
+def grpc_request_headers(path, extra=()):
+    block = b"".join(hpack_literal(k, v) for k, v in [
+        (":method", "POST"), (":scheme", "http"), (":path", path), (":authority", "localhost"),
+        ("content-type", "application/grpc"), ("te", "trailers")] + list(extra))
+    return block
+
+
+def grpc_message(payload, length=None):
+    """A gRPC length-prefixed message (uncompressed)."""
+    return b"\x00" + struct.pack(">I", len(payload) if length is None else length) + payload
+
+
+class Raw:
+    """A raw TCP connection; every send tolerates the daemon having hung up."""
+
+    def __init__(self, port):
+        self.s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        self.closed_by_peer = False
+
+    def send(self, data):
+        try:
+            self.s.sendall(data)
+            return True
+        except OSError:
+            self.closed_by_peer = True
+            return False
+
+    def drain(self, seconds=0.5):
+        """Reads what the daemon says for a while (so its writes never block)."""
+        end = time.monotonic() + seconds
+        got = 0
+        while time.monotonic() < end:
+            self.s.settimeout(max(0.01, end - time.monotonic()))
+            try:
+                b = self.s.recv(65536)
+            except socket.timeout:
+                break
+            except OSError:
+                self.closed_by_peer = True
+                break
+            if not b:
+                self.closed_by_peer = True
+                break
+            got += len(b)
+        return got
+
+    def close(self):
+        try:
+            self.s.close()
+        except OSError:
+            pass
+
+
+def h2_open(port):
+    """A connection past the preface and the settings exchange."""
+    c = Raw(port)
+    c.send(PREFACE + settings())
+    c.send(h2frame(SETTINGS, ACK, 0))
+    return c
+
+
+# ---------------------------------------------------------------- the liveness check
+
+_job_counter = [0]
+
+
+def still_serves(d, what):
+    """The daemon is alive and runs a 2-rank all_reduce correctly, within a deadline."""
+    if not pw.expect(d.alive(), "%s: paramsyncd died (exit %s); log:\n%s"
+                     % (what, d.proc.returncode, d.log_text()[-4000:])):
+        pw.done()
+    _job_counter[0] += 1
+    job = "alive-%d" % _job_counter[0]
+    count = 4096
+    members, results = [], [None, None]
+
+    def rank_main(i):
+        conn = pw.Conn(d.addr)
+        m = pw.Member(conn)
+        members.append(m)
+        ready = m.join(job, 2, i, timeout_ms=20000, wait_s=25)
+        if isinstance(ready, pw.RpcOutcome):
+            results[i] = ready
+            return
+        results[i] = m.collective("ALL_REDUCE", count, pw.rank_tensor(i, count),
+                                  rpc_timeout=CALL_DEADLINE_S)
+        m.leave()
+        conn.close()
+
+    t0 = time.monotonic()
+    ts = [threading.Thread(target=rank_main, args=(i,)) for i in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(40)
+    want = pw.sum_tensor([0, 1], count)
+    for i, r in enumerate(results):
+        ok = r is not None and r.code == 0 and r.data == want
+        pw.expect(ok, "%s: afterwards rank %d's all_reduce: %r" % (what, i, r))
+    pw.expect(d.alive(), "%s: paramsyncd died during the check" % what)
+    pw.log("%s: daemon alive, all_reduce of 2 ranks correct in %.2fs"
+           % (what, time.monotonic() - t0))
+
+
+# ---------------------------------------------------------------- cases on raw sockets
+
+def case_garbage(d, rng):
+    port = d.port
+    sizes = [1, 7, 24, 100, 4096, 65536, 1 << 20]
+    for i, n in enumerate(sizes * 3):
+        c = Raw(port)
+        c.send(bytes(rng.getrandbits(8) for _ in range(min(n, 4096))) * max(1, n // 4096))
+        if i % 3 == 1:
+            try:
+                c.s.shutdown(socket.SHUT_WR)  # half-close, then see what the daemon does
+            except OSError:
+                pass  # it hung up already
+        c.drain(0.2)
+        c.close()
+    # Things that look almost like HTTP: HTTP/1.1, a TLS ClientHello, the
+    # preface with one byte wrong, the preface repeated.
+    for junk in [b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+                 b"POST /paramsync.v1.Worker/Join HTTP/1.1\r\nContent-Length: 99999999\r\n\r\n",
+                 b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(500),
+                 PREFACE[:-1] + b"X" + settings(),
+                 PREFACE * 50]:
+        c = Raw(port)
+        c.send(junk)
+        c.drain(0.3)
+        c.close()
+    still_serves(d, "garbage")
+
+
+def case_h2_junk(d, rng):
+    port = d.port
+    path = "/paramsync.v1.Worker/Collective"
+    hdrs = grpc_request_headers(path)
+    junk = {
+        "data_on_stream_0": h2frame(DATA, 0, 0, b"x" * 10),
+        "data_on_idle_stream": h2frame(DATA, END_STREAM, 1, b"x" * 10),
+        "headers_garbage_hpack": h2frame(HEADERS, END_HEADERS, 1, b"\xff" * 64),
+        "headers_index_out_of_table": h2frame(HEADERS, END_HEADERS, 1, b"\xbf\xff\xff\xff\x0f"),
+        "headers_even_stream": h2frame(HEADERS, END_HEADERS, 2, hdrs),
+        "headers_stream_0": h2frame(HEADERS, END_HEADERS, 0, hdrs),
+        "headers_bad_padding": h2frame(HEADERS, END_HEADERS | PADDED, 1, b"\xff" + hdrs),
+        "headers_self_dependency": h2frame(HEADERS, END_HEADERS | PRIO, 1,
+                                           struct.pack(">IB", 1, 16) + hdrs),
+        "frame_over_max_size": h2frame(DATA, 0, 1, b"y" * 100, length=(1 << 24) - 1),
+        "continuation_without_headers": h2frame(CONTINUATION, END_HEADERS, 1, hdrs),
+        "window_update_zero": h2frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", 0)),
+        "window_update_overflow": h2frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", 0x7FFFFFFF)) * 3,
+        "window_update_bad_length": h2frame(WINDOW_UPDATE, 0, 0, b"\0\0\0\1\0"),
+        "settings_bad_values": settings((4, 0x80000000), (5, 100), (2, 7), (3, 0)),
+        "settings_max_frame_huge": settings((5, 0xFFFFFFFF)),
+        "settings_ack_with_payload": h2frame(SETTINGS, ACK, 0, b"\0\0\0\0\0\0"),
+        "settings_on_stream": h2frame(SETTINGS, 0, 3, b""),
+        "settings_bad_length": h2frame(SETTINGS, 0, 0, b"\0\1\0"),
+        "ping_bad_length": h2frame(PING, 0, 0, b"\0" * 7),
+        "ping_flood": h2frame(PING, 0, 0, b"\0" * 8) * 5000,
+        "rst_idle_stream": h2frame(RST_STREAM, 0, 5, struct.pack(">I", 8)),
+        "rst_stream_0": h2frame(RST_STREAM, 0, 0, struct.pack(">I", 8)),
+        "priority_bad_length": h2frame(PRIORITY, 0, 1, b"\0\0"),
+        "push_promise_from_client": h2frame(PUSH_PROMISE, END_HEADERS, 1,
+                                            struct.pack(">I", 2) + hdrs),
+        "goaway_then_headers": h2frame(GOAWAY, 0, 0, struct.pack(">II", 0, 0)) +
+        h2frame(HEADERS, END_HEADERS, 1, hdrs),
+        "unknown_frame_types": b"".join(h2frame(t, 0xFF, 1, b"z" * 9) for t in range(10, 40)),
+        # Open calls and reset them at once, many times (the "rapid reset" pattern).
+        "rapid_reset": b"".join(h2frame(HEADERS, END_HEADERS, s, hdrs) +
+                                h2frame(RST_STREAM, 0, s, struct.pack(">I", 8))
+                                for s in range(1, 4000, 2)),
+        # A call whose gRPC message lies about its length, then ends the stream.
+        "grpc_length_lies": h2frame(HEADERS, END_HEADERS, 1, hdrs) +
+        h2frame(DATA, END_STREAM, 1, grpc_message(b"\x0a\x01x", length=1 << 30)),
+        "grpc_compressed_flag_without_encoding": h2frame(HEADERS, END_HEADERS, 1, hdrs) +
+        h2frame(DATA, END_STREAM, 1, b"\x01" + struct.pack(">I", 3) + b"abc"),
+        "data_after_end_stream": h2frame(HEADERS, END_HEADERS | END_STREAM, 1, hdrs) +
+        h2frame(DATA, 0, 1, b"late"),
+    }
+    for name, payload in junk.items():
+        c = h2_open(port)
+        c.send(payload)
+        c.drain(0.3)
+        c.close()
+        if not d.alive():
+            pw.fail("h2_junk: paramsyncd died after %s; log:\n%s" % (name, d.log_text()[-4000:]))
+    # Seeded random frames: well-formed headers, random types, flags, streams, payloads.
+    for conn_i in range(30):
+        c = h2_open(port)
+        out = bytearray()
+        for _ in range(200):
+            n = rng.choice([0, 1, 4, 8, 9, 16, 100, 1000])
+            out += h2frame(rng.randrange(12), rng.getrandbits(8), rng.choice([0, 1, 2, 3, 5,
+                                                                             0x7FFFFFFF]),
+                           bytes(rng.getrandbits(8) for _ in range(n)))
+        c.send(bytes(out))
+        c.drain(0.2)
+        c.close()
+    still_serves(d, "h2_junk")
+
+
+def case_huge_headers(d, rng):
+    port = d.port
+    path = "/paramsync.v1.Worker/Join"
+    # One 1 MiB header value, split across CONTINUATION frames of 16 KiB.
+    block = grpc_request_headers(path, [("x-huge", "v" * (1 << 20))])
+    c = h2_open(port)
+    pieces = [block[i:i + 16384] for i in range(0, len(block), 16384)]
+    out = h2frame(HEADERS, 0, 1, pieces[0])
+    for i, p in enumerate(pieces[1:]):
+        out += h2frame(CONTINUATION, END_HEADERS if i == len(pieces) - 2 else 0, 1, p)
+    c.send(out)
+    c.drain(0.5)
+    c.close()
+    # 20000 small headers.
+    block = grpc_request_headers(path, [("x-h%d" % i, "v") for i in range(20000)])
+    c = h2_open(port)
+    pieces = [block[i:i + 16384] for i in range(0, len(block), 16384)]
+    out = h2frame(HEADERS, 0, 1, pieces[0])
+    for i, p in enumerate(pieces[1:]):
+        out += h2frame(CONTINUATION, END_HEADERS if i == len(pieces) - 2 else 0, 1, p)
+    c.send(out)
+    c.drain(0.5)
+    c.close()
+    # A header block that never ends: CONTINUATION frames for as long as the
+    # daemon reads them (about 64 MiB at most).
+    c = h2_open(port)
+    c.send(h2frame(HEADERS, 0, 1, grpc_request_headers(path)))
+    chunk = h2frame(CONTINUATION, 0, 1, hpack_literal("x-more", "m" * 16000))
+    sent = 0
+    while sent < 64 << 20 and c.send(chunk):
+        sent += len(chunk)
+    pw.log("huge_headers: endless CONTINUATION: %d KiB sent before the daemon hung up"
+           % (sent >> 10))
+    c.close()
+    # A single HPACK string literal claiming 2 GiB.
+    c = h2_open(port)
+    c.send(h2frame(HEADERS, END_HEADERS, 1, b"\x00" + hpack_int(1 << 31, 7) + b"abc"))
+    c.drain(0.3)
+    c.close()
+    still_serves(d, "huge_headers")
+
+
+def case_half_open(d, rng):
+    port = d.port
+    hdrs = grpc_request_headers("/paramsync.v1.Worker/Collective")
+    join_hdrs = grpc_request_headers("/paramsync.v1.Worker/Join")
+    conns = []
+    kinds = {
+        "silent": lambda c: None,
+        "half_preface": lambda c: c.send(PREFACE[:10]),
+        "preface_no_settings": lambda c: c.send(PREFACE),
+        "half_frame_header": lambda c: c.send(PREFACE + settings() + b"\x00\x00"),
+        "headers_never_ended": lambda c: c.send(PREFACE + settings() +
+                                                h2frame(HEADERS, 0, 1, hdrs)),
+        "call_without_message": lambda c: c.send(PREFACE + settings() +
+                                                 h2frame(HEADERS, END_HEADERS, 1, hdrs)),
+        "call_half_message": lambda c: c.send(
+            PREFACE + settings() + h2frame(HEADERS, END_HEADERS, 1, hdrs) +
+            h2frame(DATA, 0, 1, grpc_message(b"", length=1000) + b"\x0a\x02")),
+        "join_without_message": lambda c: c.send(PREFACE + settings() +
+                                                 h2frame(HEADERS, END_HEADERS, 1, join_hdrs)),
+    }
+    for name, start in kinds.items():
+        for _ in range(20):
+            c = Raw(port)
+            start(c)
+            conns.append(c)
+    pw.log("half_open: %d connections held open" % len(conns))
+    time.sleep(1)
+    still_serves(d, "half_open (while %d connections hang)" % len(conns))
+    for c in conns:
+        c.close()
+    time.sleep(0.5)
+    still_serves(d, "half_open (after they closed)")
+
+
+def case_metrics_garbage(d, rng):
+    if not d.metrics_port:
+        pw.skip("paramsyncd has no --metrics-addr")
+    port = d.metrics_port
+    junk = [
+        b"", b"\r\n\r\n", b"GET /metrics HTTP/1.1\r\n\r\n",  # no Host: still must not crash
+        b"GET " + b"/" * 100000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET /metrics HTTP/1.1\r\nHost: x\r\n" + b"X-A: b\r\n" * 20000 + b"\r\n",
+        b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Big: " + b"v" * (1 << 20) + b"\r\n\r\n",
+        b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 10000000\r\n\r\n" + b"z" * 100000,
+        b"POST /metrics HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"fffffffffffffff\r\nabc\r\n0\r\n\r\n",
+        b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
+        b"GET /metrics HTTP/9.9\r\n\r\n", b"BREW /metrics HTCPCP/1.0\r\n\r\n",
+        b"GET /metrics?" + b"a=b&" * 50000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET /%00%ff/../../etc/passwd HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * 500,  # pipelined
+        PREFACE + settings(),
+    ]
+    for j in junk:
+        c = Raw(port)
+        c.send(j)
+        c.drain(0.3)
+        c.close()
+    for _ in range(40):
+        c = Raw(port)
+        c.send(bytes(rng.getrandbits(8) for _ in range(rng.choice([1, 10, 1000, 20000]))))
+        c.drain(0.1)
+        c.close()
+    # Slow clients must not lock the scraper out: a request never finished,
+    # on more connections than the server's limit, while Prometheus scrapes
+    # with its default scrape_timeout of 10 s.
+    held = []
+    for _ in range(50):
+        c = Raw(port)
+        c.send(b"GET /metr")
+        held.append(c)
+    scrape(d, "with 50 half-open requests held", METRICS_SCRAPE_TIMEOUT_S)
+    for c in held:
+        c.close()
+    scrape(d, "afterwards", METRICS_SCRAPE_TIMEOUT_S)
+    still_serves(d, "metrics_garbage")
+
+
+# Prometheus' default scrape_timeout.
+METRICS_SCRAPE_TIMEOUT_S = 10
+
+
+def scrape(d, when, timeout):
+    import urllib.request
+    t0 = time.monotonic()
+    try:
+        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % d.metrics_port,
+                                    timeout=timeout) as r:
+            text = r.read().decode(errors="replace")
+    except Exception as e:  # noqa: BLE001 (any failure to scrape is the finding)
+        pw.expect(False, "metrics_garbage: GET /metrics %s: no answer in %ds (%r)"
+                  % (when, timeout, e))
+        return
+    pw.expect("paramsync_" in text, "metrics_garbage: /metrics %s has no paramsync_ metrics"
+              % when)
+    pw.log("metrics_garbage: scraped %s in %.2fs" % (when, time.monotonic() - t0))
+
+
+# ---------------------------------------------------------------- well-framed bad calls
+
+# Codes that say "your input is wrong" (or "not now"), and the ones that mean
+# the daemon broke or hung.
+CLEAN = {"INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "NOT_FOUND", "FAILED_PRECONDITION",
+         "OUT_OF_RANGE", "ALREADY_EXISTS", "PERMISSION_DENIED", "UNAUTHENTICATED",
+         "UNIMPLEMENTED"}
+BAD_INPUT = {"INVALID_ARGUMENT", "RESOURCE_EXHAUSTED"}
+
+UNARY = ["/paramsync.v1.Worker/Leave", "/paramsync.v1.Worker/NewGroup",
+         "/paramsync.v1.Coordinator/RegisterAgent", "/paramsync.v1.Coordinator/Leave",
+         "/paramsync.v1.Coordinator/NewGroup", "/paramsync.v1.Coordinator/DescribeJob",
+         "/paramsync.v1.Admin/Status", "/grpc.health.v1.Health/Check"]
+STREAMS = ["/paramsync.v1.Worker/Join", "/paramsync.v1.Coordinator/Join",
+           "/paramsync.v1.Worker/Collective", "/grpc.health.v1.Health/Watch"]
+
+# Bytes no protobuf parser takes, whatever the message type.
+UNPARSEABLE = {
+    "truncated_string": b"\x0a\x05ab",
+    "varint_11_bytes": b"\x10" + b"\xff" * 10 + b"\x01",
+    "truncated_varint": b"\x10\xff",
+    "start_group": b"\x0b",
+    "end_group": b"\x0c",
+    "field_number_0": b"\x00\x01",
+    "wire_type_7": b"\x0f\x01",
+    "length_over_message": b"\x0a\xff\xff\xff\xff\x0f",
+}
+
+
+class Caller:
+    """Raw-bytes calls: what the daemon gets is exactly what the test says."""
+
+    def __init__(self, d):
+        self.conn = pw.Conn(d.addr)
+        self.grpc = pw.grpc
+
+    def unary(self, method, payload, deadline=CALL_DEADLINE_S):
+        f = self.conn.channel.unary_unary(method)
+        t0 = time.monotonic()
+        try:
+            f(payload, timeout=deadline)
+            return "OK", "", time.monotonic() - t0
+        except self.grpc.RpcError as e:
+            return e.code().name, e.details() or "", time.monotonic() - t0
+
+    def stream(self, method, payloads, hold_s=0.0, want_first=False):
+        """Sends payloads, keeps the request side open hold_s more, then half-closes.
+        Returns (code, message, seconds, responses)."""
+        f = self.conn.channel.stream_stream(method)
+        closed = threading.Event()
+
+        def reqs():
+            for p in payloads:
+                yield p
+            closed.wait(hold_s)
+
+        t0 = time.monotonic()
+        got = []
+        try:
+            call = f(reqs(), timeout=CALL_DEADLINE_S)
+            for r in call:
+                got.append(r)
+                if want_first:
+                    call.cancel()
+                    closed.set()
+                    return "RESPONSE", "", time.monotonic() - t0, got
+            return "OK", "", time.monotonic() - t0, got
+        except self.grpc.RpcError as e:
+            return e.code().name, e.details() or "", time.monotonic() - t0, got
+        finally:
+            closed.set()
+
+    def close(self):
+        self.conn.close()
+
+
+def judge(what, got, allowed, elapsed, deadline=CALL_DEADLINE_S):
+    """A call's outcome against what the test allows ("OK" may be in allowed)."""
+    code, message = got
+    if code == "DEADLINE_EXCEEDED" and elapsed >= deadline - 0.5:
+        pw.expect(False, "%s: hung (no answer in %ss)" % (what, deadline))
+        return
+    pw.expect(code in allowed, "%s: got %s %r, want one of %s"
+              % (what, code, message[:200], "/".join(sorted(allowed))))
+
+
+def hdr(pb, job, **kw):
+    kw.setdefault("kind", pb.ALL_REDUCE)
+    return pb.CollectiveHeader(job=job, **kw)
+
+
+def frame_bytes(pb, header=None, offset=0, data=b""):
+    f = pb.Frame(offset=offset, data=data)
+    if header is not None:
+        f.header.CopyFrom(header)
+    return f.SerializeToString()
+
+
+def case_malformed_calls(d, rng):
+    pb, _ = pw.stubs()
+    c = Caller(d)
+
+    # A joined job of one rank: the collectives below reach the hub's checks.
+    conn = pw.Conn(d.addr)
+    member = pw.Member(conn)
+    ready = member.join("rb", 1, 0, wait_s=20)
+    pw.check(not isinstance(ready, pw.RpcOutcome), "cannot join job rb: %r" % (ready,))
+    inc = ready.incarnation
+
+    # ---- unary methods
+    for m in UNARY:
+        for name, payload in UNPARSEABLE.items():
+            code, msg, el = c.unary(m, payload)
+            judge("%s %s" % (m, name), (code, msg), {"INVALID_ARGUMENT"}, el)
+        for name, payload in [("empty", b""),
+                              ("a_frame", frame_bytes(pb, hdr(pb, "rb"), data=b"x" * 64)),
+                              ("a_join_event", pb.JoinEvent(kind=1, hub="x").SerializeToString()),
+                              ("random_1", bytes(rng.getrandbits(8) for _ in range(64))),
+                              ("random_2", bytes(rng.getrandbits(8) for _ in range(4096))),
+                              ("garbage_4m", bytes(rng.getrandbits(8) for _ in range(4096)) * 1024)]:
+            code, msg, el = c.unary(m, payload)
+            judge("%s %s" % (m, name), (code, msg), CLEAN | {"OK"}, el)
+        code, msg, el = c.unary(m, b"\x0a" + b"\x80\x80\x80\x0a" + bytes(20 << 20))
+        judge("%s 20 MiB message" % m, (code, msg), {"RESOURCE_EXHAUSTED"}, el)
+
+    # ---- NewGroup with bad ranks, on a real job
+    for m in ["/paramsync.v1.Worker/NewGroup", "/paramsync.v1.Coordinator/NewGroup"]:
+        cases = {
+            "group_0": dict(group=0, ranks=[0], rank=0),
+            "duplicate_ranks": dict(group=1, ranks=[0, 0], rank=0),
+            "rank_outside_job": dict(group=1, ranks=[0, 5], rank=0),
+            "negative_rank": dict(group=1, ranks=[-1], rank=0),
+            "caller_outside_job": dict(group=1, ranks=[0], rank=7),
+            "100k_ranks": dict(group=1, ranks=list(range(100000)), rank=0),
+        }
+        for name, kw in cases.items():
+            req = pb.NewGroupRequest(job="rb", **kw).SerializeToString()
+            code, msg, el = c.unary(m, req)
+            judge("%s %s" % (m, name), (code, msg), BAD_INPUT, el)
+
+    # ---- Join streams
+    for m in ["/paramsync.v1.Worker/Join", "/paramsync.v1.Coordinator/Join"]:
+        for name, payload in UNPARSEABLE.items():
+            code, msg, el, _ = c.stream(m, [payload], hold_s=CALL_DEADLINE_S)
+            judge("%s %s" % (m, name), (code, msg), {"INVALID_ARGUMENT"}, el)
+        code, msg, el, _ = c.stream(m, [], hold_s=0)
+        judge("%s no request" % m, (code, msg), {"INVALID_ARGUMENT"}, el)
+        bad_joins = {
+            "empty_request": pb.JoinRequest(),
+            "no_job": pb.JoinRequest(world_size=1, rank=0),
+            "world_0": pb.JoinRequest(job="j0", world_size=0),
+            "world_negative": pb.JoinRequest(job="j1", world_size=-4),
+            "world_2g": pb.JoinRequest(job="j2", world_size=0x7FFFFFFF),
+            "rank_over_world": pb.JoinRequest(job="j3", world_size=2, rank=2),
+            "rank_minus_2": pb.JoinRequest(job="j4", world_size=2, rank=-2),
+        }
+        for name, req in bad_joins.items():
+            code, msg, el, _ = c.stream(m, [req.SerializeToString()], hold_s=CALL_DEADLINE_S)
+            judge("%s %s" % (m, name), (code, msg), BAD_INPUT, el)
+        # Odd but legal: a very long job id, one with a NUL. Either READY
+        # (world 1) or a clean refusal; never a crash or a hang.
+        for name, job in [("job_64k", "j" * 65536), ("job_with_nul", "a\0b")]:
+            req = pb.JoinRequest(job=job, world_size=1).SerializeToString()
+            code, msg, el, _ = c.stream(m, [req], want_first=True)
+            judge("%s %s" % (m, name), (code, msg), CLEAN | {"RESPONSE"}, el)
+
+    # ---- Collective: first frames the agent or the hub must refuse
+    coll = "/paramsync.v1.Worker/Collective"
+    good = dict(job="rb", kind=pb.ALL_REDUCE, dtype=pb.FLOAT32, count=4, rank=0,
+                incarnation=inc)
+    seq = [100]
+
+    def h(**kw):
+        x = dict(good)
+        x.update(kw)
+        x.setdefault("seq", seq[0])
+        seq[0] += 1
+        return pb.CollectiveHeader(**x)
+
+    data16 = pw.floats([1, 2, 3, 4])
+    # The positive control: the harness's frames are right.
+    code, msg, el, resp = c.stream(coll, [frame_bytes(pb, h(), data=data16)])
+    pw.check(code == "OK", "collective control (world 1 all_reduce): %s %r" % (code, msg))
+
+    firsts = {
+        "first_frame_unparseable": [b"\x0a\x05ab"],
+        "first_frame_no_header": [frame_bytes(pb, None, data=data16)],
+        "header_without_job": [frame_bytes(pb, h(job=""), data=data16)],
+        "kind_unspecified": [frame_bytes(pb, h(kind=0), data=data16)],
+        "kind_12": [frame_bytes(pb, h(kind=12), data=data16)],
+        "kind_99": [frame_bytes(pb, h(kind=99), data=data16)],
+        "kind_negative": [frame_bytes(pb, h(kind=-1), data=data16)],
+        "dtype_10": [frame_bytes(pb, h(dtype=10), data=data16)],
+        "dtype_negative": [frame_bytes(pb, h(dtype=-3), data=data16)],
+        "op_8": [frame_bytes(pb, h(op=8), data=data16)],
+        "op_99": [frame_bytes(pb, h(op=99), data=data16)],
+        "op_band_on_float": [frame_bytes(pb, h(op=pb.BAND), data=data16)],
+        "op_avg_on_int": [frame_bytes(pb, h(op=pb.AVG, dtype=pb.INT32), data=data16)],
+        "rank_1_of_1": [frame_bytes(pb, h(rank=1), data=data16)],
+        "rank_negative": [frame_bytes(pb, h(rank=-1), data=data16)],
+        "root_out_of_range": [frame_bytes(pb, h(kind=pb.BROADCAST, root=3), data=data16)],
+        "root_negative": [frame_bytes(pb, h(kind=pb.REDUCE, root=-1), data=data16)],
+        "send_to_self": [frame_bytes(pb, h(kind=pb.SEND, peer=0), data=data16)],
+        "send_out_of_range": [frame_bytes(pb, h(kind=pb.SEND, peer=9), data=data16)],
+        "recv_out_of_range": [frame_bytes(pb, h(kind=pb.RECV, peer=-2))],
+        "count_2_60": [frame_bytes(pb, h(count=1 << 60))],
+        "count_2_62_int64_gather": [frame_bytes(pb, h(kind=pb.ALL_GATHER, dtype=pb.INT64,
+                                                      count=1 << 62))],
+        "count_max_u64": [frame_bytes(pb, h(count=(1 << 64) - 1))],
+        "count_2_60_all_to_all": [frame_bytes(pb, h(kind=pb.ALL_TO_ALL, count=1 << 60))],
+        "too_many_bytes_first_frame": [frame_bytes(pb, h(), data=data16 + b"\0\0\0\0")],
+        "too_many_bytes_second_frame": [frame_bytes(pb, h(), data=data16[:8]),
+                                        frame_bytes(pb, offset=8, data=data16[8:] + b"\0" * 4)],
+        "extra_frame_after_input": [frame_bytes(pb, h(), data=data16),
+                                    frame_bytes(pb, offset=16, data=b"\0" * 4)],
+        "bad_offset_second_frame": [frame_bytes(pb, h(), data=data16[:8]),
+                                    frame_bytes(pb, offset=100, data=data16[8:])],
+        "offset_backwards": [frame_bytes(pb, h(), data=data16[:8]),
+                             frame_bytes(pb, offset=0, data=data16[8:])],
+        "bad_offset_first_frame": [frame_bytes(pb, h(), offset=8, data=data16)],
+        "second_frame_unparseable": [frame_bytes(pb, h(), data=data16[:8]), b"\x7a\x09abc"],
+        "input_ends_early": [frame_bytes(pb, h(), data=data16[:8])],
+        "data_in_barrier": [frame_bytes(pb, h(kind=pb.BARRIER, count=0), data=b"\1" * 8)],
+        # RECV sends nothing: refused on arrival, not after matching (its
+        # timeout_ms would turn a wait into DEADLINE_EXCEEDED, not a hang).
+        "data_in_recv": [frame_bytes(pb, h(kind=pb.RECV, peer=-1, timeout_ms=3000),
+                                     data=b"\1" * 8)],
+        "unknown_group": [frame_bytes(pb, h(group=77), data=data16)],
+        "group_max": [frame_bytes(pb, h(group=0xFFFFFFFF), data=data16)],
+    }
+    for name, frames in firsts.items():
+        code, msg, el, _ = c.stream(coll, frames)
+        judge("Collective %s" % name, (code, msg), BAD_INPUT | {"NOT_FOUND"}
+              if name in ("unknown_group", "group_max") else BAD_INPUT, el)
+    for name, frames in {
+        "unknown_job": [frame_bytes(pb, h(job="no-such-job"), data=data16)],
+        "stale_incarnation": [frame_bytes(pb, h(incarnation=inc + 1000), data=data16)],
+        "no_frames": [],
+        "random_first_frame": [bytes(rng.getrandbits(8) for _ in range(200))],
+        # Nobody can ever send to the only rank: refused, or its own deadline.
+        "recv_any_alone": [frame_bytes(pb, h(kind=pb.RECV, peer=-1, timeout_ms=2000))],
+    }.items():
+        code, msg, el, _ = c.stream(coll, frames)
+        judge("Collective %s" % name, (code, msg), CLEAN | {"DEADLINE_EXCEEDED"}
+              if name == "recv_any_alone" else CLEAN, el)
+    big = 5 << 20  # over the frame size the clients use, under the message limit
+    code, msg, el, _ = c.stream(coll, [frame_bytes(pb, h(count=big // 4), data=bytes(big))])
+    judge("Collective one 5 MiB frame", (code, msg), BAD_INPUT | {"OK"}, el)
+    code, msg, el, _ = c.stream(coll, [frame_bytes(pb, h(count=(20 << 20) // 4),
+                                                   data=bytes(20 << 20))])
+    judge("Collective one 20 MiB frame", (code, msg), {"RESOURCE_EXHAUSTED"}, el)
+
+    # ---- Health.Watch and unknown methods
+    code, msg, el, _ = c.stream("/grpc.health.v1.Health/Watch", [b"\x0a\x05ab"])
+    judge("Health.Watch unparseable", (code, msg), {"INVALID_ARGUMENT"}, el)
+    for m in ["/paramsync.v1.Worker/NoSuchMethod", "/no.such.Service/Call", "/", "//",
+              "/paramsync.v1.Worker/Join/extra"]:
+        code, msg, el = c.unary(m, b"", deadline=5)
+        judge("unknown method %s" % m, (code, msg), {"UNIMPLEMENTED"}, el, deadline=5)
+
+    # The job survived all of that: its rank still runs a collective.
+    code, msg, el, resp = c.stream(coll, [frame_bytes(pb, h(), data=data16)])
+    pw.expect(code == "OK", "collective on job rb after the bad calls: %s %r" % (code, msg))
+    member.leave()
+    conn.close()
+    c.close()
+    still_serves(d, "malformed_calls")
+
+
+def case_cancelled_calls(d, rng):
+    """Calls the client gives up on while the daemon waits for their peers.
+
+    A worker whose deadline passes (or that is interrupted) cancels its call
+    but stays a member; the daemon must drop what the call held: nothing of
+    it left in Admin.Status, and SIGTERM still exits at once."""
+    pb, _ = pw.stubs()
+    conns = [pw.Conn(d.addr) for _ in range(2)]
+    members = [pw.Member(c) for c in conns]
+    ready = [None, None]
+    ts = [threading.Thread(target=lambda i=i: ready.__setitem__(i, members[i].join("cx", 2, i)))
+          for i in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(30)
+    pw.check(all(r is not None and not isinstance(r, pw.RpcOutcome) for r in ready),
+             "cancelled_calls: cannot form job cx: %r" % (ready,))
+    inc = ready[0].incarnation
+    coll = conns[0].channel.stream_stream("/paramsync.v1.Worker/Collective")
+    # Rank 0 alone: each waits for rank 1, which never comes; the client
+    # cancels after 1 s (the daemon's own timeout is the default 30 minutes).
+    pending = {
+        "all_reduce": pb.CollectiveHeader(job="cx", seq=0, kind=pb.ALL_REDUCE, count=2, rank=0,
+                                          incarnation=inc),
+        "recv": pb.CollectiveHeader(job="cx", seq=0, kind=pb.RECV, peer=1, count=2, rank=0,
+                                    incarnation=inc),
+        "send": pb.CollectiveHeader(job="cx", seq=0, kind=pb.SEND, peer=1, count=2, rank=0,
+                                    incarnation=inc),
+    }
+    for name, header in pending.items():
+        data = b"" if name == "recv" else b"\1" * 8
+        f = pb.Frame(data=data)
+        f.header.CopyFrom(header)
+        t0 = time.monotonic()
+        try:
+            list(coll(iter([f.SerializeToString()]), timeout=1))
+            code = "OK"
+        except pw.grpc.RpcError as e:
+            code = e.code().name
+        pw.expect(code == "DEADLINE_EXCEEDED" and time.monotonic() - t0 < 5,
+                  "cancelled_calls: %s alone: want the client's deadline, got %s" % (name, code))
+    # What the daemon still holds for job cx, a little after the cancels.
+    left = None
+    for _ in range(50):
+        st = conns[0].status("cx")
+        left = [(c.kind, c.seq, c.state) for c in st.collectives if c.job == "cx"]
+        if not left:
+            break
+        time.sleep(0.1)
+    pw.expect(not left, "cancelled_calls: 5 s after their callers cancelled, the daemon still "
+              "holds collectives %s (their handlers wait for the 30 min timeout; SIGTERM "
+              "waits for them too)" % left)
+    for m in members:
+        m.leave()
+    for c in conns:
+        c.close()
+    still_serves(d, "cancelled_calls")
+
+
+CASES = {
+    "garbage": case_garbage,
+    "h2_junk": case_h2_junk,
+    "huge_headers": case_huge_headers,
+    "half_open": case_half_open,
+    "metrics_garbage": case_metrics_garbage,
+    "malformed_calls": case_malformed_calls,
+    "cancelled_calls": case_cancelled_calls,
+}
+
+
+def main(argv):
+    if "--list" in argv:
+        print("\n".join(CASES))
+        return 0
+    if "--case" not in argv:
+        print(__doc__)
+        return 2
+    name = argv[argv.index("--case") + 1]
+    if name not in CASES:
+        pw.fail("unknown case %s (--list)" % name)
+    pw.stubs()
+    binary = pw.paramsyncd_path(argv)
+    help_text = subprocess.run([binary, "--help"], capture_output=True, text=True).stdout
+    metrics = "--metrics-addr" in help_text
+    if name == "metrics_garbage" and not metrics:
+        pw.skip("paramsyncd has no --metrics-addr: nothing to send garbage to")
+    workdir = tempfile.mkdtemp(prefix="ps-robustness-")
+    rng = random.Random("%d-%s" % (SEED, name))
+    with pw.Cleanup() as cleanup:
+        d = cleanup.add(pw.Daemon(binary, workdir, name, ["--log-level", "warn"],
+                                  metrics=metrics))
+        d.start()
+        pw.log("case %s: paramsyncd at %s (metrics %s), seed %d, log %s"
+               % (name, d.addr, d.metrics_port, SEED, d.logpath))
+        CASES[name](d, rng)
+        status = d.stop()
+        pw.expect(status == 0, "%s: SIGTERM: paramsyncd %s (want exit 0 within 15 s); log "
+                  "tail:\n%s" % (name, status if isinstance(status, str) else
+                                 "exited %s" % status, d.log_text()[-3000:]))
+    pw.done()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
