@@ -564,14 +564,16 @@ class WorkerProc:
     {"ev": "aborted"}, {"ev": "join_end", "code", "message"}.
     Every process prints {"ev": "ready", ...} after READY and {"ev": "end"} last."""
 
-    def __init__(self, spec, name=None):
+    def __init__(self, spec, name=None, prefix=()):
+        """prefix: a command the worker runs under, e.g. ["ip", "netns", "exec", NS]."""
         self.spec = spec
         self.name = name or "%s/r%s" % (spec.get("job"), spec.get("rank"))
         self.lines = []
         self.cond = threading.Condition()
         stubs()  # make the stubs once, in PSWORKER_STUBS, for the child to reuse
-        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "run",
-                                      json.dumps(spec)], stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen(list(prefix) + [sys.executable, os.path.abspath(__file__),
+                                                     "run", json.dumps(spec)],
+                                     stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
         self.err = []
         threading.Thread(target=self._read, daemon=True).start()
