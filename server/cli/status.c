@@ -42,7 +42,7 @@ typedef struct view {
 static void usage(FILE *out)
 {
     fprintf(out,
-            "Usage: paramsync status [--addr HOST:PORT] [--job JOB] [--json] [--timeout SECONDS]\n"
+            "Usage: paramsync status [--addr HOST:PORT] [--job JOB] [--json] [OPTIONS]\n"
             "\n"
             "Asks a paramsyncd what it knows and prints what you need when a job hangs: its\n"
             "jobs and their ranks (state, agent, worker address), process groups, and every\n"
@@ -57,6 +57,14 @@ static void usage(FILE *out)
             "                   (ranks, groups), collectives (with agent, waiting_for,\n"
             "                   waiting_seconds) and errors (agents that did not answer)\n"
             "  --timeout SEC    how long to wait for each daemon (default 5)\n"
+            "  --tls-ca PEM     speak TLS, verifying the daemons with these CAs\n"
+            "                   [PARAMSYNC_TLS_CA]\n"
+            "  --tls-cert PEM, --tls-key PEM\n"
+            "                   speak TLS with this client certificate, for daemons that\n"
+            "                   require one [PARAMSYNC_TLS_CERT, PARAMSYNC_TLS_KEY]\n"
+            "  --tls-server-name NAME\n"
+            "                   name expected in the daemons' certificates, if not their\n"
+            "                   host [PARAMSYNC_TLS_SERVER_NAME]\n"
             "  -h, --help       print this help and exit\n"
             "\n"
             "Exit status: 0 when the daemon answered (agents that did not are warnings, and\n"
@@ -100,9 +108,11 @@ static char *dup_printf(const char *fmt, ...)
     return s;
 }
 
-/* Asks addr for its status. Fills src (addr taken over); the error text
- * says what a person can do about it (hint: how to point elsewhere). */
-static void ask(source_t *src, char *addr, const char *job, int timeout_ms, const char *hint)
+/* Asks addr for its status over a channel with opts (TLS). Fills src (addr
+ * taken over); the error text says what a person can do about it (hint: how
+ * to point elsewhere). */
+static void ask(source_t *src, char *addr, const char *job, int timeout_ms,
+                const ps__rpc_options_t *opts, const char *hint)
 {
     memset(src, 0, sizeof(*src));
     src->addr = addr;
@@ -114,10 +124,14 @@ static void ask(source_t *src, char *addr, const char *job, int timeout_ms, cons
         return;
     }
     ps__rpc_channel_t *ch = NULL;
-    int rc = ps__rpc_channel_create(addr, &ch);
+    int rc = ps__rpc_channel_create_ex(addr, opts, &ch);
     if (rc < 0) {
         src->rc = rc;
-        src->error = dup_printf("bad address %s: %s", addr, ps_strerror(rc));
+        src->error = rc == PS_EINVAL && (opts->tls_ca || opts->tls_cert)
+                         ? dup_printf("cannot read the TLS files (--tls-ca, --tls-cert, "
+                                      "--tls-key) to reach %s",
+                                      addr)
+                         : dup_printf("bad address %s: %s", addr, ps_strerror(rc));
         return;
     }
     Paramsync__V1__StatusRequest req = PARAMSYNC__V1__STATUS_REQUEST__INIT;
@@ -132,9 +146,15 @@ static void ask(source_t *src, char *addr, const char *job, int timeout_ms, cons
     } else {
         src->rc = rc;
         if (rc == PS_ETIMEDOUT)
-            src->error = dup_printf("%s did not answer within %.1f s (overloaded, or not a "
-                                    "paramsyncd?)",
-                                    addr, timeout_ms / 1e3);
+            src->error =
+                dup_printf("%s did not answer within %.1f s (overloaded, not a "
+                           "paramsyncd%s?)",
+                           addr, timeout_ms / 1e3,
+                           opts->tls_ca || opts->tls_cert ? ", or a TLS name or CA mismatch"
+                                                          : ", or serving TLS: pass --tls-ca");
+        else if (rc == PS_EUNAVAIL && !opts->tls_ca && !opts->tls_cert)
+            src->error = dup_printf("%s did not answer (%s); if it serves TLS, pass --tls-ca", addr,
+                                    msg && *msg ? msg : "unavailable");
         else if (rc == PS_ENOTSUP)
             src->error = dup_printf("%s does not serve %s (an older paramsyncd, or another "
                                     "gRPC server)",
@@ -180,7 +200,8 @@ static int job_order(const void *pa, const void *pb)
 }
 
 /* Asks --addr, then every agent it lists that is not itself. */
-static int gather(view_t *v, const char *addr, const char *job, int timeout_ms)
+static int gather(view_t *v, const char *addr, const char *job, int timeout_ms,
+                  const ps__rpc_options_t *opts)
 {
     v->src = calloc(1, sizeof(*v->src));
     char *a0 = strdup(addr);
@@ -189,7 +210,7 @@ static int gather(view_t *v, const char *addr, const char *job, int timeout_ms)
         return PS_ENOMEM;
     }
     v->nsrc = 1;
-    ask(&v->src[0], a0, job, timeout_ms, " set --addr or PARAMSYNC_ADDR to ask another");
+    ask(&v->src[0], a0, job, timeout_ms, opts, " --addr or PARAMSYNC_ADDR names another");
     status_t *main_resp = v->src[0].resp;
     if (!main_resp)
         return v->src[0].rc;
@@ -209,7 +230,7 @@ static int gather(view_t *v, const char *addr, const char *job, int timeout_ms)
             v->src = s;
         if (!copy)
             return PS_ENOMEM;
-        ask(&v->src[v->nsrc], copy, job, timeout_ms, "");
+        ask(&v->src[v->nsrc], copy, job, timeout_ms, opts, "");
         v->nsrc++;
     }
     for (size_t k = 1; k < v->nsrc; k++)
@@ -568,11 +589,25 @@ int ps__cli_status(int argc, char **argv)
     const char *job = NULL;
     int json = 0;
     double timeout_s = 5;
-    enum { O_ADDR = 1000, O_JOB, O_JSON, O_TIMEOUT };
+    /* The same variables as the C client's, so one environment serves both. */
+    ps__rpc_options_t ropts;
+    memset(&ropts, 0, sizeof(ropts));
+    ropts.tls_ca = getenv("PARAMSYNC_TLS_CA");
+    ropts.tls_cert = getenv("PARAMSYNC_TLS_CERT");
+    ropts.tls_key = getenv("PARAMSYNC_TLS_KEY");
+    ropts.tls_server_name = getenv("PARAMSYNC_TLS_SERVER_NAME");
+    enum { O_ADDR = 1000, O_JOB, O_JSON, O_TIMEOUT, O_CA, O_CERT, O_KEY, O_NAME };
     static const struct option opts[] = {
-        {"addr", required_argument, 0, O_ADDR}, {"job", required_argument, 0, O_JOB},
-        {"json", no_argument, 0, O_JSON},       {"timeout", required_argument, 0, O_TIMEOUT},
-        {"help", no_argument, 0, 'h'},          {0, 0, 0, 0},
+        {"addr", required_argument, 0, O_ADDR},
+        {"job", required_argument, 0, O_JOB},
+        {"json", no_argument, 0, O_JSON},
+        {"timeout", required_argument, 0, O_TIMEOUT},
+        {"tls-ca", required_argument, 0, O_CA},
+        {"tls-cert", required_argument, 0, O_CERT},
+        {"tls-key", required_argument, 0, O_KEY},
+        {"tls-server-name", required_argument, 0, O_NAME},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
     };
     optind = 1;
     int o;
@@ -597,6 +632,18 @@ int ps__cli_status(int argc, char **argv)
             }
             break;
         }
+        case O_CA:
+            ropts.tls_ca = optarg;
+            break;
+        case O_CERT:
+            ropts.tls_cert = optarg;
+            break;
+        case O_KEY:
+            ropts.tls_key = optarg;
+            break;
+        case O_NAME:
+            ropts.tls_server_name = optarg;
+            break;
         case 'h':
             usage(stdout);
             return PS_CLI_OK;
@@ -609,11 +656,20 @@ int ps__cli_status(int argc, char **argv)
         fprintf(stderr, "paramsync status: unexpected argument '%s' (see --help)\n", argv[optind]);
         return PS_CLI_USAGE;
     }
+    /* An empty variable counts as unset. */
+    const char **tls[] = {&ropts.tls_ca, &ropts.tls_cert, &ropts.tls_key, &ropts.tls_server_name};
+    for (size_t i = 0; i < sizeof(tls) / sizeof(tls[0]); i++)
+        if (*tls[i] && !**tls[i])
+            *tls[i] = NULL;
+    if ((ropts.tls_cert != NULL) != (ropts.tls_key != NULL)) {
+        fprintf(stderr, "paramsync status: --tls-cert and --tls-key go together\n");
+        return PS_CLI_USAGE;
+    }
 
     view_t v;
     memset(&v, 0, sizeof(v));
     ps__rpc_acquire();
-    int rc = gather(&v, addr, job, (int)(timeout_s * 1000));
+    int rc = gather(&v, addr, job, (int)(timeout_s * 1000), &ropts);
     int status = PS_CLI_OK;
     if (rc < 0) {
         const char *err = v.nsrc ? v.src[0].error : NULL;

@@ -112,8 +112,66 @@ def main():
         d.kill()
         print(f"daemon log:\n{d.text()}\n(files kept in {wd.path})")
         raise
+    check_tls(args, cli, wd)
     wd.cleanup()
     h.finish()
+
+
+def make_certs(wd):
+    """A CA and one certificate for localhost/127.0.0.1, good for server and client."""
+    import shutil
+    openssl = shutil.which("openssl")
+    if not openssl:
+        return None
+    ext = wd.file("ext.cnf")
+    with open(ext, "w") as f:
+        f.write("subjectAltName=DNS:localhost,IP:127.0.0.1\n"
+                "extendedKeyUsage=serverAuth,clientAuth\n")
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    for cmd in (
+        [openssl, "req", "-x509", *ec, "-keyout", wd.file("ca.key"), "-out", wd.file("ca.pem"),
+         "-days", "2", "-subj", "/CN=paramsync test CA"],
+        [openssl, "req", *ec, "-keyout", wd.file("node.key"), "-out", wd.file("node.csr"),
+         "-subj", "/CN=localhost"],
+        [openssl, "x509", "-req", "-in", wd.file("node.csr"), "-CA", wd.file("ca.pem"),
+         "-CAkey", wd.file("ca.key"), "-CAcreateserial", "-out", wd.file("node.pem"),
+         "-days", "2", "-extfile", ext]):
+        subprocess.run(cmd, check=True, capture_output=True)
+    return wd.file("ca.pem"), wd.file("node.pem"), wd.file("node.key")
+
+
+def check_tls(args, cli, wd):
+    """A daemon with mutual TLS: the command says to pass --tls-ca without it,
+    and answers with --tls-ca/--tls-cert/--tls-key (or PARAMSYNC_TLS_*)."""
+    certs = make_certs(wd)
+    if not certs:
+        h.log("openssl missing: the TLS case is not run")  # the rest of the test still counts
+        return
+    ca, cert, key = certs
+    d = h.Daemon(args.paramsyncd, wd, "tls", metrics=False,
+                 extra=["--tls-cert", cert, "--tls-key", key, "--tls-ca", ca])
+    try:
+        rc, out, err, _ = run(cli, "status", "--addr", d.addr, "--timeout", "2")
+        h.expect_equal("TLS daemon without --tls-ca: exit", rc, 1)
+        h.check("--tls-ca" in err, f"TLS daemon without --tls-ca: the hint: {err!r}")
+        rc, out, err, _ = run(cli, "status", "--addr", d.addr, "--json", "--tls-ca", ca,
+                              "--tls-cert", cert, "--tls-key", key)
+        h.expect_equal(f"TLS daemon with certificates: exit ({err.strip()})", rc, 0)
+        if rc == 0:
+            h.expect_equal("TLS daemon: address", json.loads(out)["daemon"]["address"], d.addr)
+        rc, out, err, _ = run(cli, "status", "--addr", d.addr, env={
+            "PARAMSYNC_TLS_CA": ca, "PARAMSYNC_TLS_CERT": cert, "PARAMSYNC_TLS_KEY": key})
+        h.expect_equal(f"TLS daemon with PARAMSYNC_TLS_*: exit ({err.strip()})", rc, 0)
+        rc, out, err, _ = run(cli, "status", "--addr", d.addr, "--tls-ca", wd.file("none.pem"))
+        h.expect_equal("unreadable CA file: exit", rc, 1)
+        h.check("TLS files" in err, f"unreadable CA file: message {err!r}")
+        rc, out, err, _ = run(cli, "status", "--addr", d.addr, "--tls-cert", cert)
+        h.expect_equal("--tls-cert without --tls-key: exit", rc, 2)
+        h.expect_equal("TLS daemon exit after SIGTERM", d.stop(), 0)
+    except BaseException:
+        d.kill()
+        print(f"tls daemon log:\n{d.text()}")
+        raise
 
 
 if __name__ == "__main__":
