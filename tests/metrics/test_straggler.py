@@ -61,6 +61,11 @@ def main():
         h.expect_equal("rank agents", [x["agent"] for x in jobs[0]["ranks"]],
                        [a.addr, a.addr, b.addr])
         h.expect_equal("rank states", [x["state"] for x in jobs[0]["ranks"]], ["joined"] * 3)
+        # Each rank is its own process with its own connection: "where they are"
+        # is the worker's address, not the agent's connection to the coordinator.
+        peers = [x["peer"] for x in jobs[0]["ranks"]]
+        h.expect_equal(f"distinct worker addresses for 3 worker processes {peers}",
+                       len(set(peers)), 3)
         cs = [c for c in st["collectives"] if c["job"] == "st"]
         h.check(len(cs) == 1, f"one collective of job st in flight: {st['collectives']}")
         c = cs[0]
