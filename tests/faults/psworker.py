@@ -476,6 +476,50 @@ class Member:
         return collective(self.conn, kind, count, data, **kw)
 
 
+def run_ranks(addr, job, world, count=1000, token=None, tls=None, wait_s=15, ranks=None,
+              join_timeout_ms=0):
+    """Ranks of one job as threads of this process, each with its own channel: join,
+    an all_reduce checked against sum_tensor, leave. addr: one address, or a list of
+    one per rank. Returns one dict per rank:
+    {"rank", "stage": "join" | "collective" | "ok", "code", "message"}."""
+    out = [None] * world
+
+    def one(i):
+        conn = Conn(addr[i] if isinstance(addr, (list, tuple)) else addr, token=token, tls=tls)
+        m = Member(conn)
+        try:
+            ev = m.join(job, world, ranks[i] if ranks else i, timeout_ms=join_timeout_ms,
+                        wait_s=wait_s)
+            if isinstance(ev, RpcOutcome):
+                out[i] = {"rank": i, "stage": "join", "code": ev.name, "message": ev.message}
+                return
+            r = m.collective("ALL_REDUCE", count, rank_tensor(m.rank, count))
+            if r.code != 0:
+                out[i] = {"rank": m.rank, "stage": "collective", "code": r.name,
+                          "message": r.message}
+            elif r.data != sum_tensor(range(world), count):
+                out[i] = {"rank": m.rank, "stage": "collective", "code": "OK",
+                          "message": "WRONG RESULT"}
+            else:
+                out[i] = {"rank": m.rank, "stage": "ok", "code": "OK", "message": ""}
+            m.leave()
+        finally:
+            m._close.set()
+            conn.close()
+
+    ts = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(world)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(wait_s + 30)
+    return [o or {"rank": i, "stage": "hung", "code": "?", "message": "no answer"}
+            for i, o in enumerate(out)]
+
+
+def all_ok(results):
+    return all(r["stage"] == "ok" for r in results)
+
+
 def collective(conn, kind, count=0, data=b"", job="", group=0, seq=0, op="SUM",
                dtype="FLOAT32", root=0, peer=0, rank=0, tag=0, timeout_ms=0, chunk=1 << 20,
                incarnation=0, slow_s=0.0, on_sent=None, rpc_timeout=None):
