@@ -516,6 +516,35 @@ def run_ranks(addr, job, world, count=1000, token=None, tls=None, wait_s=15, ran
             for i, o in enumerate(out)]
 
 
+def join_all(addr, job, world, token=None, tls=None, wait_s=15):
+    """world Members of one job, joined at once (rank i is rank i); fails the test
+    unless every one gets READY."""
+    members = [Member(Conn(addr, token=token, tls=tls)) for _ in range(world)]
+    evs = [None] * world
+    ts = [threading.Thread(target=lambda i=i: evs.__setitem__(
+        i, members[i].join(job, world, i, wait_s=wait_s)), daemon=True) for i in range(world)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(wait_s + 5)
+    for i, ev in enumerate(evs):
+        check(ev is not None and not isinstance(ev, RpcOutcome),
+              "job %s rank %d did not join: %s" % (job, i, ev))
+    return members
+
+
+def in_threads(fns, timeout=60):
+    """Runs the functions at once; their results in order."""
+    out = [None] * len(fns)
+    ts = [threading.Thread(target=lambda i=i: out.__setitem__(i, fns[i]()), daemon=True)
+          for i in range(len(fns))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout)
+    return out
+
+
 def all_ok(results):
     return all(r["stage"] == "ok" for r in results)
 
