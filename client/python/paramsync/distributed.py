@@ -103,10 +103,18 @@ class ParamsyncError(RuntimeError):
         return self.code.value[0]
 
 
+def _error(what, code, details):
+    """A ParamsyncError: "<what>: <CODE>: <details>", without repeating what the
+    daemon's message already says ("all_reduce (group 0, seq 3): ...")."""
+    if details.startswith(what):
+        return ParamsyncError("%s: %s" % (code.name, details), code, details)
+    return ParamsyncError("%s: %s: %s" % (what, code.name, details), code, details)
+
+
 def _rpc_error(e, what):
     code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
     details = (e.details() if hasattr(e, "details") else None) or str(e)
-    return ParamsyncError("%s: %s: %s" % (what, code.name, details), code, details)
+    return _error(what, code, details)
 
 
 class _WorldToken:
@@ -216,6 +224,33 @@ class Work:
         pass
 
 
+def _read(path, what):
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise ValueError("cannot read %s %s: %s" % (what, path, e.strerror)) from None
+
+
+def _channel(addr):
+    """A channel to the daemon: plaintext, or TLS when $PARAMSYNC_TLS_CA is set (with
+    $PARAMSYNC_TLS_CERT/$PARAMSYNC_TLS_KEY for mutual TLS and $PARAMSYNC_TLS_SERVER_NAME
+    for a certificate name other than the host), as the C client reads them."""
+    opts = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+    ca = os.environ.get("PARAMSYNC_TLS_CA")
+    if not ca:
+        return grpc.insecure_channel(addr, options=opts)
+    cert, key = os.environ.get("PARAMSYNC_TLS_CERT"), os.environ.get("PARAMSYNC_TLS_KEY")
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=_read(ca, "PARAMSYNC_TLS_CA"),
+        private_key=_read(key, "PARAMSYNC_TLS_KEY") if key else None,
+        certificate_chain=_read(cert, "PARAMSYNC_TLS_CERT") if cert else None)
+    name = os.environ.get("PARAMSYNC_TLS_SERVER_NAME")
+    if name:
+        opts.append(("grpc.ssl_target_name_override", name))
+    return grpc.secure_channel(addr, creds, options=opts)
+
+
 class _World:
     """The default process group: the channel, the membership stream and the groups."""
 
@@ -223,8 +258,9 @@ class _World:
         self.addr = addr
         self.job = job
         self.timeout_ms = timeout_ms
-        opts = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
-        self.channel = grpc.insecure_channel(addr, options=opts)
+        self.channel = _channel(addr)
+        token = os.environ.get("PARAMSYNC_TOKEN")
+        self.md = (("authorization", "Bearer " + token),) if token else None
         self.stub = pb_grpc.WorkerStub(self.channel)
         self.lock = threading.Lock()
         self.failure = None
@@ -251,7 +287,7 @@ class _World:
             yield req
             stop.wait()  # the sending side stays open for the whole membership
 
-        self.join_call = self.stub.Join(requests(), wait_for_ready=True)
+        self.join_call = self.stub.Join(requests(), wait_for_ready=True, metadata=self.md)
         first = queue.Queue()
         self.pump = threading.Thread(target=self._pump, args=(first,), daemon=True,
                                      name="paramsync-join")
@@ -262,7 +298,8 @@ class _World:
             self.join_call.cancel()
             raise ParamsyncError(
                 "init_process_group: no answer from the daemon at %s within %d ms (job %r)"
-                % (self.addr, join_timeout_ms, self.job), grpc.StatusCode.DEADLINE_EXCEEDED)
+                % (self.addr, join_timeout_ms, self.job),
+                grpc.StatusCode.DEADLINE_EXCEEDED) from None
         if isinstance(ev, Exception):
             stop.set()
             raise ev
@@ -323,7 +360,8 @@ class _World:
         try:
             if graceful and self.failure is None:
                 try:
-                    self.stub.Leave(pb.LeaveRequest(job=self.job, rank=self.rank), timeout=10)
+                    self.stub.Leave(pb.LeaveRequest(job=self.job, rank=self.rank), timeout=10,
+                                   metadata=self.md)
                 except grpc.RpcError:
                     pass
                 self.stop.set()  # half-close: a graceful leave
@@ -358,7 +396,7 @@ class _World:
         deadline = (header.timeout_ms or self.timeout_ms) / 1000.0 + 30
         with self.lock:
             self.check()
-            call = self.stub.Collective(requests(), timeout=deadline)
+            call = self.stub.Collective(requests(), timeout=deadline, metadata=self.md)
             self.inflight.add(call)
         result = None
         got = 0
@@ -367,10 +405,8 @@ class _World:
                 if frame.HasField("result") and result is None:
                     result = frame.result
                     if result.code != 0:
-                        raise ParamsyncError(
-                            "%s: %s: %s" % (what, _CODES.get(result.code, grpc.StatusCode.UNKNOWN).name,
-                                            result.message),
-                            _CODES.get(result.code, grpc.StatusCode.UNKNOWN), result.message)
+                        raise _error(what, _CODES.get(result.code, grpc.StatusCode.UNKNOWN),
+                                     result.message)
                 if frame.data:
                     if recv is None or not recv.write(frame.offset, frame.data):
                         call.cancel()
@@ -617,7 +653,7 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None):
         gid = w.n_new_groups
     try:
         resp = w.stub.NewGroup(pb.NewGroupRequest(job=w.job, group=gid, ranks=ranks, rank=w.rank),
-                               timeout=(w.timeout_ms / 1000.0) + 30)
+                               timeout=(w.timeout_ms / 1000.0) + 30, metadata=w.md)
     except grpc.RpcError as e:
         raise _rpc_error(e, "new_group (group %d, ranks %s)" % (gid, ranks)) from None
     if resp.group_rank < 0:
