@@ -1,0 +1,76 @@
+// Types of the paramsync Node.js client (index.js). Tensors are typed arrays;
+// float16/bfloat16 travel in a Uint16Array with { dtype }, bool in a Uint8Array.
+export type Tensor = Float32Array | Float64Array | Int8Array | Uint8Array | Int16Array |
+  Int32Array | BigInt64Array | Uint16Array;
+export type DType = 'float32' | 'float64' | 'float16' | 'bfloat16' | 'int8' | 'uint8' |
+  'int16' | 'int32' | 'int64' | 'bool';
+export declare const ReduceOp: Readonly<{ SUM: 0; PRODUCT: 1; MIN: 2; MAX: 3; BAND: 4;
+  BOR: 5; BXOR: 6; AVG: 7 }>;
+export declare const DTYPES: Readonly<Record<DType, number>>;
+export declare class ParamsyncError extends Error {
+  code: number; codeName: string; details: string;
+}
+export declare class ProcessGroup { readonly id: number; readonly ranks: number[];
+  rank(): number; size(): number; }
+export declare const GroupMember: { readonly WORLD: object; readonly NON_GROUP_MEMBER: object };
+export type Group = ProcessGroup | typeof GroupMember.WORLD | typeof GroupMember.NON_GROUP_MEMBER;
+export interface InitOptions { backend?: 'paramsync'; initMethod?: string; worldSize?: number;
+  rank?: number; timeout?: number; groupName?: string }
+export interface Opts { group?: Group; dtype?: DType }
+export interface ReduceOpts extends Opts { op?: number }
+export interface P2POpts extends Opts { tag?: number }
+
+export declare class World {
+  static init(opts?: InitOptions): Promise<World>;
+  readonly rank: number; readonly size: number; readonly job: string;
+  destroy(): Promise<void>;
+  abort(): void;
+  newGroup(ranks?: number[]): Promise<Group>;
+  getRank(group?: Group): number;
+  getWorldSize(group?: Group): number;
+  getProcessGroupRanks(group?: Group): number[];
+  barrier(opts?: Opts): Promise<void>;
+  broadcast<T extends Tensor>(tensor: T, src: number, opts?: Opts): Promise<T>;
+  allReduce<T extends Tensor>(tensor: T, opts?: ReduceOpts): Promise<T>;
+  reduce<T extends Tensor>(tensor: T, dst: number, opts?: ReduceOpts): Promise<T>;
+  allGather(tensorList: Tensor[], tensor: Tensor, opts?: Opts): Promise<Tensor[]>;
+  allGatherIntoTensor<T extends Tensor>(output: T, input: Tensor, opts?: Opts): Promise<T>;
+  gather(tensor: Tensor, gatherList?: Tensor[] | null, dst?: number, opts?: Opts):
+    Promise<Tensor[] | null>;
+  scatter<T extends Tensor>(tensor: T, scatterList?: Tensor[] | null, src?: number,
+    opts?: Opts): Promise<T>;
+  reduceScatter<T extends Tensor>(output: T, inputList: Tensor[], opts?: ReduceOpts): Promise<T>;
+  reduceScatterTensor<T extends Tensor>(output: T, input: Tensor, opts?: ReduceOpts): Promise<T>;
+  allToAll(outputList: Tensor[], inputList: Tensor[], opts?: Opts): Promise<Tensor[]>;
+  allToAllSingle<T extends Tensor>(output: T, input: Tensor, opts?: Opts): Promise<T>;
+  send(tensor: Tensor, dst: number, opts?: P2POpts): Promise<void>;
+  recv(tensor: Tensor, src?: number | null, opts?: P2POpts): Promise<number>;
+  isend(tensor: Tensor, dst: number, opts?: P2POpts): Promise<void>;
+  irecv(tensor: Tensor, src?: number | null, opts?: P2POpts): Promise<number>;
+}
+
+export declare function initProcessGroup(opts?: InitOptions | 'paramsync'): Promise<World>;
+export declare function destroyProcessGroup(): Promise<void>;
+export declare function isInitialized(): boolean;
+export declare function isAvailable(): boolean;
+export declare const getRank: World['getRank'];
+export declare const getWorldSize: World['getWorldSize'];
+export declare const newGroup: World['newGroup'];
+export declare const barrier: World['barrier'];
+export declare const broadcast: World['broadcast'];
+export declare const allReduce: World['allReduce'];
+export declare const reduce: World['reduce'];
+export declare const allGather: World['allGather'];
+export declare const allGatherIntoTensor: World['allGatherIntoTensor'];
+export declare const gather: World['gather'];
+export declare const scatter: World['scatter'];
+export declare const reduceScatter: World['reduceScatter'];
+export declare const reduceScatterTensor: World['reduceScatterTensor'];
+export declare const allToAll: World['allToAll'];
+export declare const allToAllSingle: World['allToAllSingle'];
+export declare const send: World['send'];
+export declare const recv: World['recv'];
+export declare const isend: World['isend'];
+export declare const irecv: World['irecv'];
+export declare const getProcessGroupRanks: World['getProcessGroupRanks'];
+// Python's snake_case names are exported as aliases too (all_reduce, init_process_group, ...).

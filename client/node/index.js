@@ -1,0 +1,961 @@
+'use strict';
+/**
+ * paramsync for Node.js: torch.distributed's collectives as gRPC calls to
+ * paramsyncd, in place on typed arrays, one promise per collective.
+ *
+ *   const dist = require('paramsync');
+ *   await dist.initProcessGroup();                 // env://, like torch
+ *   const t = new Float32Array([dist.getRank() + 1]);
+ *   await dist.allReduce(t, { op: dist.ReduceOp.SUM });
+ *   await dist.destroyProcessGroup();              // or the process stays up
+ *
+ * Names are Python's in camelCase (allReduce, allGather, reduceScatter, ...),
+ * and the snake_case names are exported too (all_reduce, ...). Arguments
+ * that torch takes positionally (src, dst, lists) are positional here;
+ * the optional ones (op, group, tag, dtype) go in a trailing options object.
+ * src/dst are global ranks, as in torch. Every collective is started (its
+ * sequence number taken) when it is called, so promises may be awaited in
+ * any order: that is torch's async_op=True.
+ *
+ * Typed arrays map to dtypes: Float32Array float32, Float64Array float64,
+ * Int8Array int8, Uint8Array (and Buffer) uint8, Int16Array int16,
+ * Int32Array int32, BigInt64Array int64. float16 and bfloat16 travel in a
+ * Uint16Array with { dtype: 'float16' } or { dtype: 'bfloat16' }; bool in a
+ * Uint8Array with { dtype: 'bool' }. Anything else is a TypeError.
+ */
+const fs = require('fs');
+const path = require('path');
+const grpc = require('@grpc/grpc-js');
+const protoLoader = require('@grpc/proto-loader');
+
+// ------------------------------------------------------------------ the contract
+
+function protoDir() {
+  const candidates = [process.env.PARAMSYNC_PROTO_DIR, path.join(__dirname, 'proto'),
+    path.join(__dirname, '..', '..', 'proto')].filter(Boolean);
+  for (const d of candidates) {
+    if (fs.existsSync(path.join(d, 'paramsync', 'v1', 'paramsync.proto'))) return d;
+  }
+  throw new Error('paramsync: cannot find paramsync/v1/paramsync.proto (looked in ' +
+    candidates.join(', ') + '); set PARAMSYNC_PROTO_DIR to the repository\'s proto/');
+}
+
+const packageDefinition = protoLoader.loadSync('paramsync/v1/paramsync.proto', {
+  includeDirs: [protoDir()], keepCase: true, longs: String, enums: Number, defaults: true,
+});
+const pb = grpc.loadPackageDefinition(packageDefinition).paramsync.v1;
+
+const ReduceOp = Object.freeze({ SUM: 0, PRODUCT: 1, MIN: 2, MAX: 3, BAND: 4, BOR: 5, BXOR: 6,
+  AVG: 7 });
+const OP_NAMES = Object.keys(ReduceOp);
+const DTYPES = Object.freeze({ float32: 0, float64: 1, float16: 2, bfloat16: 3, int8: 4,
+  uint8: 5, int16: 6, int32: 7, int64: 8, bool: 9 });
+const DTYPE_NAMES = Object.keys(DTYPES);
+const FLOATING = new Set([0, 1, 2, 3]);
+const BITWISE = new Set([ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR]);
+const KIND = Object.freeze({ BARRIER: 1, BROADCAST: 2, ALL_REDUCE: 3, REDUCE: 4, ALL_GATHER: 5,
+  GATHER: 6, SCATTER: 7, REDUCE_SCATTER: 8, ALL_TO_ALL: 9, SEND: 10, RECV: 11 });
+const JOIN = Object.freeze({ READY: 1, MEMBER_LOST: 2, JOB_ABORTED: 3 });
+const STATUS_NAMES = Object.fromEntries(Object.entries(grpc.status).map(([k, v]) => [v, k]));
+
+// ------------------------------------------------------------------ errors
+
+/** An error from the daemon (or the connection to it): code is the gRPC status code,
+ * codeName its name, details the daemon's message (it names the ranks and the field). */
+class ParamsyncError extends Error {
+  constructor(message, code, details) {
+    super(message);
+    this.name = 'ParamsyncError';
+    this.code = code;
+    this.codeName = STATUS_NAMES[code] || 'UNKNOWN';
+    this.details = details === undefined ? message : details;
+  }
+}
+
+function makeError(what, code, details) {
+  const name = STATUS_NAMES[code] || 'UNKNOWN';
+  if (details.startsWith(what)) return new ParamsyncError(`${name}: ${details}`, code, details);
+  return new ParamsyncError(`${what}: ${name}: ${details}`, code, details);
+}
+
+// ------------------------------------------------------------------ tensors
+
+const NATURAL = [
+  [Float32Array, 'float32'], [Float64Array, 'float64'], [Int8Array, 'int8'],
+  [Int16Array, 'int16'], [Int32Array, 'int32'], [BigInt64Array, 'int64'],
+];
+// dtypes a typed array may carry when the caller names them.
+const ALLOWED = {
+  float32: [Float32Array], float64: [Float64Array], int8: [Int8Array], int16: [Int16Array],
+  int32: [Int32Array], int64: [BigInt64Array], uint8: [Uint8Array], bool: [Uint8Array],
+  float16: [Uint16Array], bfloat16: [Uint16Array],
+};
+
+function isTensor(t) {
+  return ArrayBuffer.isView(t) && !(t instanceof DataView);
+}
+
+/** { dtype, numel, buf }: buf is a Buffer sharing t's memory. */
+function view(t, what, dtype) {
+  if (!isTensor(t)) {
+    const kind = t === null ? 'null' : Array.isArray(t) ? 'an Array' : typeof t === 'object'
+      ? (t.constructor && t.constructor.name) || 'an object' : typeof t;
+    throw new TypeError(`${what} must be a typed array (Float32Array, ..., BigInt64Array), ` +
+      `not ${kind}`);
+  }
+  let name;
+  if (dtype !== undefined && dtype !== null) {
+    name = typeof dtype === 'number' ? DTYPE_NAMES[dtype] : String(dtype);
+    const ok = ALLOWED[name];
+    if (!ok) {
+      throw new TypeError(`${what}: unknown dtype ${JSON.stringify(dtype)} (one of ` +
+        `${DTYPE_NAMES.join(', ')})`);
+    }
+    if (!ok.some((c) => t instanceof c) || t instanceof Uint8ClampedArray) {
+      throw new TypeError(`${what}: dtype ${name} travels in a ${ok.map((c) => c.name)
+        .join(' or ')}, not a ${t.constructor.name}`);
+    }
+  } else if (t instanceof Uint8Array && !(t instanceof Uint8ClampedArray)) {
+    name = 'uint8';
+  } else {
+    const hit = NATURAL.find(([c]) => t instanceof c);
+    if (!hit) {
+      const hint = t instanceof Uint16Array ? ' (pass { dtype: \'float16\' } or ' +
+        '{ dtype: \'bfloat16\' } for half precision)' : '';
+      throw new TypeError(`${what}: paramsync does not support ${t.constructor.name}${hint}; ` +
+        'supported: Float32Array, Float64Array, Int8Array, Uint8Array, Int16Array, ' +
+        'Int32Array, BigInt64Array, and Uint16Array as float16/bfloat16');
+    }
+    name = hit[1];
+  }
+  return { dtype: DTYPES[name], numel: t.length,
+    buf: Buffer.from(t.buffer, t.byteOffset, t.byteLength), tensor: t };
+}
+
+/** A payload made of several buffers end to end. */
+class Segments {
+  constructor(views) {
+    this.bufs = views.map((v) => v.buf).filter((b) => b.length > 0);
+    this.starts = [];
+    let pos = 0;
+    for (const b of this.bufs) { this.starts.push(pos); pos += b.length; }
+    this.total = pos;
+  }
+
+  * chunks(size) {
+    let pending = [];
+    let have = 0;
+    for (const b of this.bufs) {
+      let pos = 0;
+      while (pos < b.length) {
+        const take = Math.min(size - have, b.length - pos);
+        pending.push(b.subarray(pos, pos + take));
+        have += take;
+        pos += take;
+        if (have === size) {
+          yield pending.length === 1 ? Buffer.from(pending[0]) : Buffer.concat(pending);
+          pending = [];
+          have = 0;
+        }
+      }
+    }
+    if (have) yield pending.length === 1 ? Buffer.from(pending[0]) : Buffer.concat(pending);
+  }
+
+  write(offset, data) {
+    if (offset + data.length > this.total) return false;
+    let i = 0;
+    while (i + 1 < this.starts.length && this.starts[i + 1] <= offset) i++;
+    let done = 0;
+    while (done < data.length) {
+      const b = this.bufs[i];
+      const at = offset + done - this.starts[i];
+      const take = Math.min(b.length - at, data.length - done);
+      data.copy(b, at, done, done + take);
+      done += take;
+      i++;
+    }
+    return true;
+  }
+}
+
+function overlaps(as, bs) {
+  for (const a of as) {
+    for (const b of bs) {
+      if (!a.buf.length || !b.buf.length || a.buf.buffer !== b.buf.buffer) continue;
+      const a0 = a.buf.byteOffset; const b0 = b.buf.byteOffset;
+      if (a0 < b0 + b.buf.length && b0 < a0 + a.buf.length) return true;
+    }
+  }
+  return false;
+}
+
+/** Copies inputs that share memory with outputs (results must not overwrite unsent bytes). */
+function snapshot(ins, outs) {
+  if (!overlaps(ins, outs)) return ins;
+  return ins.map((v) => ({ ...v, buf: Buffer.from(v.buf) }));
+}
+
+// ------------------------------------------------------------------ groups
+
+const WORLD = Object.freeze({ toString: () => 'GroupMember.WORLD' });
+const NON_GROUP_MEMBER = Object.freeze({ toString: () => 'GroupMember.NON_GROUP_MEMBER' });
+const GroupMember = Object.freeze({ WORLD, NON_GROUP_MEMBER });
+
+class ProcessGroup {
+  constructor(world, id, ranks, rank) {
+    this.world = world;
+    this.id = id;
+    this.ranks = ranks.slice();
+    this._rank = rank;
+    this._seq = 0;
+    this._sendSeq = new Map();
+    this._recvSeq = 0;
+  }
+
+  rank() { return this._rank; }
+
+  size() { return this.ranks.length; }
+}
+
+// ------------------------------------------------------------------ init
+
+function envInt(name) {
+  const v = process.env[name];
+  if (v === undefined || v === '') return undefined;
+  if (!/^-?\d+$/.test(v)) throw new RangeError(`$${name} must be an integer, not ${v}`);
+  return Number(v);
+}
+
+function sleep(ms) { return new Promise((r) => setTimeout(r, ms)); }
+
+async function waitForFile(file, timeoutMs) {
+  const end = Date.now() + timeoutMs;
+  for (;;) {
+    try {
+      const text = fs.readFileSync(file, 'utf8');
+      if (text.trim() && text.endsWith('\n')) return text.trim().split('\n')[0].trim();
+    } catch (e) {
+      if (e.code !== 'ENOENT') throw e;
+    }
+    if (Date.now() >= end) {
+      throw new ParamsyncError(`initProcessGroup: ${file} holds no daemon address after ` +
+        `${timeoutMs} ms (start paramsyncd --announce-file ${file})`,
+      grpc.status.DEADLINE_EXCEEDED);
+    }
+    await sleep(50);
+  }
+}
+
+/** { addr, job, worldSize, rank } from the init method and the environment (Python's rules). */
+async function resolve(opts, joinTimeoutMs) {
+  const url = opts.initMethod || 'env://';
+  const m = /^([a-z]+):(\/\/)?([^?]*)(\?(.*))?$/.exec(url);
+  if (!m) throw new RangeError(`unsupported initMethod ${url}`);
+  const scheme = m[1];
+  const rest = m[3];
+  const query = Object.fromEntries(new URLSearchParams(m[5] || ''));
+  let job = query.job || opts.groupName || process.env.PARAMSYNC_JOB || undefined;
+  let addr;
+  if (scheme === 'env') {
+    addr = process.env.PARAMSYNC_ADDR;
+    if (!addr) {
+      const host = process.env.MASTER_ADDR; const port = process.env.MASTER_PORT;
+      if (!host || !port) {
+        throw new RangeError('env:// init: set PARAMSYNC_ADDR (the daemon\'s HOST:PORT), or ' +
+          'MASTER_ADDR and MASTER_PORT');
+      }
+      addr = `${host}:${port}`;
+    }
+  } else if (scheme === 'tcp') {
+    if (!/^(\[[^\]]+\]|[^:/]+):\d+$/.test(rest)) {
+      throw new RangeError(`tcp:// init method needs tcp://HOST:PORT, got ${url}`);
+    }
+    addr = rest;
+  } else if (scheme === 'unix') {
+    addr = `unix:${decodeURIComponent(rest)}`;
+  } else if (scheme === 'file') {
+    const file = decodeURIComponent(rest);
+    if (!file) throw new RangeError(`file:// init method needs file:///PATH, got ${url}`);
+    addr = await waitForFile(file, joinTimeoutMs);
+    job = job || file;
+  } else {
+    throw new RangeError(`unsupported initMethod ${url} (env://, tcp://HOST:PORT, ` +
+      'file:///PATH, unix:PATH)');
+  }
+  let worldSize = opts.worldSize !== undefined && opts.worldSize >= 0 ? opts.worldSize
+    : query.world_size !== undefined ? Number(query.world_size) : envInt('WORLD_SIZE');
+  if (worldSize === undefined) {
+    throw new RangeError('worldSize is not known: pass { worldSize } or set $WORLD_SIZE');
+  }
+  if (!Number.isInteger(worldSize) || worldSize < 1) {
+    throw new RangeError(`worldSize must be a positive integer, got ${worldSize}`);
+  }
+  let rank = opts.rank !== undefined && opts.rank >= 0 ? opts.rank
+    : query.rank !== undefined ? Number(query.rank) : envInt('RANK');
+  if (rank === undefined) rank = -1;
+  if (rank >= worldSize) throw new RangeError(`rank ${rank} is outside a world of ${worldSize}`);
+  return { addr, job: job || 'default', worldSize, rank };
+}
+
+function credentials() {
+  const ca = process.env.PARAMSYNC_TLS_CA;
+  if (!ca) return { creds: grpc.credentials.createInsecure(), options: {} };
+  const read = (p) => (p ? fs.readFileSync(p) : null);
+  const options = {};
+  if (process.env.PARAMSYNC_TLS_SERVER_NAME) {
+    options['grpc.ssl_target_name_override'] = process.env.PARAMSYNC_TLS_SERVER_NAME;
+  }
+  return { creds: grpc.credentials.createSsl(read(ca), read(process.env.PARAMSYNC_TLS_KEY),
+    read(process.env.PARAMSYNC_TLS_CERT)), options };
+}
+
+function chunkBytes() {
+  const v = Number(process.env.PARAMSYNC_CHUNK_BYTES || 1 << 20);
+  return Math.max(1, Math.min(Number.isFinite(v) ? v : 1 << 20, 4 << 20));
+}
+
+// ------------------------------------------------------------------ a member of a job
+
+/**
+ * One rank of one job. init() joins; the methods are the collectives. The
+ * module-level functions act on the default World made by initProcessGroup;
+ * several Worlds may live in one process (e.g. to run many ranks in a test).
+ */
+class World {
+  /**
+   * opts: { initMethod, worldSize, rank, timeout (ms), groupName } as
+   * initProcessGroup's. Resolves to the World once all ranks have joined.
+   */
+  static async init(opts = {}) {
+    const w = new World();
+    await w._init(opts);
+    return w;
+  }
+
+  async _init(opts) {
+    let timeoutMs = opts.timeout !== undefined ? Number(opts.timeout)
+      : envInt('PARAMSYNC_TIMEOUT_MS') || 30 * 60 * 1000;
+    const joinMs = opts.timeout !== undefined ? timeoutMs
+      : envInt('PARAMSYNC_JOIN_TIMEOUT_MS') || timeoutMs;
+    if (!(timeoutMs > 0) || !(joinMs > 0)) throw new RangeError('timeout must be positive');
+    timeoutMs = Math.min(timeoutMs, 0xFFFFFFFF);
+    const r = await resolve(opts, joinMs);
+    this.addr = r.addr;
+    this.job = r.job;
+    this.timeoutMs = timeoutMs;
+    const { creds, options } = credentials();
+    this.client = new pb.Worker(r.addr, creds, { ...options,
+      'grpc.max_receive_message_length': -1, 'grpc.max_send_message_length': -1 });
+    this.md = new grpc.Metadata();
+    if (process.env.PARAMSYNC_TOKEN) {
+      this.md.set('authorization', `Bearer ${process.env.PARAMSYNC_TOKEN}`);
+    }
+    this.failure = null;
+    this.inflight = new Set();
+    this.leaving = false;
+    this.nNewGroups = 0;
+    try {
+      await this._join(r.worldSize, r.rank, joinMs);
+    } catch (e) {
+      this.client.close();
+      throw e;
+    }
+  }
+
+  _join(worldSize, rank, joinMs) {
+    return new Promise((resolveJoin, rejectJoin) => {
+      let ready = false;
+      let settled = false;
+      const settle = (fn, v) => { if (!settled) { settled = true; clearTimeout(timer); fn(v); } };
+      const timer = setTimeout(() => {
+        if (this.joinCall) this.joinCall.cancel();
+        settle(rejectJoin, new ParamsyncError(`initProcessGroup: no answer from the daemon ` +
+          `at ${this.addr} within ${joinMs} ms (job ${this.job})`,
+        grpc.status.DEADLINE_EXCEEDED));
+      }, joinMs + 10000);
+      this.client.waitForReady(Date.now() + joinMs, (err) => {
+        if (err) {
+          settle(rejectJoin, new ParamsyncError(`initProcessGroup: cannot reach the daemon at ` +
+            `${this.addr}: ${err.message}`, grpc.status.UNAVAILABLE));
+          return;
+        }
+        const call = this.client.Join(this.md);
+        this.joinCall = call;
+        call.on('data', (ev) => {
+          if (!ready) {
+            ready = true;
+            if (ev.kind !== JOIN.READY) {
+              call.cancel();
+              settle(rejectJoin, new ParamsyncError(`initProcessGroup: job ${this.job}: ` +
+                `event ${ev.kind} ${ev.message}`, grpc.status.ABORTED, ev.message));
+              return;
+            }
+            if (ev.world_size !== worldSize) {
+              call.cancel();
+              settle(rejectJoin, new ParamsyncError(`initProcessGroup: the daemon says world ` +
+                `size ${ev.world_size}, not ${worldSize}`, grpc.status.INTERNAL));
+              return;
+            }
+            this.rank = ev.rank;
+            this.size = ev.world_size;
+            this.incarnation = ev.incarnation;
+            this.worldGroup = new ProcessGroup(this, 0, [...Array(this.size).keys()], this.rank);
+            settle(resolveJoin);
+            return;
+          }
+          if (ev.kind === JOIN.MEMBER_LOST) {
+            this._fail(new ParamsyncError(`rank ${ev.rank} of job ${this.job} was lost (it ` +
+              `died or its connection broke)${ev.message ? `: ${ev.message}` : ''}`,
+            grpc.status.ABORTED));
+          } else if (ev.kind === JOIN.JOB_ABORTED) {
+            this._fail(new ParamsyncError(`job ${this.job} was aborted: ${ev.message}`,
+              grpc.status.ABORTED, ev.message));
+          }
+        });
+        call.on('error', (e) => {
+          const err = makeError(`initProcessGroup (job ${this.job} at ${this.addr})`,
+            e.code, e.details || e.message);
+          if (!ready) settle(rejectJoin, err);
+          else if (!this.leaving) this._fail(err);
+        });
+        call.on('end', () => {
+          if (!ready) {
+            settle(rejectJoin, new ParamsyncError('initProcessGroup: the daemon closed the ' +
+              'membership stream', grpc.status.UNAVAILABLE));
+          } else if (!this.leaving) {
+            this._fail(new ParamsyncError(`the daemon ended the membership of job ${this.job}`,
+              grpc.status.UNAVAILABLE));
+          }
+        });
+        this.joinEnded = new Promise((res) => call.on('close', res).on('status', res));
+        call.write({ job: this.job, world_size: worldSize, rank,
+          timeout_ms: Math.min(joinMs, 0xFFFFFFFF) });
+        // The sending side stays open: that is the membership.
+      });
+    });
+  }
+
+  _fail(err) {
+    if (!this.failure) this.failure = err;
+    for (const c of this.inflight) c.cancel();
+  }
+
+  _check() {
+    if (this.closed) throw new Error('the process group was destroyed');
+    if (this.failure) {
+      throw new ParamsyncError(this.failure.message, this.failure.code, this.failure.details);
+    }
+  }
+
+  /** Leaves the job gracefully (Leave, then half-close) and closes the channel. */
+  async destroy() {
+    if (this.leaving) return;
+    this.leaving = true;
+    try {
+      if (!this.failure) {
+        await new Promise((res) => {
+          this.client.Leave({ job: this.job, rank: this.rank }, this.md,
+            { deadline: Date.now() + 10000 }, () => res());
+        });
+        this.joinCall.end();
+        let timer;
+        await Promise.race([this.joinEnded, new Promise((res) => { timer = setTimeout(res, 10000); })]);
+        clearTimeout(timer);
+      } else {
+        this.joinCall.cancel();
+      }
+    } finally {
+      this.closed = true;
+      this.client.close();
+    }
+  }
+
+  /** Breaks the membership stream without Leave: the others hear MEMBER_LOST. */
+  abort() {
+    this.leaving = true;
+    this.closed = true;
+    if (this.joinCall) this.joinCall.cancel();
+    this.client.close();
+  }
+
+  // -------------------------------------------------------------- collectives engine
+
+  _run(g, header, send, recv, name) {
+    const chunk = chunkBytes();
+    const what = `${name} (group ${g.id}, seq ${header.seq})`;
+    header.chunk_bytes = chunk;
+    this._check();
+    const deadline = Date.now() + (header.timeout_ms || this.timeoutMs) + 30000;
+    const call = this.client.Collective(this.md, { deadline });
+    this.inflight.add(call);
+    return new Promise((resolveRun, rejectRun) => {
+      let result = null;
+      let got = 0;
+      let failure = null;
+      let finished = false;
+      const finish = new Promise((res) => call.on('status', res));
+      call.on('data', (frame) => {
+        if (failure) return;
+        if (frame.result && !result) {
+          result = frame.result;
+          if (result.code) {
+            failure = makeError(what, result.code, result.message);
+            call.cancel();
+            return;
+          }
+        }
+        if (frame.data && frame.data.length) {
+          const off = Number(frame.offset);
+          if (!recv || !recv.write(off, frame.data)) {
+            failure = new ParamsyncError(`${what}: the daemon sent bytes ${off}..` +
+              `${off + frame.data.length}, beyond the ${recv ? recv.total : 0} expected`,
+            grpc.status.DATA_LOSS);
+            call.cancel();
+            return;
+          }
+          got += frame.data.length;
+        }
+      });
+      call.on('error', (e) => {
+        if (failure) return;
+        if (this.failure && e.code === grpc.status.CANCELLED) {
+          failure = new ParamsyncError(`${what}: ${this.failure.message}`, this.failure.code,
+            this.failure.details);
+        } else {
+          failure = makeError(what, e.code, e.details || e.message);
+        }
+      });
+      call.on('status', () => {
+        finished = true;
+        this.inflight.delete(call);
+        const want = recv ? recv.total : 0;
+        if (!failure && got !== want) {
+          failure = new ParamsyncError(`${what}: received ${got} bytes, expected ${want}`,
+            grpc.status.DATA_LOSS);
+        }
+        if (failure) rejectRun(failure); else resolveRun(result);
+      });
+      // Send concurrently with receiving, respecting flow control.
+      (async () => {
+        const it = send ? send.chunks(chunk) : [][Symbol.iterator]();
+        let n = it.next();
+        let off = 0;
+        let frame = { header, data: n.done ? Buffer.alloc(0) : n.value };
+        for (;;) {
+          if (finished) return;
+          const len = frame.data.length;
+          const ok = call.write(frame);
+          off += len;
+          n = it.next();
+          if (n.done) break;
+          frame = { offset: String(off), data: n.value };
+          if (!ok) await Promise.race([new Promise((res) => call.once('drain', res)), finish]);
+        }
+        if (!finished) call.end();
+      })().catch((e) => {
+        if (!failure) failure = e;
+        call.cancel();
+      });
+    });
+  }
+
+  _start(g, name, kind, { send = [], recv = [], op = 0, dtype = 0, count = 0, root = 0,
+    peer = 0, tag = 0, source = false, outputs } = {}) {
+    this._check();
+    let seq;
+    if (kind === KIND.SEND) {
+      seq = g._sendSeq.get(peer) || 0;
+      g._sendSeq.set(peer, seq + 1);
+    } else if (kind === KIND.RECV) {
+      seq = g._recvSeq++;
+    } else {
+      seq = g._seq++;
+    }
+    const header = { job: this.job, group: g.id, seq: String(seq), kind, op, dtype,
+      count: String(count), root, peer, rank: g.rank(), tag, timeout_ms: this.timeoutMs,
+      incarnation: this.incarnation };
+    const p = this._run(g, header, send.length ? new Segments(send) : null,
+      recv.length ? new Segments(recv) : null, name);
+    return p.then((result) => {
+      if (source) {
+        const s = result ? result.source : -1;
+        return s >= 0 && s < g.size() ? g.ranks[s] : s;
+      }
+      return outputs;
+    });
+  }
+
+  // -------------------------------------------------------------- groups
+
+  _group(group, name) {
+    if (group === undefined || group === null || group === WORLD) return this.worldGroup;
+    if (group === NON_GROUP_MEMBER) {
+      if (name) {
+        process.emitWarning(`Running ${name} on global rank ${this.rank} which does not ` +
+          'belong to the given group.');
+      }
+      return null;
+    }
+    if (!(group instanceof ProcessGroup) || group.world !== this) {
+      throw new RangeError(`${String(group)} is not a group of this process group`);
+    }
+    return group;
+  }
+
+  /** torch's new_group: every rank calls it in the same order; resolves to the group, or
+   * GroupMember.NON_GROUP_MEMBER on a rank that is not in `ranks` (job ranks). */
+  async newGroup(ranks) {
+    this._check();
+    const list = ranks === undefined || ranks === null ? [...Array(this.size).keys()]
+      : Array.from(ranks, Number);
+    if (new Set(list).size !== list.length) {
+      throw new RangeError(`newGroup: ranks ${list} list a rank twice`);
+    }
+    for (const r of list) {
+      if (!Number.isInteger(r) || r < 0 || r >= this.size) {
+        throw new RangeError(`newGroup: rank ${r} is outside the world of ${this.size}`);
+      }
+    }
+    const gid = ++this.nNewGroups;
+    const resp = await new Promise((res, rej) => {
+      this.client.NewGroup({ job: this.job, group: gid, ranks: list, rank: this.rank }, this.md,
+        { deadline: Date.now() + this.timeoutMs + 30000 }, (err, r) => {
+          if (err) rej(makeError(`newGroup (group ${gid}, ranks ${list})`, err.code,
+            err.details || err.message));
+          else res(r);
+        });
+    });
+    if (resp.group_rank < 0) return NON_GROUP_MEMBER;
+    return new ProcessGroup(this, resp.group || gid, list, resp.group_rank);
+  }
+
+  getRank(group) { const g = this._group(group); return g ? g.rank() : -1; }
+
+  getWorldSize(group) { const g = this._group(group); return g ? g.size() : -1; }
+
+  // -------------------------------------------------------------- collectives
+
+  barrier(opts = {}) {
+    const g = this._group(opts.group, 'barrier');
+    if (!g) return Promise.resolve(undefined);
+    return this._start(g, 'barrier', KIND.BARRIER, { outputs: [] });
+  }
+
+  broadcast(tensor, src, opts = {}) {
+    const g = this._group(opts.group, 'broadcast');
+    if (!g) return Promise.resolve(undefined);
+    const v = view(tensor, 'tensor', opts.dtype);
+    const root = groupRank(g, src, 'broadcast: src');
+    const me = g.rank();
+    return this._start(g, 'broadcast', KIND.BROADCAST, { send: me === root ? [v] : [],
+      recv: me !== root ? [v] : [], dtype: v.dtype, count: v.numel, root, outputs: tensor });
+  }
+
+  allReduce(tensor, opts = {}) {
+    const g = this._group(opts.group, 'allReduce');
+    if (!g) return Promise.resolve(undefined);
+    const v = view(tensor, 'tensor', opts.dtype);
+    const op = checkOp(opts.op, v.dtype, 'allReduce');
+    return this._start(g, 'all_reduce', KIND.ALL_REDUCE, { send: [v], recv: [v], op,
+      dtype: v.dtype, count: v.numel, outputs: tensor });
+  }
+
+  reduce(tensor, dst, opts = {}) {
+    const g = this._group(opts.group, 'reduce');
+    if (!g) return Promise.resolve(undefined);
+    const v = view(tensor, 'tensor', opts.dtype);
+    const op = checkOp(opts.op, v.dtype, 'reduce');
+    const root = groupRank(g, dst, 'reduce: dst');
+    return this._start(g, 'reduce', KIND.REDUCE, { send: [v], recv: g.rank() === root ? [v] : [],
+      op, dtype: v.dtype, count: v.numel, root, outputs: tensor });
+  }
+
+  allGather(tensorList, tensor, opts = {}) {
+    const g = this._group(opts.group, 'allGather');
+    if (!g) return Promise.resolve(undefined);
+    const v = view(tensor, 'tensor', opts.dtype);
+    const outs = listOf(tensorList, 'allGather', 'tensorList', g.size(), opts.dtype);
+    same(outs, v, 'allGather', 'tensorList');
+    return this._start(g, 'all_gather', KIND.ALL_GATHER, { send: snapshot([v], outs),
+      recv: outs, dtype: v.dtype, count: v.numel, outputs: tensorList });
+  }
+
+  allGatherIntoTensor(output, input, opts = {}) {
+    const g = this._group(opts.group, 'allGatherIntoTensor');
+    if (!g) return Promise.resolve(undefined);
+    const i = view(input, 'input', opts.dtype);
+    const o = view(output, 'output', opts.dtype);
+    if (o.dtype !== i.dtype) throw new TypeError('allGatherIntoTensor: output and input dtypes differ');
+    if (o.numel !== i.numel * g.size()) {
+      throw new RangeError(`allGatherIntoTensor: output has ${o.numel} elements, need ` +
+        `${g.size()} x ${i.numel}`);
+    }
+    return this._start(g, 'all_gather_into_tensor', KIND.ALL_GATHER, {
+      send: snapshot([i], [o]), recv: [o], dtype: i.dtype, count: i.numel, outputs: output });
+  }
+
+  gather(tensor, gatherList = null, dst = 0, opts = {}) {
+    const g = this._group(opts.group, 'gather');
+    if (!g) return Promise.resolve(undefined);
+    const v = view(tensor, 'tensor', opts.dtype);
+    const root = groupRank(g, dst, 'gather: dst');
+    let outs = [];
+    if (g.rank() === root) {
+      if (!gatherList) throw new RangeError('gather: gatherList must be given on the destination rank');
+      outs = listOf(gatherList, 'gather', 'gatherList', g.size(), opts.dtype);
+      same(outs, v, 'gather', 'gatherList');
+    } else if (gatherList && gatherList.length) {
+      throw new RangeError('gather: gatherList must NOT be given on non-destination ranks');
+    }
+    return this._start(g, 'gather', KIND.GATHER, { send: snapshot([v], outs), recv: outs,
+      dtype: v.dtype, count: v.numel, root, outputs: gatherList });
+  }
+
+  scatter(tensor, scatterList = null, src = 0, opts = {}) {
+    const g = this._group(opts.group, 'scatter');
+    if (!g) return Promise.resolve(undefined);
+    const v = view(tensor, 'tensor', opts.dtype);
+    const root = groupRank(g, src, 'scatter: src');
+    let ins = [];
+    if (g.rank() === root) {
+      if (!scatterList) throw new RangeError('scatter: scatterList must be given on the source rank');
+      ins = listOf(scatterList, 'scatter', 'scatterList', g.size(), opts.dtype);
+      same(ins, v, 'scatter', 'scatterList');
+      ins = snapshot(ins, [v]);
+    } else if (scatterList && scatterList.length) {
+      throw new RangeError('scatter: scatterList must NOT be given on non-source ranks');
+    }
+    return this._start(g, 'scatter', KIND.SCATTER, { send: ins, recv: [v], dtype: v.dtype,
+      count: v.numel, root, outputs: tensor });
+  }
+
+  reduceScatter(output, inputList, opts = {}) {
+    const g = this._group(opts.group, 'reduceScatter');
+    if (!g) return Promise.resolve(undefined);
+    const o = view(output, 'output', opts.dtype);
+    const ins = listOf(inputList, 'reduceScatter', 'inputList', g.size(), opts.dtype);
+    same(ins, o, 'reduceScatter', 'inputList');
+    const op = checkOp(opts.op, o.dtype, 'reduceScatter');
+    return this._start(g, 'reduce_scatter', KIND.REDUCE_SCATTER, { send: snapshot(ins, [o]),
+      recv: [o], op, dtype: o.dtype, count: o.numel, outputs: output });
+  }
+
+  reduceScatterTensor(output, input, opts = {}) {
+    const g = this._group(opts.group, 'reduceScatterTensor');
+    if (!g) return Promise.resolve(undefined);
+    const o = view(output, 'output', opts.dtype);
+    const i = view(input, 'input', opts.dtype);
+    if (o.dtype !== i.dtype) throw new TypeError('reduceScatterTensor: output and input dtypes differ');
+    if (i.numel !== o.numel * g.size()) {
+      throw new RangeError(`reduceScatterTensor: input has ${i.numel} elements, need ` +
+        `${g.size()} x ${o.numel}`);
+    }
+    const op = checkOp(opts.op, o.dtype, 'reduceScatterTensor');
+    return this._start(g, 'reduce_scatter_tensor', KIND.REDUCE_SCATTER, {
+      send: snapshot([i], [o]), recv: [o], op, dtype: o.dtype, count: o.numel, outputs: output });
+  }
+
+  allToAll(outputList, inputList, opts = {}) {
+    const g = this._group(opts.group, 'allToAll');
+    if (!g) return Promise.resolve(undefined);
+    if (isTensor(outputList) || isTensor(inputList)) {
+      throw new TypeError('allToAll takes arrays of tensors (use allToAllSingle for tensors)');
+    }
+    const outs = listOf(outputList, 'allToAll', 'outputList', g.size(), opts.dtype);
+    const ins = listOf(inputList, 'allToAll', 'inputList', g.size(), opts.dtype);
+    same(outs, ins[0], 'allToAll', 'outputList');
+    same(ins, ins[0], 'allToAll', 'inputList');
+    return this._start(g, 'all_to_all', KIND.ALL_TO_ALL, { send: snapshot(ins, outs),
+      recv: outs, dtype: ins[0].dtype, count: ins[0].numel, outputs: outputList });
+  }
+
+  allToAllSingle(output, input, opts = {}) {
+    const g = this._group(opts.group, 'allToAllSingle');
+    if (!g) return Promise.resolve(undefined);
+    const o = view(output, 'output', opts.dtype);
+    const i = view(input, 'input', opts.dtype);
+    const n = g.size();
+    if (o.dtype !== i.dtype) throw new TypeError('allToAllSingle: output and input dtypes differ');
+    if (i.numel !== o.numel || i.numel % n) {
+      throw new RangeError(`allToAllSingle: input (${i.numel}) and output (${o.numel}) must ` +
+        `be the same size, a multiple of the group size ${n}`);
+    }
+    return this._start(g, 'all_to_all_single', KIND.ALL_TO_ALL, { send: snapshot([i], [o]),
+      recv: [o], dtype: i.dtype, count: i.numel / n, outputs: output });
+  }
+
+  /** Resolves when the daemon has taken the tensor (torch's send; isend is the same). */
+  send(tensor, dst, opts = {}) {
+    const g = this._group(opts.group, 'send');
+    if (!g) return Promise.resolve(undefined);
+    const v = view(tensor, 'tensor', opts.dtype);
+    const peer = p2pPeer(g, dst, 'send: dst');
+    return this._start(g, 'send', KIND.SEND, { send: [v], dtype: v.dtype, count: v.numel, peer,
+      tag: checkTag(opts.tag) });
+  }
+
+  /** Resolves to the sender's global rank; src null/undefined: any source. */
+  recv(tensor, src = null, opts = {}) {
+    const g = this._group(opts.group, 'recv');
+    if (!g) return Promise.resolve(-1);
+    const v = view(tensor, 'tensor', opts.dtype);
+    const peer = src === null || src === undefined ? -1 : p2pPeer(g, src, 'recv: src');
+    return this._start(g, 'recv', KIND.RECV, { recv: [v], dtype: v.dtype, count: v.numel, peer,
+      tag: checkTag(opts.tag), source: true });
+  }
+
+  isend(tensor, dst, opts) { return this.send(tensor, dst, opts); }
+
+  irecv(tensor, src, opts) { return this.recv(tensor, src, opts); }
+
+  getProcessGroupRanks(group) {
+    const g = this._group(group);
+    if (!g) throw new RangeError('not a member of the group');
+    return g.ranks.slice();
+  }
+}
+
+// Every collective returns a promise, also for argument errors (a rejected one); the
+// sequence number is still taken synchronously, when the method is called.
+const COLLECTIVES = ['barrier', 'broadcast', 'allReduce', 'reduce', 'allGather',
+  'allGatherIntoTensor', 'gather', 'scatter', 'reduceScatter', 'reduceScatterTensor',
+  'allToAll', 'allToAllSingle', 'send', 'recv'];
+for (const m of COLLECTIVES) {
+  const impl = World.prototype[m];
+  World.prototype[m] = function collective(...args) {
+    try {
+      return Promise.resolve(impl.apply(this, args));
+    } catch (e) {
+      return Promise.reject(e);
+    }
+  };
+}
+
+function groupRank(g, globalRank, what) {
+  const i = g.ranks.indexOf(Number(globalRank));
+  if (!Number.isInteger(Number(globalRank)) || i < 0) {
+    throw new RangeError(`${what}: the global rank ${globalRank} is not part of the group ` +
+      `(ranks ${g.ranks})`);
+  }
+  return i;
+}
+
+function p2pPeer(g, rank, what) {
+  const peer = groupRank(g, rank, what);
+  if (peer === g.rank()) throw new RangeError(`${what}: a rank cannot send to or receive from itself`);
+  return peer;
+}
+
+function checkTag(tag) {
+  const t = tag === undefined ? 0 : tag;
+  if (!Number.isInteger(t) || t < 0 || t > 0xFFFFFFFF) {
+    throw new RangeError(`tag must be a non-negative 32-bit integer, got ${tag}`);
+  }
+  return t;
+}
+
+function checkOp(op, dtype, name) {
+  const o = op === undefined ? ReduceOp.SUM : op;
+  if (!Number.isInteger(o) || o < 0 || o >= OP_NAMES.length) {
+    throw new RangeError(`${name}: op must be a ReduceOp, not ${op}`);
+  }
+  if (BITWISE.has(o) && FLOATING.has(dtype)) {
+    throw new TypeError(`${name}: ReduceOp.${OP_NAMES[o]} is not defined on ` +
+      `${DTYPE_NAMES[dtype]} tensors`);
+  }
+  return o;
+}
+
+function listOf(list, name, what, n, dtype) {
+  if (!Array.isArray(list)) {
+    throw new TypeError(`${name}: ${what} must be an array of tensors`);
+  }
+  if (list.length !== n) {
+    throw new RangeError(`${name}: ${what} has ${list.length} tensors; the group has ${n} ranks`);
+  }
+  return list.map((t, i) => view(t, `${what}[${i}]`, dtype));
+}
+
+function same(views, ref, name, what) {
+  views.forEach((v, i) => {
+    if (v.dtype !== ref.dtype) {
+      throw new TypeError(`${name}: ${what}[${i}] is ${DTYPE_NAMES[v.dtype]} but the tensor is ` +
+        `${DTYPE_NAMES[ref.dtype]} (one dtype per collective)`);
+    }
+    if (v.numel !== ref.numel) {
+      throw new RangeError(`${name}: ${what}[${i}] has ${v.numel} elements but the tensor has ` +
+        `${ref.numel}`);
+    }
+  });
+}
+
+// ------------------------------------------------------------------ the default group
+
+let defaultWorld = null;
+
+function getDefault() {
+  if (!defaultWorld) {
+    throw new Error('Default process group has not been initialized, please make sure to ' +
+      'call initProcessGroup.');
+  }
+  return defaultWorld;
+}
+
+/**
+ * torch's init_process_group: opts { backend: 'paramsync', initMethod: 'env://' (default) |
+ * 'tcp://HOST:PORT' | 'file:///PATH' | 'unix:PATH', worldSize, rank, timeout (ms),
+ * groupName (the job id) }. Job id: ?job= of the init method, else groupName, else
+ * $PARAMSYNC_JOB, else the file path for file://, else "default".
+ */
+async function initProcessGroup(opts = {}) {
+  if (typeof opts === 'string') opts = { backend: opts };
+  if (opts.backend !== undefined && String(opts.backend).toLowerCase() !== 'paramsync') {
+    throw new RangeError(`paramsync runs the 'paramsync' backend, not ${opts.backend}`);
+  }
+  if (defaultWorld) throw new Error('trying to initialize the default process group twice!');
+  defaultWorld = 'initializing';
+  try {
+    defaultWorld = await World.init(opts);
+  } catch (e) {
+    defaultWorld = null;
+    throw e;
+  }
+  return defaultWorld;
+}
+
+async function destroyProcessGroup() {
+  const w = defaultWorld;
+  defaultWorld = null;
+  if (w && w !== 'initializing') await w.destroy();
+}
+
+function isInitialized() { return defaultWorld !== null && defaultWorld !== 'initializing'; }
+
+const api = {
+  ParamsyncError, ReduceOp, GroupMember, ProcessGroup, World, DTYPES,
+  initProcessGroup, destroyProcessGroup, isInitialized,
+  isAvailable: () => true,
+};
+const METHODS = ['getRank', 'getWorldSize', 'newGroup', 'barrier', 'broadcast', 'allReduce',
+  'reduce', 'allGather', 'allGatherIntoTensor', 'gather', 'scatter', 'reduceScatter',
+  'reduceScatterTensor', 'allToAll', 'allToAllSingle', 'send', 'recv', 'isend', 'irecv',
+  'getProcessGroupRanks'];
+for (const m of METHODS) {
+  api[m] = COLLECTIVES.includes(m) || m === 'newGroup' ? (...args) => {
+    try {
+      return getDefault()[m](...args);
+    } catch (e) {
+      return Promise.reject(e);
+    }
+  } : (...args) => getDefault()[m](...args);
+}
+// Python's names too.
+const snake = (s) => s.replace(/[A-Z]/g, (c) => `_${c.toLowerCase()}`);
+for (const k of ['initProcessGroup', 'destroyProcessGroup', 'isInitialized', 'isAvailable',
+  ...METHODS]) {
+  api[snake(k)] = api[k];
+}
+api.reduce_op = ReduceOp;
+
+module.exports = api;
