@@ -22,12 +22,14 @@ void ps__metrics_set_wait_source(ps__metrics_wait_fn fn, void *arg);
 
 /* Slot counts. Every label value has its slot from the start, so an update
  * is one relaxed atomic add and never allocates or locks. */
-#define M_KINDS        12   /* paramsync.v1.CollectiveKind 0..11 */
-#define M_CODES        17   /* gRPC status codes 0..16 */
-#define M_RANK_SLOTS   1024 /* the largest rank limit; slot M_RANK_SLOTS is "other" */
-#define M_METHODS      48   /* distinct gRPC method names; more count as "other" */
-#define M_DEFAULT_RANK 64   /* rank limit when the configuration gives a negative one */
-#define M_BUCKETS      20
+#define M_KINDS            12   /* paramsync.v1.CollectiveKind 0..11 */
+#define M_CODES            17   /* gRPC status codes 0..16 */
+#define M_RANK_SLOTS       1024 /* the largest rank limit; slot M_RANK_SLOTS is "other" */
+#define M_METHODS          48   /* distinct gRPC method names; more count as "other" */
+#define M_DEFAULT_RANK     64   /* rank limit when the configuration gives a negative one */
+#define M_BUCKETS          20
+#define M_HTTP_CONNECTIONS 256 /* concurrent /metrics connections */
+#define M_HTTP_IDLE_S      5   /* an idle connection is closed after this */
 
 /* Collectives last from tens of microseconds (a barrier on loopback) to the
  * 30-minute default timeout; skew spans the same range. Bounds in ns so the
@@ -640,12 +642,15 @@ int ps__metrics_start(const ps__metrics_config_t *cfg, const char **bound)
     unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD;
     if (ai->ai_family == AF_INET6)
         flags |= MHD_USE_IPv6;
-    /* Scrapes are small and rare: a bounded number of connections with a
-     * timeout keeps a stuck client from holding the thread. */
-    g_daemon =
-        MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, http_handler, NULL,
-                         MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_CONNECTION_LIMIT,
-                         (unsigned)32, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)30, MHD_OPTION_END);
+    /* Scrapes are small and quick. Slow or stuck clients must not lock the
+     * scraper out: the limit is far above what scrapers use (a connection
+     * over it is closed at once), and a connection idle for 5 s (a request
+     * never finished) is dropped, so held connections free up within the 10 s
+     * Prometheus waits for a scrape. */
+    g_daemon = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, http_handler, NULL,
+                                MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_CONNECTION_LIMIT,
+                                (unsigned)M_HTTP_CONNECTIONS, MHD_OPTION_CONNECTION_TIMEOUT,
+                                (unsigned)M_HTTP_IDLE_S, MHD_OPTION_END);
     if (!g_daemon) {
         rc = PS_EUNAVAIL;
         goto out;

@@ -551,6 +551,13 @@ static void test_concurrent_updates_exact(void **state)
 
 /* ---- HTTP */
 
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
 /* One HTTP/1.0 request to 127.0.0.1:port; returns the whole response (malloc'd). */
 static char *http(int port, const char *request)
 {
@@ -651,6 +658,51 @@ static void test_http(void **state)
     }
 }
 
+/* Connects to 127.0.0.1:port; the socket, or -1. */
+static int connect_local(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof(a));
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+        close(fd);
+        fd = -1;
+    }
+    return fd;
+}
+
+/* Clients that never finish their request, more of them than the server
+ * takes at once, must not lock a scraper out past Prometheus' 10 s. */
+static void test_http_slow_clients(void **state)
+{
+    (void)state;
+    ps__metrics_config_t cfg = {"127.0.0.1:0", 8, "embedded", "0.1.0", "scalar", 0};
+    const char *bound = NULL;
+    assert_int_equal(ps__metrics_start(&cfg, &bound), 0);
+    int port = 0;
+    assert_int_equal(sscanf(bound, "127.0.0.1:%d", &port), 1);
+    enum { HELD = 300 };
+    int held[HELD];
+    for (int i = 0; i < HELD; i++) {
+        held[i] = connect_local(port);
+        assert_true(held[i] >= 0);
+        assert_int_equal(write(held[i], "GET /metr", 9), 9);
+    }
+    int64_t t0 = now_ms();
+    char *r = http(port, "GET /metrics HTTP/1.0\r\n\r\n");
+    int64_t took = now_ms() - t0;
+    printf("scrape with %d half-open requests held: %lld ms\n", HELD, (long long)took);
+    assert_non_null(strstr(r, " 200 "));
+    assert_true(took < 10000);
+    free(r);
+    for (int i = 0; i < HELD; i++)
+        close(held[i]);
+    ps__metrics_stop();
+}
+
 /* Cost of the hot-path updates; printed for the record, not asserted (timing varies). */
 static void test_cost_printed(void **state)
 {
@@ -696,6 +748,7 @@ int main(void)
         cmocka_unit_test(test_wait_source),
         cmocka_unit_test(test_concurrent_updates_exact),
         cmocka_unit_test(test_http),
+        cmocka_unit_test(test_http_slow_clients),
         cmocka_unit_test(test_cost_printed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
