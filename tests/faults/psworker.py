@@ -534,10 +534,17 @@ def join_all(addr, job, world, token=None, tls=None, wait_s=15):
 
 
 def in_threads(fns, timeout=60):
-    """Runs the functions at once; their results in order."""
+    """Runs the functions at once; their results in order (an exception raised is the
+    result; None if one did not end within timeout)."""
     out = [None] * len(fns)
-    ts = [threading.Thread(target=lambda i=i: out.__setitem__(i, fns[i]()), daemon=True)
-          for i in range(len(fns))]
+
+    def one(i):
+        try:
+            out[i] = fns[i]()
+        except Exception as e:  # noqa: BLE001 - reported by the caller
+            out[i] = e
+
+    ts = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(fns))]
     for t in ts:
         t.start()
     for t in ts:

@@ -62,7 +62,7 @@ def main():
                 P.run_ranks(d.addr, "a-other", 1, tls={"ca": c["other_ca"]}))
         no_jobs(P.Conn(d.addr, tls=trusting), "A", ["a-plain", "a-other"])
         P.expect(d.stop() == 0, "A: paramsyncd did not exit 0 on SIGTERM")
-        P.log("A: server TLS: TLS client works; plaintext and wrong-CA clients refused")
+        P.log("checked A: server TLS (TLS client; plaintext and wrong-CA clients)")
 
         # B. Mutual TLS.
         d = cl.add(P.Daemon(binary, work, "mtls", srv + ["--tls-ca", c["ca"]])).start()
@@ -76,7 +76,7 @@ def main():
                  P.run_ranks(d.addr, "b-ok", 2, tls=with_cert))
         no_jobs(P.Conn(d.addr, tls=with_cert), "B", ["b-nocert", "b-rogue", "b-plain"])
         P.expect(d.stop() == 0, "B: paramsyncd did not exit 0 on SIGTERM")
-        P.log("B: mutual TLS: only the client with the right CA's certificate gets in")
+        P.log("checked B: mutual TLS (no cert, rogue cert, plaintext, right cert)")
 
         # C. Coordinator and agents over mutual TLS.
         mtls = srv + ["--tls-ca", c["ca"]]
@@ -112,8 +112,8 @@ def main():
                      "a certificate of its CA: %s" % (a.name, a.addr, list(st.agents)))
         P.expect(not [j for j in st.jobs if j.job == "c-plain"],
                  "C: the job tried through the plaintext agent exists")
-        P.log("C: mutual TLS between agents and coordinator: job over 2 agents works; "
-              "plaintext and rogue agents never register")
+        P.log("checked C: mutual TLS between agents and coordinator (job over 2 agents; "
+              "plaintext and rogue agents)")
         for dmn in (plain, rogue, agents[0], agents[1], coord):
             rc = dmn.stop(timeout=8)
             P.expect(rc == 0, "%s exited %s on SIGTERM" % (dmn.name, rc))

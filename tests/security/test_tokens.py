@@ -8,10 +8,14 @@ token try every Worker call: Join (as rank 0 and as any rank), Leave of
 rank 0, NewGroup, and a Collective posing as rank 0 of seq 0 with the right
 incarnation and garbage data. Every one must get UNAUTHENTICATED with
 "job J: missing or wrong token...", the same answer as for a job that does
-not exist. Afterwards the right ranks must find their jobs undisturbed: both
+not exist. The Coordinator service, which an embedded daemon serves on the
+same port, must refuse them too (UNAUTHENTICATED or PERMISSION_DENIED):
+DescribeJob, NewGroup, Leave and Join straight to it, no token. Afterwards
+the right ranks must find their jobs undisturbed: both
 still joined, the same incarnation, only the groups they made, collectives on
 group 0 (seq 0, the one the intruders posed as) and on a new group correct.
-A job covered only by '*' works with TS. No token string appears in the
+A job covered only by '*' works with TS. grpc.health.v1.Health/Check needs
+no token (probes). No token string appears in the
 daemon's log (debug level), in /metrics or in Admin/Status, and
 paramsync_auth_failures_total counts exactly the refused calls.
 """
@@ -109,6 +113,29 @@ def main():
                  {k: v for k, v in answers.items() if "Join as rank 0" in k or "no-such" in k})
         P.log("%d calls without the job's token: all UNAUTHENTICATED" % refusals)
 
+        # The Coordinator service on the same port: the back door to the same jobs.
+        _, pb_grpc = P.stubs()
+        ch = grpc.insecure_channel(d.addr)
+        coord = pb_grpc.CoordinatorStub(ch)
+        for what, fn in (
+                ("DescribeJob", lambda: coord.DescribeJob(pb.DescribeJobRequest(job="jobA"),
+                                                          timeout=10)),
+                ("NewGroup", lambda: coord.NewGroup(pb.NewGroupRequest(
+                    job="jobA", group=1, ranks=[1], rank=0), timeout=10)),
+                ("Leave", lambda: coord.Leave(pb.LeaveRequest(job="jobA", rank=0),
+                                              timeout=10)),
+                ("Join", lambda: next(iter(coord.Join(iter([pb.JoinRequest(
+                    job="jobA", world_size=2, rank=-1)]), timeout=10))))):
+            try:
+                r = fn()
+                code, msg = "OK", str(r).replace("\n", " ")
+            except grpc.RpcError as e:
+                code, msg = e.code().name, e.details() or ""
+            P.expect(code in ("UNAUTHENTICATED", "PERMISSION_DENIED"),
+                     "Coordinator/%s on the worker port with no token: want UNAUTHENTICATED or "
+                     "PERMISSION_DENIED, got %s %r" % (what, code, msg))
+        ch.close()
+
         # The right ranks: undisturbed.
         st = P.Conn(d.addr).status()
         for job, ms in jobs.items():
@@ -126,7 +153,7 @@ def main():
             ng = P.in_threads([lambda m=m: m.conn.worker.NewGroup(
                 pb.NewGroupRequest(job=job, group=1, ranks=[1, 0], rank=m.rank),
                 metadata=m.conn.md, timeout=10) for m in ms])
-            P.expect(all(r is not None and r.group_size == 2 for r in ng),
+            P.expect(all(isinstance(r, pb.NewGroupResponse) and r.group_size == 2 for r in ng),
                      "%s: NewGroup by its own ranks failed: %s" % (job, ng))
             # seq 0 of group 0: the collective the intruders posed as.
             res = P.in_threads([lambda m=m: m.collective("ALL_REDUCE", COUNT,
@@ -143,11 +170,22 @@ def main():
                      "%s: all_reduce on group 1 is wrong: %s" % (job, res))
             for m in ms:
                 m.leave()
-        P.log("jobA and jobB: their own ranks still joined, groups and collectives correct")
+        P.log("checked: jobA and jobB after the intruders (ranks, groups, collectives)")
 
         # '*' covers other jobs, and only them.
         P.expect(P.all_ok(P.run_ranks(d.addr, "jobC", 2, token=tok["TS"])),
                  "jobC (covered by '*') with the '*' token failed")
+
+        # Probes need no token.
+        ch = grpc.insecure_channel(d.addr)
+        try:
+            h = ch.unary_unary("/grpc.health.v1.Health/Check",
+                               request_serializer=lambda x: x,
+                               response_deserializer=lambda x: x)(b"", timeout=10)
+            P.expect(h == b"\x08\x01", "Health/Check without a token: %r, want SERVING" % h)
+        except grpc.RpcError as e:
+            P.expect(False, "Health/Check without a token: %s %s" % (e.code(), e.details()))
+        ch.close()
 
         # Nothing leaks.
         n = auth_failures(d)
