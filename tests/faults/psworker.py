@@ -147,6 +147,20 @@ def code_of(name):
 
 # ---------------------------------------------------------------- daemons
 
+try:
+    import ctypes
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl
+except Exception:  # noqa: BLE001 - best effort
+    _prctl = None
+
+
+def _die_with_parent():
+    """preexec_fn: SIGKILL this child when the test process dies (even by SIGKILL,
+    e.g. a ctest timeout), so that no daemon or worker outlives its test."""
+    if _prctl is not None:
+        _prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+
+
 def free_port():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -194,7 +208,8 @@ class Daemon:
         self.logf.write(("==== start: %s\n" % " ".join(args)).encode())
         self.logf.flush()
         self.start_offset = self.logf.tell()
-        self.proc = subprocess.Popen(args, stdout=self.logf, stderr=subprocess.STDOUT, env=env)
+        self.proc = subprocess.Popen(args, stdout=self.logf, stderr=subprocess.STDOUT, env=env,
+                                     preexec_fn=_die_with_parent)
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             if "listening on" in self.log_text(since_start=True):
@@ -654,7 +669,8 @@ class WorkerProc:
         self.proc = subprocess.Popen(list(prefix) + [sys.executable, os.path.abspath(__file__),
                                                      "run", json.dumps(spec)],
                                      stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
+                                     stderr=subprocess.PIPE, text=True,
+                                     preexec_fn=_die_with_parent)
         self.err = []
         threading.Thread(target=self._read, daemon=True).start()
         threading.Thread(target=self._read_err, daemon=True).start()
