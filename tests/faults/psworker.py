@@ -22,6 +22,7 @@ import json
 import os
 import queue
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -147,18 +148,14 @@ def code_of(name):
 
 # ---------------------------------------------------------------- daemons
 
-try:
-    import ctypes
-    _prctl = ctypes.CDLL(None, use_errno=True).prctl
-except Exception:  # noqa: BLE001 - best effort
-    _prctl = None
-
-
 def _die_with_parent():
-    """preexec_fn: SIGKILL this child when the test process dies (even by SIGKILL,
-    e.g. a ctest timeout), so that no daemon or worker outlives its test."""
-    if _prctl is not None:
-        _prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    """A command prefix that SIGKILLs the child when the test process dies (even by
+    SIGKILL, e.g. a ctest timeout), so that no daemon or worker outlives its test:
+    util-linux's setpriv sets PR_SET_PDEATHSIG and execs the command. (Not Popen's
+    preexec_fn: Python code between fork and exec deadlocks next to gRPC's threads.)
+    The signal comes when the thread that started the child ends: start children
+    from the main thread."""
+    return ["setpriv", "--pdeathsig", "KILL", "--"] if shutil.which("setpriv") else []
 
 
 def free_port():
@@ -208,8 +205,8 @@ class Daemon:
         self.logf.write(("==== start: %s\n" % " ".join(args)).encode())
         self.logf.flush()
         self.start_offset = self.logf.tell()
-        self.proc = subprocess.Popen(args, stdout=self.logf, stderr=subprocess.STDOUT, env=env,
-                                     preexec_fn=_die_with_parent)
+        self.proc = subprocess.Popen(_die_with_parent() + args, stdout=self.logf,
+                                     stderr=subprocess.STDOUT, env=env)
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             if "listening on" in self.log_text(since_start=True):
@@ -666,11 +663,10 @@ class WorkerProc:
         self.lines = []
         self.cond = threading.Condition()
         stubs()  # make the stubs once, in PSWORKER_STUBS, for the child to reuse
-        self.proc = subprocess.Popen(list(prefix) + [sys.executable, os.path.abspath(__file__),
-                                                     "run", json.dumps(spec)],
-                                     stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True,
-                                     preexec_fn=_die_with_parent)
+        self.proc = subprocess.Popen(_die_with_parent() + list(prefix) +
+                                     [sys.executable, os.path.abspath(__file__), "run",
+                                      json.dumps(spec)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.err = []
         threading.Thread(target=self._read, daemon=True).start()
         threading.Thread(target=self._read_err, daemon=True).start()
