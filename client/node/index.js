@@ -453,7 +453,7 @@ class World {
     if (this.leaving) return;
     this.leaving = true;
     try {
-      if (!this.failure) {
+      if (this.joinCall) { // also after a failure: this process is alive, and says so
         await new Promise((res) => {
           this.client.Leave({ job: this.job, rank: this.rank }, this.md,
             { deadline: Date.now() + 10000 }, () => res());
@@ -462,8 +462,6 @@ class World {
         let timer;
         await Promise.race([this.joinEnded, new Promise((res) => { timer = setTimeout(res, 10000); })]);
         clearTimeout(timer);
-      } else {
-        this.joinCall.cancel();
       }
     } finally {
       this.closed = true;

@@ -358,7 +358,7 @@ class _World:
             return
         self.leaving = True
         try:
-            if graceful and self.failure is None:
+            if graceful:  # also after a failure: this process is alive, and says so
                 try:
                     self.stub.Leave(pb.LeaveRequest(job=self.job, rank=self.rank), timeout=10,
                                    metadata=self.md)

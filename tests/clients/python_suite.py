@@ -1,0 +1,772 @@
+#!/usr/bin/python3
+"""The Python client (paramsync.distributed) against a real paramsyncd.
+
+    python_suite.py --python VENV_PY --paramsyncd BIN SCENARIO
+
+Scenarios (each its own ctest test): collectives, groups, async, p2p, torch,
+local_errors, daemon_errors, timeout, member_lost, init_methods, launcher.
+The driver starts a daemon and N worker processes running
+`python_suite.py --worker SCENARIO` with the installed client (VENV_PY is
+the venv the client_python_install test made); every worker checks exact
+results itself and exits non-zero on the first mismatch.
+"""
+import argparse
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import pyharness as H  # noqa: E402
+
+# ---------------------------------------------------------------------------------- workers
+
+NP_DTYPES = ["float32", "float64", "float16", "int8", "uint8", "int16", "int32", "int64", "bool"]
+FLOATS = {"float32", "float64", "float16", "bfloat16"}
+
+
+def _w_init(**kw):
+    import paramsync.distributed as dist
+    dist.init_process_group("paramsync", **kw)
+    return dist
+
+
+def expect_eq(got, want, what):
+    import numpy as np
+    got = np.asarray(got)
+    want = np.asarray(want)
+    if got.dtype != want.dtype or got.shape != want.shape or not np.array_equal(
+            got, want, equal_nan=got.dtype.kind == "f"):
+        raise AssertionError("%s: got %r (%s), want %r (%s)" % (what, got, got.dtype, want,
+                                                              want.dtype))
+
+
+def inputs(dtype, r, n=5):
+    """Rank r's input: small values, so sums, products and float16 are exact."""
+    import numpy as np
+    i = np.arange(n)
+    v = ((r + 1) * (i + 3)) % 7 + 1
+    if dtype == "bool":
+        return (v % 2 == 1)
+    if dtype in ("int8", "int16", "int32", "int64"):
+        v = v * (1 if r % 2 == 0 else -1)  # negatives too
+    return v.astype(dtype)
+
+
+def reference(op, arrays):
+    """What the reduction must give (numpy, same dtype, wrapping like torch)."""
+    import numpy as np
+    a = np.stack(arrays)
+    dt = a.dtype
+    if dt == np.bool_:
+        return {"SUM": a.any(0), "PRODUCT": a.all(0), "MIN": a.all(0), "MAX": a.any(0),
+                "BAND": a.all(0), "BOR": a.any(0), "BXOR": np.bitwise_xor.reduce(a, 0)}[op]
+    if op == "SUM":
+        return np.add.reduce(a, 0, dtype=dt)
+    if op == "PRODUCT":
+        return np.multiply.reduce(a, 0, dtype=dt)
+    if op == "MIN":
+        return a.min(0)
+    if op == "MAX":
+        return a.max(0)
+    if op == "AVG":
+        return (a.astype(np.float64).sum(0) / len(arrays)).astype(dt)
+    return {"BAND": np.bitwise_and, "BOR": np.bitwise_or, "BXOR": np.bitwise_xor}[op].reduce(a, 0)
+
+
+def ops_for(dtype):
+    if dtype in FLOATS:
+        return ["SUM", "PRODUCT", "MIN", "MAX", "AVG"]
+    return ["SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"]
+
+
+def w_collectives():
+    import numpy as np
+    dist = _w_init()
+    r, n = dist.get_rank(), dist.get_world_size()
+    assert dist.is_initialized()
+    checked = 0
+    # all_reduce: every dtype x every op it has.
+    for dt in NP_DTYPES:
+        for op in ops_for(dt):
+            x = inputs(dt, r)
+            if op == "AVG":  # sums divisible by n: the average is exact
+                x = (np.arange(5) + 3 * r).astype(dt)
+            want = reference(op, [inputs(dt, k) if op != "AVG" else
+                                  (np.arange(5) + 3 * k).astype(dt) for k in range(n)])
+            ret = dist.all_reduce(x, op=getattr(dist.ReduceOp, op))
+            assert ret is None
+            expect_eq(x, want, "all_reduce %s %s" % (dt, op))
+            checked += 1
+    # MIN/MAX propagate NaN (torch's rule).
+    for op in ("MIN", "MAX"):
+        x = np.array([1.0, 2.0, 3.0], np.float32)
+        if r == 1:
+            x[0] = np.nan
+        dist.all_reduce(x, op=getattr(dist.ReduceOp, op))
+        assert np.isnan(x[0]) and not np.isnan(x[1:]).any(), "NaN %s: %r" % (op, x)
+    # Integer overflow wraps.
+    x = np.array([100, -128, 127], np.int8)
+    dist.all_reduce(x)
+    expect_eq(x, (np.array([100, -128, 127], np.int8) * np.int8(n)).astype(np.int8),
+              "int8 wrap")
+    # Multi-frame payloads (several 1 MiB frames, not a multiple of the frame size).
+    big = np.full(1_300_001, r + 1, np.float64)
+    big[-1] = r
+    dist.all_reduce(big, op=dist.ReduceOp.SUM)
+    assert big[0] == n * (n + 1) / 2 and big[-1] == n * (n - 1) / 2 and (
+        big[:-1] == big[0]).all(), "big all_reduce"
+    # A 0-d array and an empty one.
+    z = np.array(r + 1, np.int32)
+    dist.all_reduce(z, op=dist.ReduceOp.MAX)
+    assert int(z) == n, z
+    e = np.zeros(0, np.float32)
+    dist.all_reduce(e)
+    # broadcast from every root, multi-dimensional, and big.
+    for root in range(n):
+        x = np.full((2, 3), r * 10, np.int16)
+        dist.broadcast(x, src=root)
+        expect_eq(x, np.full((2, 3), root * 10, np.int16), "broadcast src %d" % root)
+    x = np.arange(2_500_000, dtype=np.float32) * (1 if r == n - 1 else 0)
+    dist.broadcast(x, src=n - 1)
+    expect_eq(x, np.arange(2_500_000, dtype=np.float32), "big broadcast")
+    # reduce: the result on dst only; the others' tensors are unchanged.
+    for dst in range(n):
+        x = inputs("int32", r)
+        dist.reduce(x, dst=dst, op=dist.ReduceOp.SUM)
+        want = reference("SUM", [inputs("int32", k) for k in range(n)]) if r == dst else \
+            inputs("int32", r)
+        expect_eq(x, want, "reduce dst %d" % dst)
+    # all_gather (list and tensor forms).
+    for dt in ("float32", "int64", "uint8", "bool"):
+        outs = [np.zeros(3, dt) for _ in range(n)]
+        dist.all_gather(outs, inputs(dt, r, 3))
+        for k in range(n):
+            expect_eq(outs[k], inputs(dt, k, 3), "all_gather %s [%d]" % (dt, k))
+    out = np.zeros((n, 4), np.float64)
+    dist.all_gather_into_tensor(out, np.full(4, r, np.float64))
+    expect_eq(out, np.repeat(np.arange(n, dtype=np.float64), 4).reshape(n, 4),
+              "all_gather_into_tensor")
+    # gather to each dst.
+    for dst in range(n):
+        lst = [np.zeros(2, np.int64) for _ in range(n)] if r == dst else None
+        dist.gather(np.array([r, -r], np.int64), lst, dst=dst)
+        if r == dst:
+            for k in range(n):
+                expect_eq(lst[k], np.array([k, -k], np.int64), "gather dst %d [%d]" % (dst, k))
+    # scatter from each src.
+    for src in range(n):
+        lst = [np.full(3, 100 * src + k, np.float32) for k in range(n)] if r == src else None
+        x = np.zeros(3, np.float32)
+        dist.scatter(x, lst, src=src)
+        expect_eq(x, np.full(3, 100 * src + r, np.float32), "scatter src %d" % src)
+    # reduce_scatter (list and tensor forms), several ops.
+    for op in ("SUM", "MAX", "BXOR"):
+        ins = [inputs("int32", r + 10 * k, 3) for k in range(n)]
+        o = np.zeros(3, np.int32)
+        dist.reduce_scatter(o, ins, op=getattr(dist.ReduceOp, op))
+        want = reference(op, [inputs("int32", k + 10 * r, 3) for k in range(n)])
+        expect_eq(o, want, "reduce_scatter %s" % op)
+    inp = np.arange(n * 2, dtype=np.float32) + r
+    o = np.zeros(2, np.float32)
+    dist.reduce_scatter_tensor(o, inp, op=dist.ReduceOp.SUM)
+    expect_eq(o, sum(np.arange(n * 2, dtype=np.float32) + k for k in range(n))[2 * r:2 * r + 2],
+              "reduce_scatter_tensor")
+    # all_to_all (lists) and all_to_all_single.
+    ins = [np.array([r * 10 + j, -1], np.int64) for j in range(n)]
+    outs = [np.zeros(2, np.int64) for _ in range(n)]
+    dist.all_to_all(outs, ins)
+    for j in range(n):
+        expect_eq(outs[j], np.array([j * 10 + r, -1], np.int64), "all_to_all [%d]" % j)
+    inp = np.array([r * 100 + j for j in range(n) for _ in range(2)], np.int16)
+    o = np.zeros(2 * n, np.int16)
+    dist.all_to_all_single(o, inp)
+    expect_eq(o, np.array([j * 100 + r for j in range(n) for _ in range(2)], np.int16),
+              "all_to_all_single")
+    # barrier: nobody passes before the last rank arrives.
+    t0 = time.monotonic()
+    if r == 0:
+        time.sleep(0.4)
+    dist.barrier()
+    if r != 0:
+        assert time.monotonic() - t0 > 0.3, "barrier let rank %d through early" % r
+    dist.destroy_process_group()
+    assert not dist.is_initialized()
+    print("rank %d: %d all_reduce (op, dtype) pairs and every collective checked" % (r, checked))
+
+
+def w_groups():
+    import warnings
+    import numpy as np
+    dist = _w_init()
+    r, n = dist.get_rank(), dist.get_world_size()
+    assert n == 4
+    g02 = dist.new_group([0, 2])
+    g_rev = dist.new_group([3, 2, 1, 0])  # group ranks reversed
+    g1 = dist.new_group([1])
+    if r in (0, 2):
+        assert dist.get_rank(g02) == [0, 2].index(r) and dist.get_world_size(g02) == 2
+        x = np.array([r + 1], np.int32)
+        dist.all_reduce(x, group=g02)
+        expect_eq(x, np.array([4], np.int32), "all_reduce in [0, 2]")
+        y = np.array([r], np.float32)
+        dist.broadcast(y, src=2, group=g02)  # src is a global rank
+        expect_eq(y, np.array([2], np.float32), "broadcast src 2 in [0, 2]")
+        if r == 0:
+            dist.send(np.array([7, 8], np.int64), dst=2, group=g02)
+        else:
+            z = np.zeros(2, np.int64)
+            assert dist.recv(z, src=None, group=g02) == 0  # the global rank
+            expect_eq(z, np.array([7, 8], np.int64), "recv in [0, 2]")
+    else:
+        assert g02 is dist.GroupMember.NON_GROUP_MEMBER
+        assert dist.get_rank(g02) == -1 and dist.get_world_size(g02) == -1
+        x = np.array([5], np.int32)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert dist.all_reduce(x, group=g02) is None  # torch: warn and do nothing
+        assert caught and "does not belong" in str(caught[0].message), caught
+        expect_eq(x, np.array([5], np.int32), "non-member tensor unchanged")
+    assert dist.get_rank(g_rev) == 3 - r
+    lst = [np.zeros(1, np.int32) for _ in range(4)]
+    dist.all_gather(lst, np.array([r], np.int32), group=g_rev)
+    expect_eq(np.concatenate(lst), np.array([3, 2, 1, 0], np.int32), "all_gather reversed group")
+    lst = [np.zeros(1, np.int32) for _ in range(4)] if r == 1 else None
+    dist.gather(np.array([r * 2], np.int32), lst, dst=1, group=g_rev)
+    if r == 1:
+        expect_eq(np.concatenate(lst), np.array([6, 4, 2, 0], np.int32), "gather reversed")
+    if r == 1:
+        assert dist.get_world_size(g1) == 1 and dist.get_rank(g1) == 0
+        x = np.array([3.5], np.float64)
+        dist.all_reduce(x, group=g1)
+        expect_eq(x, np.array([3.5]), "group of one")
+    assert dist.get_process_group_ranks(g_rev) == [3, 2, 1, 0]
+    assert dist.get_global_rank(g_rev, 0) == 3 and dist.get_group_rank(g_rev, 3) == 0
+    # World collectives still line up after group traffic.
+    x = np.array([1], np.int64)
+    dist.all_reduce(x)
+    expect_eq(x, np.array([4], np.int64), "world after groups")
+    dist.destroy_process_group()
+    print("rank %d: groups ok" % r)
+
+
+def w_async():
+    import numpy as np
+    dist = _w_init()
+    r, n = dist.get_rank(), dist.get_world_size()
+    xs = [np.full(1000 * (k + 1), k + r, np.int64) for k in range(6)]
+    works = [dist.all_reduce(x, async_op=True) for x in xs]
+    b = np.array([r], np.int32)
+    wb = dist.broadcast(b, src=1, async_op=True)
+    g = [np.zeros(1, np.int32) for _ in range(n)]
+    wg = dist.all_gather(g, np.array([r * 3], np.int32), async_op=True)
+    wbar = dist.barrier(async_op=True)
+    for k, w in reversed(list(enumerate(works))):  # waited in the other order
+        assert w.wait() is True and w.is_completed() and w.is_success()
+        expect_eq(xs[k], np.full(1000 * (k + 1), n * k + n * (n - 1) // 2, np.int64),
+                  "async all_reduce %d" % k)
+    wbar.wait()
+    wg.wait()
+    wb.wait()
+    expect_eq(b, np.array([1], np.int32), "async broadcast")
+    expect_eq(np.concatenate(g), np.arange(n, dtype=np.int32) * 3, "async all_gather")
+    assert wg.result() == g
+    fut = dist.all_reduce(np.ones(3), async_op=True).get_future()
+    fut.result(timeout=30)
+    # A work whose collective fails raises from wait(), every time.
+    bad = dist.all_reduce(np.ones(2 + r, np.float32), async_op=True)
+    for _ in range(2):
+        try:
+            bad.wait()
+            raise AssertionError("mismatched async all_reduce succeeded")
+        except dist.ParamsyncError as e:
+            assert "count" in e.details, e.details
+    assert bad.is_completed() and not bad.is_success()
+    dist.destroy_process_group()
+    print("rank %d: async ok" % r)
+
+
+def w_p2p():
+    import numpy as np
+    dist = _w_init()
+    r, n = dist.get_rank(), dist.get_world_size()
+    right, left = (r + 1) % n, (r - 1) % n
+    # A ring with isend + blocking recv.
+    s = dist.isend(np.array([r, r * r], np.int64), dst=right)
+    x = np.zeros(2, np.int64)
+    assert dist.recv(x, src=left) == left
+    s.wait()
+    expect_eq(x, np.array([left, left * left], np.int64), "ring")
+    # Several messages to one peer arrive in order.
+    if r == 0:
+        for k in range(5):
+            dist.send(np.array([k], np.int32), dst=1)
+    elif r == 1:
+        for k in range(5):
+            y = np.zeros(1, np.int32)
+            dist.recv(y, src=0)
+            expect_eq(y, np.array([k], np.int32), "ordered recv %d" % k)
+    # Any source: rank 0 hears from everyone, learns who sent what.
+    if r == 0:
+        seen = {}
+        for _ in range(n - 1):
+            y = np.zeros(3, np.float32)
+            src = dist.recv(y)  # src=None
+            seen[src] = y.copy()
+        assert sorted(seen) == list(range(1, n)), seen
+        for src, y in seen.items():
+            expect_eq(y, np.full(3, src, np.float32), "any-source from %d" % src)
+        w = dist.irecv(np.zeros(3, np.float32))
+        w.wait()
+        assert w.source_rank() in range(1, n)
+    else:
+        dist.send(np.full(3, r, np.float32), dst=0)
+        if r == n - 1:
+            dist.send(np.full(3, r, np.float32), dst=0)
+    # Tags.
+    if r == 0:
+        dist.send(np.array([5], np.int64), dst=1, tag=5)
+    elif r == 1:
+        y = np.zeros(1, np.int64)
+        dist.recv(y, src=0, tag=5)
+        expect_eq(y, np.array([5], np.int64), "tag 5")
+    # A big message (many frames) and batch_isend_irecv.
+    big = np.arange(3_000_000, dtype=np.float32) if r == 0 else np.zeros(3_000_000, np.float32)
+    if r == 0:
+        dist.send(big, dst=n - 1)
+    elif r == n - 1:
+        dist.recv(big, src=0)
+        expect_eq(big, np.arange(3_000_000, dtype=np.float32), "big send/recv")
+    y = np.zeros(1, np.int32)
+    ops = [dist.P2POp(dist.isend, np.array([r], np.int32), right),
+           dist.P2POp(dist.irecv, y, left)]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    expect_eq(y, np.array([left], np.int32), "batch_isend_irecv")
+    dist.barrier()
+    dist.destroy_process_group()
+    print("rank %d: p2p ok" % r)
+
+
+def w_torch():
+    import torch
+    dist = _w_init()
+    r, n = dist.get_rank(), dist.get_world_size()
+    dtypes = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8,
+              torch.uint8, torch.int16, torch.int32, torch.int64]
+    for dt in dtypes:
+        t = torch.arange(4, dtype=dt) + r
+        dist.all_reduce(t)
+        want = (torch.arange(4, dtype=torch.float64) * n + n * (n - 1) / 2).to(dt)
+        assert t.dtype == dt and torch.equal(t, want), "torch all_reduce %s: %s vs %s" % (
+            dt, t, want)
+    # bfloat16 is accumulated in float32 and rounded to nearest even:
+    # 256 + 1 + 1 = 258 (exact in float32), which rounds to 258 in bfloat16
+    # (8 bits of mantissa: 256, 258, 260 are representable).
+    t = torch.tensor([256.0 if r == 0 else 1.0], dtype=torch.bfloat16)
+    dist.all_reduce(t)
+    assert t.item() == 256.0 + (n - 1), t
+    t = torch.tensor([r % 2 == 0, False])
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    assert t.tolist() == [True, False], t
+    # In place on views that are contiguous, and with requires_grad.
+    base = torch.zeros(2, 3)
+    row = base[1]
+    row += r + 1
+    dist.all_reduce(row)
+    assert base[1].tolist() == [n * (n + 1) / 2] * 3 and base[0].tolist() == [0.0] * 3
+    p = torch.ones(3, requires_grad=True)
+    dist.all_reduce(p.data)
+    dist.broadcast(p, src=0)
+    lst = [torch.empty(2, dtype=torch.bfloat16) for _ in range(n)]
+    dist.all_gather(lst, torch.tensor([r, -r], dtype=torch.bfloat16))
+    assert [x.tolist() for x in lst] == [[float(k), float(-k)] for k in range(n)], lst
+    # Mixed with numpy in one job (same dtype on the wire).
+    import numpy as np
+    if r == 0:
+        x = np.array([1.5, 2.5], np.float32)
+    else:
+        x = torch.tensor([0.5, 0.5])
+    dist.all_reduce(x)
+    assert [float(v) for v in x] == [1.5 + 0.5 * (n - 1), 2.5 + 0.5 * (n - 1)], x
+    # dtype mapping both ways.
+    from paramsync import _tensor as T
+    for dt in dtypes + [torch.bool]:
+        assert T.from_wire(T.to_wire(dt), "torch") == dt
+    for bad in (torch.complex64, torch.qint8):
+        try:
+            dist.all_reduce(torch.zeros(2, dtype=bad) if bad != torch.qint8 else
+                            torch.quantize_per_tensor(torch.zeros(2), 1.0, 0, torch.qint8))
+            raise AssertionError("%s accepted" % bad)
+        except TypeError as e:
+            assert "does not support" in str(e), e
+    try:
+        dist.all_reduce(torch.zeros(4, 4).t())
+        raise AssertionError("non-contiguous tensor accepted")
+    except ValueError as e:
+        assert "contiguous" in str(e)
+    dist.destroy_process_group()
+    print("rank %d: torch ok" % r)
+
+
+def w_local_errors():
+    import numpy as np
+    dist = _w_init()
+    r, n = dist.get_rank(), dist.get_world_size()
+
+    def raises(exc, fn, *a, **kw):
+        try:
+            fn(*a, **kw)
+        except exc as e:
+            return str(e)
+        raise AssertionError("%s(%s) did not raise %s" % (fn.__name__, a, exc.__name__))
+
+    assert "numpy.ndarray or a torch" in raises(TypeError, dist.all_reduce, [1, 2, 3])
+    assert "uint16" in raises(TypeError, dist.all_reduce, np.zeros(3, np.uint16))
+    assert "complex" in raises(TypeError, dist.broadcast, np.zeros(3, np.complex64), 0)
+    raises(TypeError, dist.all_reduce, np.zeros(3, ">i4"))  # not native byte order
+    assert "contiguous" in raises(ValueError, dist.all_reduce, np.zeros((4, 4))[:, 1])
+    assert "read-only" in raises(ValueError, dist.all_reduce,
+                                 np.frombuffer(b"\0" * 8, np.float32))
+    assert "BAND" in raises(TypeError, dist.all_reduce, np.zeros(2, np.float32),
+                            op=dist.ReduceOp.BAND)
+    raises(ValueError, dist.all_reduce, np.zeros(2), op=42)
+    assert "not part of the group" in raises(ValueError, dist.broadcast, np.zeros(1), src=n)
+    assert "itself" in raises(ValueError, dist.send, np.zeros(1), dst=r)
+    raises(ValueError, dist.send, np.zeros(1), dst=(r + 1) % n, tag=-1)
+    assert "has 1 tensors" in raises(ValueError, dist.all_gather, [np.zeros(1)], np.zeros(1))
+    assert "elements" in raises(ValueError, dist.all_gather,
+                                [np.zeros(2) for _ in range(n)], np.zeros(1))
+    assert "dtype" in raises(TypeError, dist.all_gather,
+                             [np.zeros(1, np.int32) for _ in range(n)], np.zeros(1))
+    assert "lists of tensors" in raises(TypeError, dist.all_to_all, np.zeros(n), np.zeros(n))
+    raises(ValueError, dist.all_to_all_single, np.zeros(n), np.zeros(n),
+           output_split_sizes=[1] * (n - 1) + [2])
+    if r == 0:
+        assert "must be specified" in raises(ValueError, dist.gather, np.zeros(1), None, dst=0)
+        assert "must NOT" in raises(ValueError, dist.gather, np.zeros(1), [np.zeros(1)] * n,
+                                    dst=1)
+    raises(ValueError, dist.new_group, [0, 0])
+    raises(ValueError, dist.new_group, [n])
+    raises(RuntimeError, dist.init_process_group, "paramsync")  # twice
+    # None of that reached the daemon: the next collective is still seq 0 everywhere.
+    x = np.array([1], np.int32)
+    dist.all_reduce(x)
+    expect_eq(x, np.array([n], np.int32), "all_reduce after local errors")
+    dist.destroy_process_group()
+    assert "not been initialized" in raises(RuntimeError, dist.get_rank)
+    assert "backend" in raises(ValueError, dist.init_process_group, "gloo")
+    print("rank %d: local errors ok" % r)
+
+
+def w_daemon_errors():
+    import grpc
+    import numpy as np
+    dist = _w_init()
+    r, n = dist.get_rank(), dist.get_world_size()
+
+    def daemon_error(fn, *a, **kw):
+        try:
+            fn(*a, **kw)
+        except dist.ParamsyncError as e:
+            assert isinstance(e, RuntimeError)
+            return e
+        raise AssertionError("%s did not fail" % fn.__name__)
+
+    # Ranks disagree on the count: FAILED_PRECONDITION naming the ranks and the field.
+    e = daemon_error(dist.all_reduce, np.ones(3 + r, np.float32))
+    assert e.code == grpc.StatusCode.FAILED_PRECONDITION, e.code
+    assert "count" in e.details and "rank" in e.details, e.details
+    assert e.details in str(e) and "all_reduce (group 0, seq 0)" in str(e), str(e)
+    # ... on the dtype.
+    e = daemon_error(dist.broadcast, np.ones(2, np.float64 if r == 0 else np.float32), src=0)
+    assert e.code == grpc.StatusCode.FAILED_PRECONDITION and "dtype" in e.details, e
+    # ... on the op.
+    e = daemon_error(dist.all_reduce, np.ones(2, np.int32),
+                     op=dist.ReduceOp.SUM if r else dist.ReduceOp.MAX)
+    assert e.code == grpc.StatusCode.FAILED_PRECONDITION and "op" in e.details, e
+    # ... on the root.
+    e = daemon_error(dist.broadcast, np.ones(2, np.int32), src=r)
+    assert e.code == grpc.StatusCode.FAILED_PRECONDITION and "root" in e.details, e
+    # An op the dtype does not have, which the client leaves to the daemon.
+    e = daemon_error(dist.all_reduce, np.ones(2, np.int32), op=dist.ReduceOp.AVG)
+    assert e.code == grpc.StatusCode.INVALID_ARGUMENT and "AVG" in e.details, e
+    # send/recv that disagree on the dtype.
+    if r < 2:
+        if r == 0:
+            e = daemon_error(dist.send, np.array([1, 2, 3]), dst=1)
+        else:
+            e = daemon_error(dist.recv, np.zeros(3, np.float32), src=0)
+        assert e.code == grpc.StatusCode.FAILED_PRECONDITION, e
+        assert "int64" in e.details and "float32" in e.details, e.details
+    # The job goes on after errors.
+    x = np.array([1], np.int64)
+    dist.all_reduce(x)
+    expect_eq(x, np.array([n], np.int64), "all_reduce after daemon errors")
+    dist.destroy_process_group()
+    print("rank %d: daemon errors ok" % r)
+
+
+def w_timeout():
+    import grpc
+    import numpy as np
+    from datetime import timedelta
+    dist = _w_init(timeout=timedelta(seconds=2))
+    r = dist.get_rank()
+    if r == 1:
+        time.sleep(4)  # never joins the all_reduce in time
+        dist.destroy_process_group()
+        print("rank 1: stayed away")
+        return
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(np.ones(3))
+        raise AssertionError("all_reduce without rank 1 succeeded")
+    except dist.ParamsyncError as e:
+        took = time.monotonic() - t0
+        assert e.code == grpc.StatusCode.DEADLINE_EXCEEDED, e
+        assert "rank 1" in e.details, e.details
+        assert 1.5 < took < 10, took
+    print("rank 0: timed out as asked, naming rank 1")
+
+
+def w_member_lost():
+    import grpc
+    import numpy as np
+    dist = _w_init()
+    r = dist.get_rank()
+    if r == 1:
+        time.sleep(0.3)
+        os.kill(os.getpid(), signal.SIGKILL)
+    # Rank 0: a collective in flight when rank 1 dies fails, naming it.
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(np.ones(3))
+        raise AssertionError("all_reduce with a dead rank succeeded")
+    except dist.ParamsyncError as e:
+        assert e.code == grpc.StatusCode.ABORTED, e
+        assert "rank 1" in str(e), e
+        took = time.monotonic() - t0
+        assert took < 15, took
+    # MEMBER_LOST (proto: "a stream that breaks marks the rank lost and every
+    # other member gets MEMBER_LOST"): a collective started after it fails at
+    # once, without waiting for the daemon.
+    time.sleep(1.0)
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(np.ones(3))
+        raise AssertionError("all_reduce after MEMBER_LOST succeeded")
+    except dist.ParamsyncError as e:
+        took = time.monotonic() - t0
+        assert "rank 1" in str(e) and "lost" in str(e), e
+        assert took < 0.2, "no MEMBER_LOST: the collective went to the daemon (%.2fs): %s" % (
+            took, e)
+    print("rank 0: rank 1's death became errors naming it")
+
+
+def w_init_methods():
+    import numpy as np
+    mode = os.environ["SUITE_INIT"]
+    import paramsync.distributed as dist
+    addr = os.environ["SUITE_ADDR"]
+    r_env = int(os.environ["SUITE_RANK"])
+    if mode == "tcp":
+        dist.init_process_group("paramsync", init_method="tcp://" + addr + "?job=tcpjob",
+                                rank=r_env, world_size=2)
+    elif mode == "file":
+        dist.init_process_group(init_method="file://" + os.environ["SUITE_FILE"], rank=r_env,
+                                world_size=2)
+    elif mode == "master":
+        host, port = addr.rsplit(":", 1)
+        os.environ.update(MASTER_ADDR=host, MASTER_PORT=port, WORLD_SIZE="2",
+                          RANK=str(r_env), PARAMSYNC_JOB="masterjob")
+        dist.init_process_group("paramsync")
+    elif mode == "assign":  # no rank anywhere: the daemon assigns them
+        dist.init_process_group("paramsync", init_method="tcp://%s?job=assign&world_size=2"
+                                % addr)
+    r = dist.get_rank()
+    x = np.array([r + 1], np.int32)
+    dist.all_reduce(x)
+    expect_eq(x, np.array([3], np.int32), "all_reduce after %s init" % mode)
+    if mode == "assign":
+        print("assigned rank %d" % r)
+    # Leave and join again in the same process (a new job incarnation).
+    dist.destroy_process_group()
+    dist.init_process_group("paramsync", init_method="tcp://%s?job=again-%s" % (addr, mode),
+                            rank=r, world_size=2)
+    x = np.array([r], np.float32)
+    dist.broadcast(x, src=1)
+    expect_eq(x, np.array([1], np.float32), "broadcast after re-init")
+    dist.destroy_process_group()
+    print("rank %d: %s init ok" % (r, mode))
+
+
+WORKERS = {
+    "collectives": w_collectives, "groups": w_groups, "async": w_async, "p2p": w_p2p,
+    "torch": w_torch, "local_errors": w_local_errors, "daemon_errors": w_daemon_errors,
+    "timeout": w_timeout, "member_lost": w_member_lost, "init_methods": w_init_methods,
+}
+
+# ---------------------------------------------------------------------------------- driver
+
+NPROC = {"collectives": 3, "groups": 4, "async": 3, "p2p": 3, "torch": 3, "local_errors": 2,
+         "daemon_errors": 3, "timeout": 2, "member_lost": 2}
+
+
+def report(results, what):
+    bad = False
+    for rank, (rc, out, err) in enumerate(results):
+        status = "timed out" if rc is None else "exit %s" % rc
+        print("--- %s, rank %d: %s" % (what, rank, status))
+        if out.strip():
+            print(out.rstrip())
+        if rc != 0 and err.strip():
+            print(err.rstrip()[-3000:])
+        bad = bad or rc != 0
+    return not bad
+
+
+def run_job(py, daemon, scenario, n, expect_rc=None):
+    env = [H.clean_env(PARAMSYNC_ADDR=daemon.addr, PARAMSYNC_JOB="suite-" + scenario,
+                       WORLD_SIZE=n, RANK=r) for r in range(n)]
+    cmds = [[py, os.path.abspath(__file__), "--worker", scenario]] * n
+    res = run_workers_checked(cmds, env)
+    if expect_rc:
+        ok = True
+        for r, want in expect_rc.items():
+            if res[r][0] != want:
+                print("rank %d exited %s, expected %s" % (r, res[r][0], want))
+                ok = False
+        others = {k: v for k, v in enumerate(res) if k not in expect_rc}
+        return report(list(others.values()), scenario) and ok
+    return report(res, scenario)
+
+
+def run_workers_checked(cmds, envs):
+    return H.run_workers(cmds, envs, timeout=120)
+
+
+def driver(a):
+    py = a.python
+    if not os.path.exists(py):
+        H.fail("%s does not exist: the client_python_install test makes it" % py)
+    if a.scenario == "torch":
+        if subprocess.run([py, "-c", "import torch"], capture_output=True).returncode != 0:
+            H.skip("torch is not importable (Debian python3-torch)")
+    if a.scenario == "launcher":
+        return launcher(a)
+    with H.Daemon(a.paramsyncd) as d:
+        if a.scenario == "init_methods":
+            ok = init_methods(py, d, a.paramsyncd)
+        elif a.scenario == "member_lost":
+            ok = run_job(py, d, "member_lost", 2, expect_rc={1: -signal.SIGKILL})
+        else:
+            ok = run_job(py, d, a.scenario, NPROC[a.scenario])
+        if not ok:
+            print("--- daemon log (tail)\n" + "\n".join(d.read_log().splitlines()[-40:]))
+    if not ok:
+        H.fail(a.scenario)
+    print("PASS")
+
+
+def init_methods(py, d, binary):
+    ok = True
+    me = os.path.abspath(__file__)
+    for mode in ("tcp", "master", "assign"):
+        envs = [H.clean_env(SUITE_INIT=mode, SUITE_ADDR=d.addr, SUITE_RANK=r) for r in range(2)]
+        ok = report(H.run_workers([[py, me, "--worker", "init_methods"]] * 2, envs, 60),
+                    mode) and ok
+    # file://: the workers start first and wait for the daemon's --announce-file.
+    tmp = tempfile.mkdtemp(prefix="ps-file-init-")
+    path = os.path.join(tmp, "shared")
+    envs = [H.clean_env(SUITE_INIT="file", SUITE_ADDR=d.addr, SUITE_FILE=path, SUITE_RANK=r)
+            for r in range(2)]
+    procs = [subprocess.Popen([py, me, "--worker", "init_methods"], env=e,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for e in envs]
+    time.sleep(1.0)
+    d2 = H.Daemon(binary, announce=path)
+    try:
+        d2.wait_ready()
+        # SUITE_ADDR for the re-init step must be the file daemon's.
+        res = []
+        for p in procs:
+            try:
+                o, e = p.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                o, e = p.communicate()
+            res.append((p.returncode, o.decode(), e.decode()))
+        ok = report(res, "file") and ok
+    finally:
+        d2.stop()
+    return ok
+
+
+def launcher(a):
+    """python3 -m paramsync.run: env for each rank, a daemon of its own, exit statuses."""
+    py = a.python
+    tmp = tempfile.mkdtemp(prefix="ps-launcher-")
+    script = os.path.join(tmp, "w.py")
+    with open(script, "w") as f:
+        f.write("""import os, sys, numpy as np
+import paramsync.distributed as dist
+dist.init_process_group("paramsync")
+x = np.array([dist.get_rank() + 1], np.int64)
+dist.all_reduce(x)
+print("rank %s/%s local %s job %s sum %d args %s" % (os.environ["RANK"], os.environ["WORLD_SIZE"],
+      os.environ["LOCAL_RANK"], os.environ["PARAMSYNC_JOB"][:4], x[0], sys.argv[1:]))
+if "--fail" in sys.argv and dist.get_rank() == 1:
+    sys.exit(3)
+""")
+    env = H.clean_env(PARAMSYNC_DAEMON=a.paramsyncd)
+    p = subprocess.run([py, "-m", "paramsync.run", "--nproc", "3", script, "a", "--b"], env=env,
+                       capture_output=True, text=True, timeout=120)
+    lines = sorted(p.stdout.splitlines())
+    want = ["rank %d/3 local %d job run- sum 6 args ['a', '--b']" % (r, r) for r in range(3)]
+    if p.returncode != 0 or lines != want:
+        H.fail("launcher: rc %d, stdout %r, want %r; stderr:\n%s" % (p.returncode, lines, want,
+                                                                    p.stderr))
+    p = subprocess.run([py, "-m", "paramsync.run", "--nproc", "2", "--prefix", script, "--fail"],
+                       env=env, capture_output=True, text=True, timeout=120)
+    if p.returncode != 3 or "worker 1 exited with status 3" not in p.stderr:
+        H.fail("launcher with a failing worker: rc %d (want 3); stderr:\n%s" % (p.returncode,
+                                                                              p.stderr))
+    lines = p.stdout.splitlines()
+    if not lines or not all(re.match(r"\[[01]\]: rank [01]/2 ", ln) for ln in lines) or not any(
+            ln.startswith("[1]: rank 1/2") for ln in lines):
+        H.fail("launcher --prefix: %r" % p.stdout)
+    # With a daemon given, none is started: PARAMSYNC_ADDR reaches the workers.
+    with H.Daemon(a.paramsyncd) as d:
+        p = subprocess.run([py, "-m", "paramsync.run", "--nproc", "2", "--daemon", d.addr,
+                            script], env=H.clean_env(PATH="/nonexistent"), capture_output=True,
+                           text=True, timeout=120)
+        if p.returncode != 0 or "sum 3" not in p.stdout or "joined" not in d.read_log():
+            H.fail("launcher --daemon: rc %d\n%s\n%s" % (p.returncode, p.stdout, p.stderr))
+    # No daemon anywhere: a clear error, not a hang.
+    p = subprocess.run([py, "-m", "paramsync.run", "--nproc", "2", script],
+                       env=H.clean_env(PATH="/nonexistent"), capture_output=True, text=True,
+                       timeout=60)
+    if p.returncode == 0 or "no paramsyncd" not in p.stderr:
+        H.fail("launcher without a daemon: rc %d, stderr %r" % (p.returncode, p.stderr))
+    print("PASS")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--worker", action="store_true")
+    p.add_argument("--python", default=sys.executable)
+    p.add_argument("--paramsyncd")
+    p.add_argument("scenario")
+    a = p.parse_args()
+    if a.worker:
+        WORKERS[a.scenario]()
+        return
+    driver(a)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+#!/usr/bin/python3
+"""One job, three languages: a C, a Python and a Node.js worker run all_reduce
+(several ops and dtypes, and a multi-frame tensor), broadcast, all_gather,
+gather, scatter and barrier together, each checking exact results
+(xlang_worker.c, xlang_worker.py, xlang_worker.js). Three runs rotate the
+languages over ranks 0, 1 and 2, so that each language is a root.
+
+    xlang.py --paramsyncd BIN --c-worker BIN --python VENV_PY [--node NODE]
+"""
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import pyharness as H  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(HERE))
+# "ok" lines each rank prints: 9 all_reduce, 2 broadcast, all_gather, 2 scatter,
+# barrier, and gather on its destinations (ranks 0 and 2).
+OK_LINES = [16, 15, 16]
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--paramsyncd", required=True)
+    p.add_argument("--c-worker", required=True)
+    p.add_argument("--python", required=True)
+    p.add_argument("--node", default=shutil.which("node"))
+    a = p.parse_args()
+    if not os.path.exists(a.python):
+        H.fail("%s does not exist: the client_python_install test makes it" % a.python)
+    if not a.node:
+        H.skip("node is not installed")
+    if not os.path.isdir(os.path.join(REPO, "client", "node", "node_modules", "@grpc")):
+        H.skip("client/node/node_modules is missing: run `npm ci` in client/node "
+               "(scripts/setup does)")
+    workers = {
+        "C": [a.c_worker],
+        "Python": [a.python, os.path.join(HERE, "xlang_worker.py")],
+        "Node": [a.node, os.path.join(HERE, "xlang_worker.js")],
+    }
+    orders = [["C", "Python", "Node"], ["Node", "C", "Python"], ["Python", "Node", "C"]]
+    ok = True
+    with H.Daemon(a.paramsyncd) as d:
+        for k, order in enumerate(orders):
+            job = "xlang-%d" % k
+            envs = [H.clean_env(PARAMSYNC_ADDR=d.addr, PARAMSYNC_JOB=job, WORLD_SIZE=3, RANK=r)
+                    for r in range(3)]
+            res = H.run_workers([workers[lang] for lang in order], envs, timeout=120)
+            print("=== job %s: ranks %s" % (job, ", ".join("%d=%s" % (r, lang)
+                                                        for r, lang in enumerate(order))))
+            for r, (rc, out, err) in enumerate(res):
+                n_ok = sum(1 for line in out.splitlines() if line.endswith(" ok"))
+                good = rc == 0 and n_ok == OK_LINES[r]
+                print("--- rank %d (%s): %s, %d checks passed%s" % (
+                    r, order[r], "exit %s" % rc, n_ok,
+                    "" if good else " (expected exit 0 and %d)" % OK_LINES[r]))
+                if not good:
+                    print(out.rstrip())
+                    print(err.rstrip()[-3000:])
+                ok = ok and good
+        if not ok:
+            print("--- daemon log (tail)\n" + "\n".join(d.read_log().splitlines()[-30:]))
+    if not ok:
+        H.fail("a worker failed")
+    print("PASS: C, Python and Node.js workers agree on every result, in every rank order")
+
+
+if __name__ == "__main__":
+    main()

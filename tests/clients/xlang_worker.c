@@ -1,0 +1,122 @@
+/* The C worker of the cross-language test (xlang.py): one rank of a job whose
+ * other ranks are Python and Node.js workers running the same steps
+ * (xlang_worker.py, xlang_worker.js). Joins from the environment (env://:
+ * PARAMSYNC_ADDR, PARAMSYNC_JOB, WORLD_SIZE = 3, RANK), checks every result
+ * exactly, prints one line per step and exits 1 on the first mismatch. */
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <paramsync/paramsync.h>
+
+static int rank;
+
+static void check_rc(int rc, const char *what)
+{
+    if (rc != 0) {
+        fprintf(stderr, "C rank %d: %s failed: %s\n", rank, what, ps_strerror(rc));
+        exit(1);
+    }
+}
+
+static void expect(bool ok, const char *what)
+{
+    if (!ok) {
+        fprintf(stderr, "C rank %d: %s: wrong result\n", rank, what);
+        exit(1);
+    }
+    printf("C rank %d: %s ok\n", rank, what);
+}
+
+#define EQ(a, b, n) (memcmp((a), (b), sizeof((a)[0]) * (n)) == 0)
+
+int main(void)
+{
+    ps_comm_t *comm = NULL;
+    ps_init_options_t opts;
+    ps_init_options_default(&opts);
+    check_rc(ps_init(&opts, &comm), "init");
+    rank = ps_get_rank(comm, NULL);
+    int n = ps_get_world_size(comm, NULL);
+    if (n != 3) {
+        fprintf(stderr, "C rank %d: world size %d, expected 3\n", rank, n);
+        return 1;
+    }
+    int r = rank;
+
+    float f[3] = {(float)r + 1, ((float)r + 1) * 0.5f, (float)-r};
+    check_rc(ps_all_reduce(comm, f, 3, PS_FLOAT32, PS_SUM, NULL), "all_reduce float32 SUM");
+    expect(EQ(f, ((float[]){6, 3, -3}), 3), "all_reduce float32 SUM");
+
+    int64_t l[2] = {r + 2, -(r + 1)};
+    check_rc(ps_all_reduce(comm, l, 2, PS_INT64, PS_PRODUCT, NULL), "all_reduce int64 PRODUCT");
+    expect(EQ(l, ((int64_t[]){24, -6}), 2), "all_reduce int64 PRODUCT");
+
+    int32_t i[2] = {r * 10, -r};
+    check_rc(ps_all_reduce(comm, i, 2, PS_INT32, PS_MAX, NULL), "all_reduce int32 MAX");
+    expect(EQ(i, ((int32_t[]){20, 0}), 2), "all_reduce int32 MAX");
+    int32_t j[2] = {r * 10, -r};
+    check_rc(ps_all_reduce(comm, j, 2, PS_INT32, PS_MIN, NULL), "all_reduce int32 MIN");
+    expect(EQ(j, ((int32_t[]){0, -2}), 2), "all_reduce int32 MIN");
+
+    uint8_t u[2] = {(uint8_t)(1u << r), 255};
+    check_rc(ps_all_reduce(comm, u, 2, PS_UINT8, PS_BXOR, NULL), "all_reduce uint8 BXOR");
+    expect(EQ(u, ((uint8_t[]){7, 255}), 2), "all_reduce uint8 BXOR");
+
+    int16_t s[1] = {(int16_t)(255 - r)};
+    check_rc(ps_all_reduce(comm, s, 1, PS_INT16, PS_BAND, NULL), "all_reduce int16 BAND");
+    expect(s[0] == 252, "all_reduce int16 BAND");
+
+    double d[2] = {3.0 * r, 1};
+    check_rc(ps_all_reduce(comm, d, 2, PS_FLOAT64, PS_AVG, NULL), "all_reduce float64 AVG");
+    expect(EQ(d, ((double[]){3, 1}), 2), "all_reduce float64 AVG");
+
+    uint8_t b[2] = {r == 2, 0};
+    check_rc(ps_all_reduce(comm, b, 2, PS_BOOL, PS_BOR, NULL), "all_reduce bool BOR");
+    expect(EQ(b, ((uint8_t[]){1, 0}), 2), "all_reduce bool BOR");
+
+    /* 1 Mi float32 elements: several frames each way. */
+    size_t big_n = 1u << 20;
+    float *big = malloc(big_n * sizeof(*big));
+    if (!big)
+        return 1;
+    for (size_t k = 0; k < big_n; k++)
+        big[k] = (float)(r + 1) + (float)(k % 7);
+    check_rc(ps_all_reduce(comm, big, big_n, PS_FLOAT32, PS_SUM, NULL), "all_reduce big");
+    bool big_ok = true;
+    for (size_t k = 0; k < big_n; k++)
+        big_ok = big_ok && big[k] == 6.0f + 3.0f * (float)(k % 7);
+    expect(big_ok, "all_reduce float32 SUM of 4 MiB");
+    free(big);
+
+    int32_t bc[2] = {r * 100, 7};
+    check_rc(ps_broadcast(comm, bc, 2, PS_INT32, 1, NULL), "broadcast from 1");
+    expect(EQ(bc, ((int32_t[]){100, 7}), 2), "broadcast int32 from rank 1");
+    double bd[1] = {r + 0.5};
+    check_rc(ps_broadcast(comm, bd, 1, PS_FLOAT64, 2, NULL), "broadcast from 2");
+    expect(bd[0] == 2.5, "broadcast float64 from rank 2");
+
+    float gin[2] = {(float)r, r + 0.25f}, gout[6];
+    check_rc(ps_all_gather(comm, gout, gin, 2, PS_FLOAT32, NULL), "all_gather");
+    expect(EQ(gout, ((float[]){0, 0.25f, 1, 1.25f, 2, 2.25f}), 6), "all_gather float32");
+
+    for (int dst = 0; dst < 3; dst += 2) {
+        int64_t in[1] = {(int64_t)r * r}, out[3] = {0};
+        check_rc(ps_gather(comm, r == dst ? out : NULL, in, 1, PS_INT64, dst, NULL), "gather");
+        if (r == dst)
+            expect(EQ(out, ((int64_t[]){0, 1, 4}), 3), "gather int64");
+    }
+
+    for (int src = 2; src >= 0; src -= 2) {
+        int32_t in[3] = {0, 11 + src, 22 + src}, out[1] = {-1};
+        check_rc(ps_scatter(comm, out, r == src ? in : NULL, 1, PS_INT32, src, NULL), "scatter");
+        expect(out[0] == r * 11 + (r ? src : 0), "scatter int32");
+    }
+
+    check_rc(ps_barrier(comm, NULL), "barrier");
+    printf("C rank %d: barrier ok\n", r);
+    check_rc(ps_finalize(comm), "finalize");
+    return 0;
+}

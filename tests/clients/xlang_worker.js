@@ -1,0 +1,83 @@
+'use strict';
+// The Node.js worker of the cross-language test (xlang.py): the steps of
+// xlang_worker.c, with the paramsync Node.js client on typed arrays.
+const path = require('path');
+const dist = require(path.join(__dirname, '..', '..', 'client', 'node'));
+
+let r;
+function expect(got, want, what) {
+  const g = Array.from(got); const w = Array.from(want);
+  if (got.constructor !== want.constructor || g.length !== w.length || g.some((v, i) => v !== w[i])) {
+    console.error(`Node rank ${r}: ${what}: got ${g}, want ${w}`);
+    process.exit(1);
+  }
+  console.log(`Node rank ${r}: ${what} ok`);
+}
+
+(async () => {
+  await dist.initProcessGroup('paramsync');
+  r = dist.getRank();
+  if (dist.getWorldSize() !== 3) throw new Error('world size');
+  const R = dist.ReduceOp;
+  let x = Float32Array.from([r + 1, (r + 1) * 0.5, -r]);
+  await dist.allReduce(x, { op: R.SUM });
+  expect(x, Float32Array.from([6, 3, -3]), 'all_reduce float32 SUM');
+  x = BigInt64Array.from([BigInt(r + 2), BigInt(-(r + 1))]);
+  await dist.allReduce(x, { op: R.PRODUCT });
+  expect(x, BigInt64Array.from([24n, -6n]), 'all_reduce int64 PRODUCT');
+  x = Int32Array.from([r * 10, -r]);
+  await dist.allReduce(x, { op: R.MAX });
+  expect(x, Int32Array.from([20, 0]), 'all_reduce int32 MAX');
+  x = Int32Array.from([r * 10, -r]);
+  await dist.allReduce(x, { op: R.MIN });
+  expect(x, Int32Array.from([0, -2]), 'all_reduce int32 MIN');
+  x = Uint8Array.from([1 << r, 255]);
+  await dist.allReduce(x, { op: R.BXOR });
+  expect(x, Uint8Array.from([7, 255]), 'all_reduce uint8 BXOR');
+  x = Int16Array.from([255 - r]);
+  await dist.allReduce(x, { op: R.BAND });
+  expect(x, Int16Array.from([252]), 'all_reduce int16 BAND');
+  x = Float64Array.from([3 * r, 1]);
+  await dist.allReduce(x, { op: R.AVG });
+  expect(x, Float64Array.from([3, 1]), 'all_reduce float64 AVG');
+  x = Uint8Array.from([r === 2 ? 1 : 0, 0]);
+  await dist.allReduce(x, { op: R.BOR, dtype: 'bool' });
+  expect(x, Uint8Array.from([1, 0]), 'all_reduce bool BOR');
+  const n = 1 << 20;
+  const big = Float32Array.from({ length: n }, (_, k) => r + 1 + (k % 7));
+  await dist.allReduce(big);
+  expect(big, Float32Array.from({ length: n }, (_, k) => 6 + 3 * (k % 7)),
+    'all_reduce float32 SUM of 4 MiB');
+
+  x = Int32Array.from([r * 100, 7]);
+  await dist.broadcast(x, 1);
+  expect(x, Int32Array.from([100, 7]), 'broadcast int32 from rank 1');
+  x = Float64Array.from([r + 0.5]);
+  await dist.broadcast(x, 2);
+  expect(x, Float64Array.from([2.5]), 'broadcast float64 from rank 2');
+
+  const out = [0, 1, 2].map(() => new Float32Array(2));
+  await dist.allGather(out, Float32Array.from([r, r + 0.25]));
+  expect(Float32Array.from(out.flatMap((t) => [...t])), Float32Array.from([0, 0.25, 1, 1.25, 2, 2.25]),
+    'all_gather float32');
+  for (const dst of [0, 2]) {
+    const lst = r === dst ? [0, 1, 2].map(() => new BigInt64Array(1)) : null;
+    await dist.gather(BigInt64Array.from([BigInt(r * r)]), lst, dst);
+    if (r === dst) {
+      expect(BigInt64Array.from(lst.map((t) => t[0])), BigInt64Array.from([0n, 1n, 4n]),
+        'gather int64');
+    }
+  }
+  for (const src of [2, 0]) {
+    const lst = r === src ? [0, 11 + src, 22 + src].map((v) => Int32Array.from([v])) : null;
+    x = Int32Array.from([-1]);
+    await dist.scatter(x, lst, src);
+    expect(x, Int32Array.from([r * 11 + (r ? src : 0)]), 'scatter int32');
+  }
+  await dist.barrier();
+  console.log(`Node rank ${r}: barrier ok`);
+  await dist.destroyProcessGroup();
+})().catch((e) => {
+  console.error(`Node rank ${r}:`, e);
+  process.exit(1);
+});

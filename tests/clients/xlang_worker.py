@@ -1,0 +1,75 @@
+"""The Python worker of the cross-language test (xlang.py): the steps of
+xlang_worker.c, with paramsync.distributed on numpy arrays."""
+import sys
+
+import numpy as np
+
+import paramsync.distributed as dist
+
+dist.init_process_group("paramsync")
+r = dist.get_rank()
+assert dist.get_world_size() == 3
+
+
+def expect(got, want, what):
+    got = np.asarray(got)
+    if got.dtype != np.asarray(want).dtype or not np.array_equal(got, want):
+        print("Python rank %d: %s: got %r, want %r" % (r, what, got, want), file=sys.stderr)
+        sys.exit(1)
+    print("Python rank %d: %s ok" % (r, what), flush=True)
+
+
+R = dist.ReduceOp
+f = np.array([r + 1, (r + 1) * 0.5, -r], np.float32)
+dist.all_reduce(f, op=R.SUM)
+expect(f, np.array([6, 3, -3], np.float32), "all_reduce float32 SUM")
+x = np.array([r + 2, -(r + 1)], np.int64)
+dist.all_reduce(x, op=R.PRODUCT)
+expect(x, np.array([24, -6], np.int64), "all_reduce int64 PRODUCT")
+x = np.array([r * 10, -r], np.int32)
+dist.all_reduce(x, op=R.MAX)
+expect(x, np.array([20, 0], np.int32), "all_reduce int32 MAX")
+x = np.array([r * 10, -r], np.int32)
+dist.all_reduce(x, op=R.MIN)
+expect(x, np.array([0, -2], np.int32), "all_reduce int32 MIN")
+x = np.array([1 << r, 255], np.uint8)
+dist.all_reduce(x, op=R.BXOR)
+expect(x, np.array([7, 255], np.uint8), "all_reduce uint8 BXOR")
+x = np.array([255 - r], np.int16)
+dist.all_reduce(x, op=R.BAND)
+expect(x, np.array([252], np.int16), "all_reduce int16 BAND")
+x = np.array([3.0 * r, 1], np.float64)
+dist.all_reduce(x, op=R.AVG)
+expect(x, np.array([3, 1], np.float64), "all_reduce float64 AVG")
+x = np.array([r == 2, False])
+dist.all_reduce(x, op=R.BOR)
+expect(x, np.array([True, False]), "all_reduce bool BOR")
+k = np.arange(1 << 20) % 7
+big = (r + 1 + k).astype(np.float32)
+dist.all_reduce(big)
+expect(big, (6 + 3 * k).astype(np.float32), "all_reduce float32 SUM of 4 MiB")
+
+x = np.array([r * 100, 7], np.int32)
+dist.broadcast(x, src=1)
+expect(x, np.array([100, 7], np.int32), "broadcast int32 from rank 1")
+x = np.array([r + 0.5])
+dist.broadcast(x, src=2)
+expect(x, np.array([2.5]), "broadcast float64 from rank 2")
+
+out = [np.zeros(2, np.float32) for _ in range(3)]
+dist.all_gather(out, np.array([r, r + 0.25], np.float32))
+expect(np.concatenate(out), np.array([0, 0.25, 1, 1.25, 2, 2.25], np.float32),
+       "all_gather float32")
+for dst in (0, 2):
+    lst = [np.zeros(1, np.int64) for _ in range(3)] if r == dst else None
+    dist.gather(np.array([r * r], np.int64), lst, dst=dst)
+    if r == dst:
+        expect(np.concatenate(lst), np.array([0, 1, 4], np.int64), "gather int64")
+for src in (2, 0):
+    lst = [np.array([v], np.int32) for v in (0, 11 + src, 22 + src)] if r == src else None
+    x = np.array([-1], np.int32)
+    dist.scatter(x, lst, src=src)
+    expect(x, np.array([r * 11 + (src if r else 0)], np.int32), "scatter int32")
+dist.barrier()
+print("Python rank %d: barrier ok" % r)
+dist.destroy_process_group()
