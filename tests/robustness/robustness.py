@@ -20,6 +20,8 @@ with the right result. Cases:
                    deadline, never UNKNOWN/INTERNAL and never a hang
   cancelled_calls  collectives whose client cancels while the daemon waits for
                    peers: the daemon lets go of them, and SIGTERM still exits
+  refused_calls_leak  2200 refused collective calls of 256 KiB each: the
+                   daemon's memory must not grow
 
 Uses the paramsync.v1 worker harness of tests/faults/psworker.py (Debian's
 /usr/bin/python3 with python3-grpcio; stubs generated at run time from proto/).
@@ -391,14 +393,14 @@ def case_metrics_garbage(d, rng):
         c.drain(0.1)
         c.close()
     # Slow clients must not lock the scraper out: a request never finished,
-    # on more connections than the server's limit, while Prometheus scrapes
-    # with its default scrape_timeout of 10 s.
+    # on more connections than the server's limit (256 today), while
+    # Prometheus scrapes with its default scrape_timeout of 10 s.
     held = []
-    for _ in range(50):
+    for _ in range(300):
         c = Raw(port)
         c.send(b"GET /metr")
         held.append(c)
-    scrape(d, "with 50 half-open requests held", METRICS_SCRAPE_TIMEOUT_S)
+    scrape(d, "with 300 half-open requests held", METRICS_SCRAPE_TIMEOUT_S)
     for c in held:
         c.close()
     scrape(d, "afterwards", METRICS_SCRAPE_TIMEOUT_S)
@@ -588,7 +590,7 @@ def case_malformed_calls(d, rng):
         # (world 1) or a clean refusal; never a crash or a hang.
         for name, job in [("job_64k", "j" * 65536), ("job_with_nul", "a\0b")]:
             req = pb.JoinRequest(job=job, world_size=1).SerializeToString()
-            code, msg, el, _ = c.stream(m, [req], want_first=True)
+            code, msg, el, _ = c.stream(m, [req], hold_s=CALL_DEADLINE_S, want_first=True)
             judge("%s %s" % (m, name), (code, msg), CLEAN | {"RESPONSE"}, el)
 
     # ---- Collective: first frames the agent or the hub must refuse
@@ -754,6 +756,76 @@ def case_cancelled_calls(d, rng):
     still_serves(d, "cancelled_calls")
 
 
+def case_refused_calls_leak(d, rng):
+    """Every refused call gives back what it took.
+
+    Collective calls refused at their first or second frame, each carrying
+    256 KiB, sent 200 times per kind: were one refusal path to keep the
+    frame, the daemon would grow by 50 MiB. The same calls first run 20 times
+    so that the allocator's own high-water mark is reached before measuring."""
+    pb, _ = pw.stubs()
+    conn = pw.Conn(d.addr)
+    member = pw.Member(conn)
+    ready = member.join("lk", 1, 0, wait_s=20)
+    pw.check(not isinstance(ready, pw.RpcOutcome), "cannot join job lk: %r" % (ready,))
+    inc = ready.incarnation
+    coll = conn.channel.stream_stream("/paramsync.v1.Worker/Collective")
+    blob = bytes(rng.getrandbits(8) for _ in range(4096)) * 64  # 256 KiB
+    n_el = len(blob) // 4
+    seq = [0]
+
+    def first(**kw):
+        x = dict(job="lk", kind=pb.ALL_REDUCE, dtype=pb.FLOAT32, count=n_el, rank=0,
+                 incarnation=inc)
+        x.update(kw)
+        x["seq"] = seq[0]
+        seq[0] += 1
+        return pb.CollectiveHeader(**x)
+
+    refusals = {
+        "no_header": lambda: [frame_bytes(pb, None, data=blob)],
+        "empty_job": lambda: [frame_bytes(pb, first(job=""), data=blob)],
+        "unknown_job": lambda: [frame_bytes(pb, first(job="nope"), data=blob)],
+        "stale_incarnation": lambda: [frame_bytes(pb, first(incarnation=inc + 1), data=blob)],
+        "bad_kind": lambda: [frame_bytes(pb, first(kind=99), data=blob)],
+        "bad_dtype": lambda: [frame_bytes(pb, first(dtype=42), data=blob)],
+        "count_2_60": lambda: [frame_bytes(pb, first(count=1 << 60), data=blob)],
+        "too_many_bytes": lambda: [frame_bytes(pb, first(count=n_el // 2), data=blob)],
+        "bad_second_frame": lambda: [frame_bytes(pb, first(count=2 * n_el), data=blob),
+                                     b"\x0a\x05ab"],
+        "bad_offset": lambda: [frame_bytes(pb, first(count=2 * n_el), data=blob),
+                               frame_bytes(pb, offset=7, data=blob)],
+        "unparseable_first": lambda: [b"\x0a\x05ab" + blob],
+    }
+
+    def round_of_calls():
+        for name, frames in refusals.items():
+            try:
+                list(coll(iter(frames()), timeout=CALL_DEADLINE_S))
+                code = "OK"
+            except pw.grpc.RpcError as e:
+                code = e.code().name
+            if code not in BAD_INPUT | {"NOT_FOUND", "FAILED_PRECONDITION"}:
+                pw.expect(False, "refused_calls_leak: %s: got %s" % (name, code))
+
+    for _ in range(20):
+        round_of_calls()
+    before = d.rss_kb()
+    t0 = time.monotonic()
+    for _ in range(200):
+        round_of_calls()
+    time.sleep(0.5)
+    after = d.rss_kb()
+    grew = (after - before) / 1024.0
+    pw.log("refused_calls_leak: %d refused calls of 256 KiB in %.1fs: RSS %.1f -> %.1f MiB"
+           % (200 * len(refusals), time.monotonic() - t0, before / 1024.0, after / 1024.0))
+    pw.expect(grew < 32, "refused_calls_leak: the daemon grew by %.1f MiB over %d refused calls "
+              "(a refusal path keeps what it received)" % (grew, 200 * len(refusals)))
+    member.leave()
+    conn.close()
+    still_serves(d, "refused_calls_leak")
+
+
 CASES = {
     "garbage": case_garbage,
     "h2_junk": case_h2_junk,
@@ -762,6 +834,7 @@ CASES = {
     "metrics_garbage": case_metrics_garbage,
     "malformed_calls": case_malformed_calls,
     "cancelled_calls": case_cancelled_calls,
+    "refused_calls_leak": case_refused_calls_leak,
 }
 
 
