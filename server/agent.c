@@ -53,13 +53,30 @@ struct ps__agent {
 /* Control calls to the coordinator are short; a coordinator that does not
  * answer within this is reported as unavailable. */
 #define CONTROL_TIMEOUT_MS 30000
+/* Job lookups also run while collectives wait (liveness checks): short, so
+ * a coordinator that is gone cannot hold them long. */
+#define LOOKUP_TIMEOUT_MS 5000
 
 /* ---- forwarding helpers ---- */
 
 typedef struct pipe_arg {
     ps__rpc_call_t *from, *to;
     int client_to; /* `to` is a client call: half-close it at the end */
+    int frames;    /* collective frames: count their payload bytes */
 } pipe_arg_t;
+
+/* Payload bytes of a forwarded collective frame, for the link metrics. */
+static void count_frame(grpc_byte_buffer *bb, int from_worker)
+{
+    ps__frame_t f;
+    if (ps__frame_decode(bb, &f) < 0)
+        return;
+    if (f.data_len) {
+        ps__metrics_bytes(PS_M_RX, from_worker ? PS_M_LINK_WORKER : PS_M_LINK_AGENT, f.data_len);
+        ps__metrics_bytes(PS_M_TX, from_worker ? PS_M_LINK_AGENT : PS_M_LINK_WORKER, f.data_len);
+    }
+    ps__frame_clear(&f);
+}
 
 /* Copies messages from one call to another until the stream ends. A broken
  * source cancels the destination so the far side learns at once. */
@@ -78,6 +95,8 @@ static void *pipe_main(void *arg)
                 ps__rpc_call_close_send(p->to);
             break;
         }
+        if (p->frames)
+            count_frame(bb, 1);
         rc = ps__rpc_call_send(p->to, bb);
         grpc_byte_buffer_destroy(bb);
         if (rc < 0)
@@ -252,7 +271,7 @@ static int agent_lookup(void *arg, const char *job, ps__job_info_t *info, char *
     req.job = (char *)job;
     int rc = ps__rpc_unary(a->coord, PS_M_COORD_DESCRIBE_JOB, &req.base,
                            &paramsync__v1__describe_job_response__descriptor,
-                           (ProtobufCMessage **)&resp, CONTROL_TIMEOUT_MS, errmsg);
+                           (ProtobufCMessage **)&resp, LOOKUP_TIMEOUT_MS, errmsg);
     if (rc < 0)
         return rc;
     memset(info, 0, sizeof(*info));
@@ -347,14 +366,17 @@ static void worker_join(ps__rpc_call_t *down, void *arg)
     }
     char *job = strdup(req->job);
     int rank = -1;
-    char *asked = req->agent;
-    req->agent = a->self; /* borrowed; the request's own value is put back before freeing */
+    char *asked = req->agent, *asked_peer = req->peer;
+    /* Borrowed; the request's own values are put back before freeing. */
+    req->agent = a->self;
+    req->peer = (char *)ps__rpc_call_peer(down);
     int rc = ps__rpc_call_start(a->coord, PS_M_COORD_JOIN, 0, &up);
     if (rc == 0)
         rc = ps__rpc_send_msg(up, &req->base);
     req->agent = asked;
+    req->peer = asked_peer;
     protobuf_c_message_free_unpacked(&req->base, NULL);
-    pipe_arg_t pa = {down, up, 1};
+    pipe_arg_t pa = {down, up, 1, 0};
     if (rc == 0 && pthread_create(&watcher, NULL, pipe_main, &pa) == 0)
         watching = 1;
     for (;;) {
@@ -377,6 +399,10 @@ static void worker_join(ps__rpc_call_t *down, void *arg)
             char m[512];
             snprintf(m, sizeof(m), "the coordinator at %s is unreachable: %s",
                      ps__rpc_channel_target(a->coord), msg ? msg : "");
+            /* Without its coordinator the job cannot go on: whatever it
+             * has in flight here ends now, not at its timeout. */
+            if (job && rank >= 0)
+                ps__hub_job_abort(a->hub, job, GRPC_STATUS_UNAVAILABLE, m);
             ps__rpc_call_send_status(down, GRPC_STATUS_UNAVAILABLE, m);
         } else {
             ps__rpc_call_send_status(down, -rc, msg ? msg : "");
@@ -453,17 +479,20 @@ static void collective_proxy(ps__agent_t *a, ps__rpc_call_t *down, grpc_byte_buf
     ps__rpc_channel_t *ch = peer_channel(a, hub);
     char auth[600];
     int have_auth = ps__rpc_call_metadata(down, "authorization", auth, sizeof(auth)) == 0;
-    int rc =
-        ch ? ps__rpc_call_start_auth(ch, PS_M_WORKER_COLLECTIVE, 0, have_auth ? auth : NULL, &up)
-           : PS_ENOMEM;
-    if (rc == 0)
+    int rc = ch ? ps__rpc_call_start_auth(ch, PS_M_WORKER_COLLECTIVE, 0, have_auth ? auth : NULL,
+                                          a->self, &up)
+                : PS_ENOMEM;
+    if (rc == 0) {
+        count_frame(first, 1); /* before the send, which empties the buffer */
         rc = ps__rpc_call_send(up, first);
-    pipe_arg_t pa = {down, up, 1};
+    }
+    pipe_arg_t pa = {down, up, 1, 1};
     int piping = rc == 0 && pthread_create(&t, NULL, pipe_main, &pa) == 0;
     while (piping) {
         grpc_byte_buffer *bb = NULL;
         if (ps__rpc_call_recv(up, &bb) < 0 || !bb)
             break;
+        count_frame(bb, 0);
         int src = ps__rpc_call_send(down, bb);
         grpc_byte_buffer_destroy(bb);
         if (src < 0) {
@@ -619,6 +648,17 @@ void ps__agent_watch_health(ps__agent_t *a, struct ps__health *health)
 {
     a->health = health;
     a->health_running = pthread_create(&a->health_thread, NULL, health_main, a) == 0;
+}
+
+ps__hub_t *ps__agent_hub(ps__agent_t *a)
+{
+    return a->hub;
+}
+
+void ps__agent_drain(ps__agent_t *a)
+{
+    if (a)
+        ps__hub_drain(a->hub);
 }
 
 int ps__agent_status(ps__agent_t *a, const char *job, Paramsync__V1__StatusResponse *resp)

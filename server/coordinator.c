@@ -26,6 +26,7 @@ typedef struct event {
 
 typedef struct member {
     member_state_t state;
+    int leaving; /* Leave was called: the end of its stream is not a loss */
     char *agent;
     char *peer;
     event_t *events, **events_tail;
@@ -162,6 +163,8 @@ static void *join_watch_main(void *arg)
         if (rc < 0)
             break;
         if (!bb) {
+            /* gRPC reports a member that died as an end of stream too; the
+             * Leave call before it is what makes an end graceful. */
             graceful = 1;
             break;
         }
@@ -275,6 +278,7 @@ static int join_register(ps__coordinator_t *c, const Paramsync__V1__JoinRequest 
     }
     member_t *m = &j->members[rank];
     m->state = M_JOINED;
+    m->leaving = 0;
     free(m->agent);
     free(m->peer);
     m->agent = strdup(req->agent ? req->agent : "");
@@ -308,7 +312,8 @@ static void coord_join(ps__rpc_call_t *call, void *arg)
                                  "join: expected a JoinRequest");
         return;
     }
-    const char *peer = ps__rpc_call_peer(call);
+    /* The worker's own address when an agent forwarded the call. */
+    const char *peer = req->peer && *req->peer ? req->peer : ps__rpc_call_peer(call);
     int64_t timeout = req->timeout_ms ? (int64_t)req->timeout_ms : c->cfg->join_timeout_ms;
 
     pthread_mutex_lock(&c->lock);
@@ -386,7 +391,7 @@ static void coord_join(ps__rpc_call_t *call, void *arg)
     }
     /* Leaving: graceful, lost, or a rendezvous that never completed. */
     member_t *m = &j->members[rank];
-    if (code != GRPC_STATUS_OK || w.ended == 1) {
+    if (code != GRPC_STATUS_OK || (w.ended == 1 && (m->leaving || !j->ready))) {
         m->state = j->ready ? M_LEFT : M_FREE;
         PS_LOG(PS_LOG_INFO, "job %s: rank %d left", j->name, rank);
     } else {
@@ -501,6 +506,8 @@ static int do_leave(ps__coordinator_t *c, const ProtobufCMessage *rq, ProtobufCM
                j->members[req->rank].state != M_JOINED) {
         snprintf(msg, msglen, "leave job %s: rank %d is not a member", req->job, req->rank);
         rc = PS_EINVAL;
+    } else {
+        j->members[req->rank].leaving = 1;
     }
     pthread_mutex_unlock(&c->lock);
     /* The membership stream's half-close completes the leave. */

@@ -71,6 +71,9 @@ int ps__agent_create(const ps__config_t *cfg, ps__rpc_server_t *srv, const char 
                      const char *coordinator, ps__agent_t **out);
 void ps__agent_destroy(ps__agent_t *a);
 
+/** Drains the agent's hub (ps__hub_drain). */
+void ps__agent_drain(ps__agent_t *a);
+
 /** Adds the collectives in flight on this agent's hub to resp (as
  * ps__coordinator_status). */
 int ps__agent_status(ps__agent_t *a, const char *job, Paramsync__V1__StatusResponse *resp);
@@ -120,6 +123,21 @@ int ps__hub_shm_attach(ps__hub_t *h, const char *job, int rank, const char *name
 /** Drops the segments of job's rank (every rank for rank < 0); collectives
  * still using one keep it mapped until they end. */
 void ps__hub_shm_release(ps__hub_t *h, const char *job, int rank);
+
+/** Fails the job's collectives in flight with code and message, and forgets
+ * what the hub knew of the job (its coordinator or membership is gone). */
+void ps__hub_job_abort(ps__hub_t *h, const char *job, int code, const char *message);
+
+/** Seconds the longest-waiting collective has waited for a missing rank
+ * (a ps__metrics_wait_fn; arg is the hub). */
+double ps__hub_longest_wait(void *hub);
+
+/** The agent's hub. */
+ps__hub_t *ps__agent_hub(ps__agent_t *a);
+
+/** Fails every collective in flight, and every one that comes later, with
+ * UNAVAILABLE "shutting down" (SIGTERM, before the server stops). */
+void ps__hub_drain(ps__hub_t *h);
 
 /** Adds the hub's in-flight collectives and unmatched sends/receives. */
 int ps__hub_status(ps__hub_t *h, const char *job, Paramsync__V1__StatusResponse *resp);

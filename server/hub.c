@@ -154,6 +154,7 @@ typedef struct member {
     int64_t arrival_ms;
     int refused;      /* p2p: a gRPC code when the match could not be served */
     shm_map_t *shm;   /* input and output live in this segment */
+    int link;         /* PS_M_LINK_AGENT when another agent forwarded the call */
     uint64_t shm_out; /* output offset in it */
 } member_t;
 
@@ -212,7 +213,19 @@ typedef struct mailbox {
     struct mailbox *next;
 } mailbox_t;
 
+/* The answer of a failed collective, for ranks that arrive after it ended. */
+typedef struct tombstone {
+    uint32_t group;
+    uint64_t seq;
+    int code;
+    char message[512];
+    struct tombstone *next;
+} tombstone_t;
+
+#define PS_HUB_TOMBSTONES 64
+
 struct job {
+    tombstone_t *tombstones; /* newest first, at most PS_HUB_TOMBSTONES */
     char *name;
     ps__job_info_t info;
     coll_t *colls;
@@ -231,6 +244,7 @@ struct ps__hub {
     job_t *jobs;
     uint64_t inflight_bytes; /* reserved by the collectives in flight */
     shm_map_t *shms;         /* attached segments */
+    int stopping;            /* draining: everything fails with UNAVAILABLE */
 };
 
 static const char *kind_name(int k)
@@ -280,6 +294,11 @@ static void coll_free(struct coll *c);
 
 static void job_free(job_t *j)
 {
+    while (j->tombstones) {
+        tombstone_t *t = j->tombstones;
+        j->tombstones = t->next;
+        free(t);
+    }
     while (j->colls) {
         coll_t *c = j->colls;
         j->colls = c->next;
@@ -665,6 +684,29 @@ static void coll_free(coll_t *c)
     free(c);
 }
 
+static void tombstone_add(job_t *j, const coll_t *c)
+{
+    tombstone_t *t = calloc(1, sizeof(*t));
+    if (!t)
+        return;
+    t->group = c->group;
+    t->seq = c->seq;
+    t->code = c->code;
+    snprintf(t->message, sizeof(t->message), "%s", c->message);
+    t->next = j->tombstones;
+    j->tombstones = t;
+    int n = 0;
+    for (tombstone_t **p = &j->tombstones; *p; n++) {
+        if (n >= PS_HUB_TOMBSTONES) {
+            tombstone_t *old = *p;
+            *p = old->next;
+            free(old);
+        } else {
+            p = &(*p)->next;
+        }
+    }
+}
+
 static void coll_unlink(job_t *j, coll_t *c)
 {
     for (coll_t **p = &j->colls; *p; p = &(*p)->next)
@@ -720,6 +762,10 @@ static int member_read(member_t *m, uint8_t *dst, size_t len)
             ps__frame_clear(&m->frame);
             m->frame_pos = 0;
             int rc = ps__rpc_call_recv(m->call, &bb);
+            /* A stream that ends early may be a client that died: gRPC can
+             * report that as an end of stream, so ask how it ended. */
+            if (rc == 0 && !bb && ps__rpc_call_peer_cancelled(m->call, 200) == 1)
+                rc = PS_EABORTED;
             if (rc < 0 || !bb) {
                 pthread_mutex_lock(c->lock);
                 if (rc < 0)
@@ -764,7 +810,7 @@ static int member_read(member_t *m, uint8_t *dst, size_t len)
         ps__frame_copy_data(&m->frame, m->frame_pos, dst, k);
         m->frame_pos += k;
         m->in_off += k;
-        ps__metrics_bytes(PS_M_RX, PS_M_LINK_WORKER, k);
+        ps__metrics_bytes(PS_M_RX, m->link, k);
         dst += k;
         len -= k;
     }
@@ -895,7 +941,7 @@ static int send_frame(member_t *m, const Paramsync__V1__CollectiveResult *res, u
                   : ps__rpc_call_send(m->call, bb);
     grpc_byte_buffer_destroy(bb);
     if (rc == 0 && len)
-        ps__metrics_bytes(PS_M_TX, PS_M_LINK_WORKER, len);
+        ps__metrics_bytes(PS_M_TX, m->link, len);
     return rc;
 }
 
@@ -1113,6 +1159,10 @@ static member_t *member_new(ps__rpc_call_t *call, ps__frame_t *first)
     m->frame.meta = NULL;
     memset(first, 0, sizeof(*first));
     m->arrival_ms = ps__now_ms();
+    char via[8];
+    m->link = ps__rpc_call_metadata(call, PS_RPC_VIA_METADATA, via, sizeof(via)) == 0
+                  ? PS_M_LINK_AGENT
+                  : PS_M_LINK_WORKER;
     return m;
 }
 
@@ -1243,7 +1293,8 @@ static void wait_arrivals(ps__hub_t *h, coll_t *c, int64_t timeout_ms)
             abs_ms(left < PS_HUB_LIVENESS_CHECK_MS ? left : PS_HUB_LIVENESS_CHECK_MS);
         if (left > 0 && pthread_cond_timedwait(&c->cond, c->lock, &slice) == ETIMEDOUT &&
             c->narrived < c->n && !c->failed && ps__now_ms() < end) {
-            check_missing_alive(h, c);
+            if (!h->stopping)
+                check_missing_alive(h, c);
             continue;
         }
         if (ps__now_ms() >= end && c->narrived < c->n && !c->failed) {
@@ -1285,6 +1336,11 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
     hd = m->first->header;
 
     pthread_mutex_lock(&h->lock);
+    if (h->stopping) {
+        code = GRPC_STATUS_UNAVAILABLE;
+        snprintf(msg, sizeof(msg), "paramsyncd is shutting down (SIGTERM)");
+        goto fail_locked;
+    }
     j = job_get(h, hd, &code, msg, sizeof(msg));
     if (!j)
         goto fail_locked;
@@ -1328,6 +1384,12 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
         pthread_cond_broadcast(&h->p2p_changed);
         struct timespec dl = abs_ms(timeout);
         while (!m->coll) {
+            if (h->stopping) {
+                list_remove(list, m);
+                code = GRPC_STATUS_UNAVAILABLE;
+                snprintf(msg, sizeof(msg), "paramsyncd is shutting down (SIGTERM)");
+                goto fail_locked;
+            }
             if (m->refused) {
                 code = GRPC_STATUS_RESOURCE_EXHAUSTED;
                 snprintf(msg, sizeof(msg),
@@ -1364,6 +1426,12 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
         for (coll_t *x = j->colls; x && !c; x = x->next)
             if (!x->p2p && x->group == hd->group && x->seq == hd->seq)
                 c = x;
+        for (tombstone_t *t = j->tombstones; t && !c; t = t->next)
+            if (t->group == hd->group && t->seq == hd->seq) {
+                code = t->code;
+                snprintf(msg, sizeof(msg), "%s", t->message);
+                goto fail_locked;
+            }
         if (!c) {
             int over;
             c = coll_new(h, j, hd, n, 0, &over);
@@ -1467,7 +1535,11 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
     ps__metrics_collective_done(m->first->header->kind, code,
                                 (double)(ps__now_ms() - m->arrival_ms) / 1e3);
     snprintf(msg, sizeof(msg), "%s", c->failed ? c->message : "");
-    if (++c->nfinished == c->n) {
+    /* A failed collective goes once every rank that came has its answer;
+     * a tombstone gives ranks that come later the same answer at once. */
+    if (++c->nfinished == c->n || (c->failed && c->nfinished == c->narrived)) {
+        if (c->nfinished < c->n)
+            tombstone_add(j, c);
         coll_unlink(j, c);
         coll_free(c);
     }
@@ -1576,6 +1648,54 @@ void ps__hub_shm_release(ps__hub_t *h, const char *job, int rank)
             p = &sm->next;
         }
     }
+    pthread_mutex_unlock(&h->lock);
+}
+
+void ps__hub_job_abort(ps__hub_t *h, const char *job, int code, const char *message)
+{
+    pthread_mutex_lock(&h->lock);
+    for (job_t **p = &h->jobs; *p;) {
+        job_t *j = *p;
+        if (strcmp(j->name, job) != 0) {
+            p = &j->next;
+            continue;
+        }
+        for (coll_t *c = j->colls; c; c = c->next)
+            coll_fail(c, code, "%s", message);
+        /* The next collective asks the coordinator afresh. */
+        *p = j->next;
+        j->next = NULL;
+        j->stale = 1;
+        if (j->refs == 0)
+            job_free(j);
+    }
+    pthread_mutex_unlock(&h->lock);
+}
+
+double ps__hub_longest_wait(void *arg)
+{
+    ps__hub_t *h = arg;
+    int64_t now = ps__now_ms(), oldest = now;
+    pthread_mutex_lock(&h->lock);
+    for (job_t *j = h->jobs; j; j = j->next)
+        for (coll_t *c = j->colls; c; c = c->next)
+            if (!c->failed && c->narrived < c->n)
+                for (int i = 0; i < c->n; i++)
+                    if (c->members[i] && c->members[i]->arrival_ms < oldest)
+                        oldest = c->members[i]->arrival_ms;
+    pthread_mutex_unlock(&h->lock);
+    return (double)(now - oldest) / 1e3;
+}
+
+void ps__hub_drain(ps__hub_t *h)
+{
+    pthread_mutex_lock(&h->lock);
+    h->stopping = 1;
+    for (job_t *j = h->jobs; j; j = j->next)
+        for (coll_t *c = j->colls; c; c = c->next)
+            coll_fail(c, GRPC_STATUS_UNAVAILABLE,
+                      "paramsyncd is shutting down (SIGTERM): the collective was stopped");
+    pthread_cond_broadcast(&h->p2p_changed);
     pthread_mutex_unlock(&h->lock);
 }
 

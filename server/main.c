@@ -479,8 +479,8 @@ int main(int argc, char **argv)
     }
     int rank_limit_n = 64;
     if (rank_limit) {
-        if (parse_bytes(rank_limit, &v) < 0 || v > 65536) {
-            fprintf(stderr, "paramsyncd: --metrics-rank-limit must be 0 to 65536, not '%s'\n",
+        if (parse_bytes(rank_limit, &v) < 0 || v > 1024) {
+            fprintf(stderr, "paramsyncd: --metrics-rank-limit must be 0 to 1024, not '%s'\n",
                     rank_limit);
             return 2;
         }
@@ -572,6 +572,8 @@ int main(int argc, char **argv)
     }
     if (coord)
         ps__metrics_set_gauge_source(ps__coordinator_gauges, coord);
+    if (agent)
+        ps__metrics_set_wait_source(ps__hub_longest_wait, ps__agent_hub(agent));
     if ((rc = ps__rpc_server_start(srv)) < 0)
         goto out;
     if (coord) {
@@ -604,9 +606,11 @@ int main(int argc, char **argv)
 out:
     if (rc < 0)
         fprintf(stderr, "paramsyncd: start-up failed: %s\n", ps_strerror(rc));
-    /* Probes see NOT_SERVING before calls are refused. */
+    /* Probes see NOT_SERVING before calls are refused, and collectives in
+     * flight are told why they end. */
     if (health)
         ps__health_shutdown(health);
+    ps__agent_drain(agent);
     ps__rpc_server_shutdown(srv);
     ps__agent_destroy(agent);
     ps__health_destroy(health);

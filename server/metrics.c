@@ -17,8 +17,6 @@
 
 /* For metrics.h (asked for; C11 allows the repeat once it is there): the
  * hub's longest wait, read at scrape time like the gauges. */
-typedef double (*ps__metrics_wait_fn)(void *arg);
-void ps__metrics_set_wait_source(ps__metrics_wait_fn fn, void *arg);
 
 /* Slot counts. Every label value has its slot from the start, so an update
  * is one relaxed atomic add and never allocates or locks. */

@@ -48,6 +48,11 @@ typedef void (*ps__metrics_gauge_fn)(void *arg, ps__metrics_gauges_t *out);
 int ps__metrics_start(const ps__metrics_config_t *cfg, const char **bound);
 void ps__metrics_stop(void);
 
+/** The longest time, in seconds, any collective has been waiting for a
+ * missing rank (0 when none): paramsync_collective_longest_wait_seconds. */
+typedef double (*ps__metrics_wait_fn)(void *arg);
+void ps__metrics_set_wait_source(ps__metrics_wait_fn fn, void *arg);
+
 /** Registers a gauge source (the coordinator's job table). */
 void ps__metrics_set_gauge_source(ps__metrics_gauge_fn fn, void *arg);
 

@@ -40,6 +40,7 @@ struct ps__rpc_call {
     grpc_slice status_details;
     int cancelled;                  /* server: RECV_CLOSE_ON_SERVER result */
     int status_code;                /* server: the status sent */
+    int close_seen;                 /* server: RECV_CLOSE_ON_SERVER already plucked */
     grpc_metadata_array md_request; /* server: the client's metadata */
     ps__rpc_channel_t *channel;     /* client: for its metadata */
     /* Tags: distinct addresses inside the call. */
@@ -419,7 +420,8 @@ static void serve_call(ps__rpc_call_t *c)
     m->fn(c, m->arg);
     if (!c->status_sent)
         ps__rpc_call_send_status(c, GRPC_STATUS_INTERNAL, "handler ended without a status");
-    pluck(c->cq, &c->tag_close);
+    if (!c->close_seen)
+        pluck(c->cq, &c->tag_close);
     if (s->observer)
         s->observer(c->method,
                     c->cancelled && c->status_code == 0 ? GRPC_STATUS_CANCELLED : c->status_code);
@@ -732,6 +734,19 @@ static int send_status_batch(ps__rpc_call_t *c, grpc_byte_buffer *msg, int code,
     return ok ? 0 : PS_EUNAVAIL;
 }
 
+int ps__rpc_call_peer_cancelled(ps__rpc_call_t *c, int64_t wait_ms)
+{
+    if (!c->close_seen) {
+        gpr_timespec dl =
+            gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(wait_ms, GPR_TIMESPAN));
+        grpc_event ev = grpc_completion_queue_pluck(c->cq, &c->tag_close, dl, NULL);
+        if (ev.type != GRPC_OP_COMPLETE)
+            return -1;
+        c->close_seen = 1;
+    }
+    return c->cancelled != 0;
+}
+
 int ps__rpc_call_send_status(ps__rpc_call_t *c, int code, const char *message)
 {
     return send_status_batch(c, NULL, code, message);
@@ -830,11 +845,11 @@ int ps__rpc_channel_ready(ps__rpc_channel_t *ch)
 int ps__rpc_call_start(ps__rpc_channel_t *ch, const char *method, int64_t timeout_ms,
                        ps__rpc_call_t **out)
 {
-    return ps__rpc_call_start_auth(ch, method, timeout_ms, ch->authorization, out);
+    return ps__rpc_call_start_auth(ch, method, timeout_ms, ch->authorization, NULL, out);
 }
 
 int ps__rpc_call_start_auth(ps__rpc_channel_t *ch, const char *method, int64_t timeout_ms,
-                            const char *authorization, ps__rpc_call_t **out)
+                            const char *authorization, const char *via, ps__rpc_call_t **out)
 {
     ps__rpc_call_t *c = call_alloc();
     if (!c)
@@ -857,18 +872,23 @@ int ps__rpc_call_start_auth(ps__rpc_channel_t *ch, const char *method, int64_t t
     /* Wait for the server instead of failing at once while it starts. */
     ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
     ops[0].flags = GRPC_INITIAL_METADATA_WAIT_FOR_READY;
-    grpc_metadata auth;
+    grpc_metadata md[2];
+    size_t nmd = 0;
     if (authorization) {
-        auth.key = grpc_slice_from_static_string("authorization");
-        auth.value = grpc_slice_from_copied_string(authorization);
-        ops[0].data.send_initial_metadata.count = 1;
-        ops[0].data.send_initial_metadata.metadata = &auth;
+        md[nmd].key = grpc_slice_from_static_string("authorization");
+        md[nmd++].value = grpc_slice_from_copied_string(authorization);
     }
+    if (via) {
+        md[nmd].key = grpc_slice_from_static_string(PS_RPC_VIA_METADATA);
+        md[nmd++].value = grpc_slice_from_copied_string(via);
+    }
+    ops[0].data.send_initial_metadata.count = nmd;
+    ops[0].data.send_initial_metadata.metadata = nmd ? md : NULL;
     ops[1].op = GRPC_OP_RECV_INITIAL_METADATA;
     ops[1].data.recv_initial_metadata.recv_initial_metadata = &c->md_initial;
     grpc_call_error started = grpc_call_start_batch(c->call, ops, 2, &c->tag_start, NULL);
-    if (authorization)
-        grpc_slice_unref(auth.value);
+    for (size_t i = 0; i < nmd; i++)
+        grpc_slice_unref(md[i].value);
     if (started != GRPC_CALL_OK) {
         call_free(c);
         return PS_EINTERNAL;

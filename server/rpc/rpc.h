@@ -100,6 +100,11 @@ const char *ps__rpc_call_peer(ps__rpc_call_t *call);
 /** Milliseconds left before the call's deadline (INT64_MAX when it has none). */
 int64_t ps__rpc_call_remaining_ms(const ps__rpc_call_t *call);
 
+/** Server side, after a receive ended the stream: 1 when the client is
+ * gone (cancelled, died, connection lost), 0 when it half-closed normally,
+ * -1 when that is not known within wait_ms. Call from one thread only. */
+int ps__rpc_call_peer_cancelled(ps__rpc_call_t *call, int64_t wait_ms);
+
 /** Server side: ends the call with a status. Later sends fail. */
 int ps__rpc_call_send_status(ps__rpc_call_t *call, int code, const char *message);
 
@@ -123,11 +128,14 @@ int ps__rpc_channel_ready(ps__rpc_channel_t *ch);
 int ps__rpc_call_start(ps__rpc_channel_t *ch, const char *method, int64_t timeout_ms,
                        ps__rpc_call_t **out);
 
+/** Metadata naming the agent that forwarded a call. */
+#define PS_RPC_VIA_METADATA "x-paramsync-via"
+
 /** As ps__rpc_call_start, sending `authorization` (e.g. "Bearer T") instead
- * of the channel's own token; NULL sends none. For forwarding a worker's
- * credentials. */
+ * of the channel's own token (NULL sends none), and `via` (may be NULL) as
+ * PS_RPC_VIA_METADATA. For forwarding a worker's call. */
 int ps__rpc_call_start_auth(ps__rpc_channel_t *ch, const char *method, int64_t timeout_ms,
-                            const char *authorization, ps__rpc_call_t **out);
+                            const char *authorization, const char *via, ps__rpc_call_t **out);
 
 /** Client side: half-closes the request stream. */
 int ps__rpc_call_close_send(ps__rpc_call_t *call);
