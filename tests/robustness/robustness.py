@@ -13,6 +13,8 @@ with the right result. Cases:
   huge_headers     a 1 MiB header value, 20000 headers, a HEADERS block never ended
   half_open        connections that stop mid-preface, mid-frame or mid-message,
                    held open while the daemon must serve a collective
+  stream_flood     4000 calls opened and never sent a message, then dropped:
+                   threads and memory come back
   metrics_garbage  random bytes and malformed HTTP to the metrics port
   malformed_calls  well-framed gRPC calls to every method with bad messages:
                    each must end with a clean status (INVALID_ARGUMENT or
@@ -361,6 +363,50 @@ def case_half_open(d, rng):
         c.close()
     time.sleep(0.5)
     still_serves(d, "half_open (after they closed)")
+
+
+def proc_threads(pid):
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("Threads:"):
+                return int(line.split()[1])
+    return -1
+
+
+def case_stream_flood(d, rng):
+    """Thousands of calls opened and never sent a message, then dropped.
+
+    Each is a stream whose headers name a real method; the daemon must keep
+    serving while they are open, and give back what they took once their
+    connections close: threads and memory return near where they were."""
+    hdrs = grpc_request_headers("/paramsync.v1.Worker/Collective")
+    join_hdrs = grpc_request_headers("/paramsync.v1.Worker/Join")
+    still_serves(d, "stream_flood (before)")
+    threads0, rss0 = proc_threads(d.proc.pid), d.rss_kb()
+    conns = []
+    for k in range(4):
+        c = h2_open(d.port)
+        h = join_hdrs if k == 3 else hdrs
+        c.send(b"".join(h2frame(HEADERS, END_HEADERS, s, h) for s in range(1, 2001, 2)))
+        conns.append(c)
+    time.sleep(2)
+    pw.log("stream_flood: 4000 open streams: %d threads (were %d), RSS %.1f MiB (was %.1f)"
+           % (proc_threads(d.proc.pid), threads0, d.rss_kb() / 1024.0, rss0 / 1024.0))
+    still_serves(d, "stream_flood (4000 streams open)")
+    for c in conns:
+        c.close()
+    end = time.monotonic() + 10
+    while time.monotonic() < end and proc_threads(d.proc.pid) > threads0 + 64:
+        time.sleep(0.2)
+    threads1, rss1 = proc_threads(d.proc.pid), d.rss_kb()
+    pw.log("stream_flood: connections closed: %d threads, RSS %.1f MiB"
+           % (threads1, rss1 / 1024.0))
+    pw.expect(threads1 <= threads0 + 64,
+              "stream_flood: 10 s after 4000 abandoned calls closed, the daemon has %d threads "
+              "(%d before): each call's handler thread stays for good" % (threads1, threads0))
+    pw.expect(rss1 - rss0 < 64 * 1024, "stream_flood: RSS %.1f MiB after, %.1f before"
+              % (rss1 / 1024.0, rss0 / 1024.0))
+    still_serves(d, "stream_flood (after)")
 
 
 def case_metrics_garbage(d, rng):
@@ -831,6 +877,7 @@ CASES = {
     "h2_junk": case_h2_junk,
     "huge_headers": case_huge_headers,
     "half_open": case_half_open,
+    "stream_flood": case_stream_flood,
     "metrics_garbage": case_metrics_garbage,
     "malformed_calls": case_malformed_calls,
     "cancelled_calls": case_cancelled_calls,
