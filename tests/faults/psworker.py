@@ -17,6 +17,7 @@ Used two ways:
 Run with Debian's /usr/bin/python3 (python3-grpcio, python3-protobuf).
 """
 import array
+import atexit
 import importlib
 import json
 import os
@@ -107,6 +108,7 @@ def _stubs():
     out = os.environ.get("PSWORKER_STUBS")
     if not out or not os.path.exists(os.path.join(out, "paramsync", "v1", "paramsync_pb2.py")):
         out = tempfile.mkdtemp(prefix="psworker-stubs-")
+        atexit.register(shutil.rmtree, out, True)
         plugin = "/usr/bin/grpc_python_plugin"
         if not os.path.exists(plugin):
             skip("grpc_python_plugin is missing (Debian protobuf-compiler-grpc)")
