@@ -46,6 +46,7 @@ grpc = None
 def fail(msg):
     """Ends the test as failed, with the reason."""
     print("FAIL: " + msg, flush=True)
+    _keep_or_clean(False)
     sys.exit(1)
 
 
@@ -60,6 +61,23 @@ def check(cond, msg):
 
 
 _failures = []
+_workdirs = []
+
+
+def workdir(prefix):
+    """A scratch folder for daemon logs and certificates: removed when the test
+    passes, kept (and named) when it fails."""
+    d = tempfile.mkdtemp(prefix=prefix)
+    _workdirs.append(d)
+    return d
+
+
+def _keep_or_clean(passed):
+    for d in _workdirs:
+        if passed:
+            shutil.rmtree(d, True)
+        else:
+            print("logs kept in " + d, flush=True)
 
 
 def expect(cond, msg):
@@ -77,7 +95,9 @@ def done():
         print("FAILED: %d expectation(s) not met:" % len(_failures), flush=True)
         for f in _failures:
             print("  - " + f.splitlines()[0][:400], flush=True)
+        _keep_or_clean(False)
         sys.exit(1)
+    _keep_or_clean(True)
     print("PASS", flush=True)
     sys.exit(0)
 

@@ -14,7 +14,6 @@
 """
 import os
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -51,7 +50,7 @@ def check_error(p, t_kill, ok_names, what):
 
 def main():
     binary = P.paramsyncd_path()
-    work = tempfile.mkdtemp(prefix="ps-faults-agent-")
+    work = P.workdir("ps-faults-agent-")
     live = ["--liveness-timeout-ms", str(LIVENESS_MS)]
     with P.Cleanup() as cl:
         coord, agents = P.cluster(cl, binary, work, 3, common=live)

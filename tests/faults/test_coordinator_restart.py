@@ -14,7 +14,6 @@ correctly; the old job id can be formed again too.
 """
 import os
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -27,7 +26,7 @@ RECONNECT_S = 20  # agents must be back within this after the restart
 
 def main():
     binary = P.paramsyncd_path()
-    work = tempfile.mkdtemp(prefix="ps-faults-coord-")
+    work = P.workdir("ps-faults-coord-")
     live = ["--liveness-timeout-ms", str(LIVENESS_MS)]
     with P.Cleanup() as cl:
         coord, agents = P.cluster(cl, binary, work, 2, common=live)

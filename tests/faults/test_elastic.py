@@ -15,7 +15,6 @@ Both daemons must be the same processes throughout.
 """
 import os
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -40,7 +39,7 @@ def colls(p, n, timeout):
 
 def main():
     binary = P.paramsyncd_path()
-    work = tempfile.mkdtemp(prefix="ps-faults-elastic-")
+    work = P.workdir("ps-faults-elastic-")
     live = ["--liveness-timeout-ms", str(LIVENESS_MS)]
     with P.Cleanup() as cl:
         coord, agents = P.cluster(cl, binary, work, 2, common=live)

@@ -5,7 +5,6 @@ Join streams) ends with UNAVAILABLE.
 """
 import os
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -42,7 +41,7 @@ def case(cl, binary, work, name, specs, started):
 
 def main():
     binary = P.paramsyncd_path()
-    work = tempfile.mkdtemp(prefix="ps-faults-sigterm-")
+    work = P.workdir("ps-faults-sigterm-")
     with P.Cleanup() as cl:
         def waiting(procs):
             P.check(procs[0].wait("coll_start", 10) is not None, procs[0].describe())

@@ -8,7 +8,6 @@ daemon's RSS must come back near its baseline once the jobs are gone.
 """
 import os
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -51,7 +50,7 @@ def check_survivors(survivors, victim, t_kill, what):
 
 def main():
     binary = P.paramsyncd_path()
-    work = tempfile.mkdtemp(prefix="ps-faults-killed-")
+    work = P.workdir("ps-faults-killed-")
     with P.Cleanup() as cl:
         d = cl.add(P.Daemon(binary, work, "paramsyncd",
                             ["--liveness-timeout-ms", str(LIVENESS_MS)])).start()

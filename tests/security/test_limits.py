@@ -16,7 +16,6 @@ process (never killed for memory).
 """
 import os
 import sys
-import tempfile
 import threading
 import time
 
@@ -31,7 +30,7 @@ def main():
     binary = P.paramsyncd_path()
     pb, _ = P.stubs()
     grpc = P.grpc
-    work = tempfile.mkdtemp(prefix="ps-security-limits-")
+    work = P.workdir("ps-security-limits-")
     with P.Cleanup() as cl:
         d = cl.add(P.Daemon(binary, work, "paramsyncd",
                             ["--max-tensor-bytes", "1M", "--max-message-bytes", "4M",

@@ -15,7 +15,6 @@ C. Coordinator and two agents, all with mutual TLS: a job across both agents
 """
 import os
 import sys
-import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -43,7 +42,7 @@ def no_jobs(conn, what, jobs):
 
 def main():
     binary = P.paramsyncd_path()
-    work = tempfile.mkdtemp(prefix="ps-security-tls-")
+    work = P.workdir("ps-security-tls-")
     c = pki.make(os.path.join(work, "pki"))
     srv = ["--tls-cert", c["server"], "--tls-key", c["server_key"]]
     trusting = {"ca": c["ca"]}

@@ -23,7 +23,6 @@ import os
 import re
 import secrets
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "faults"))
@@ -42,7 +41,7 @@ def main():
     binary = P.paramsyncd_path()
     pb, _ = P.stubs()
     grpc = P.grpc
-    work = tempfile.mkdtemp(prefix="ps-security-tokens-")
+    work = P.workdir("ps-security-tokens-")
     tok = {k: "%s-%s" % (k, secrets.token_hex(16)) for k in ("TA", "TB", "TS", "WRONG")}
     tokens_file = os.path.join(work, "tokens")
     with open(tokens_file, "w") as f:
