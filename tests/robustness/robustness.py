@@ -793,8 +793,8 @@ def case_cancelled_calls(d, rng):
             break
         time.sleep(0.1)
     pw.expect(not left, "cancelled_calls: 5 s after their callers cancelled, the daemon still "
-              "holds collectives %s (their handlers wait for the 30 min timeout; SIGTERM "
-              "waits for them too)" % left)
+              "holds collectives %s (kind, seq, state), until their timeout (30 min by "
+              "default)" % left)
     for m in members:
         m.leave()
     for c in conns:
