@@ -54,7 +54,11 @@ void ps__report(ps_comm_t *comm, int err, const char *what, const char *fmt, ...
     if (vasprintf(&detail, fmt, ap) < 0)
         detail = NULL;
     va_end(ap);
-    if (detail)
+    /* The daemon's messages may already start with the same context. */
+    size_t wl = strlen(what);
+    if (detail && strncmp(detail, what, wl) == 0 && strncmp(detail + wl, ": ", 2) == 0)
+        full = strdup(detail);
+    else if (detail)
         full = ps__strdupf("%s: %s", what, detail);
     fn(err, full ? full : ps_strerror(err), arg);
     free(full);
@@ -240,6 +244,9 @@ static void *join_main(void *arg)
         mark_broken(comm, err,
                     ps__strdupf("lost the membership stream to the agent at %s: %s", comm->target,
                                 st && msg ? msg : "the agent ended it"));
+    } else if (st && comm->leave_call) {
+        /* The agent is gone: Leave would wait for it until its deadline. */
+        ps__rpc_call_cancel(comm->leave_call, -st, msg ? msg : "the agent is gone");
     }
     comm->join_ended = 1;
     pthread_cond_broadcast(&comm->cond);
@@ -508,6 +515,46 @@ fail:
 
 /* ---------------------------------------------------------------- finalize */
 
+/* Sends Leave. Not ps__rpc_unary: the call is published in comm->leave_call
+ * so that the end of the Join stream, when the agent is gone, cancels it
+ * rather than let it wait for the agent until its deadline. */
+static int leave(ps_comm_t *comm)
+{
+    Paramsync__V1__LeaveRequest req = PARAMSYNC__V1__LEAVE_REQUEST__INIT;
+    ProtobufCMessage *resp = NULL;
+    ps__rpc_call_t *call = NULL;
+    char *msg = NULL;
+    req.job = comm->job;
+    req.rank = comm->rank;
+    int rc = ps__rpc_call_start(comm->channel, PS__METHOD_LEAVE, PS__CONTROL_TIMEOUT_MS, &call);
+    if (rc < 0)
+        goto out;
+    pthread_mutex_lock(&comm->lock);
+    int gone = comm->join_ended;
+    comm->leave_call = gone ? NULL : call;
+    pthread_mutex_unlock(&comm->lock);
+    if (gone)
+        goto out; /* the agent ended the stream meanwhile: nobody to tell */
+    /* Failures to send show in the status. */
+    if (ps__rpc_send_msg(call, &req.base) == 0)
+        ps__rpc_call_close_send(call);
+    int rrc = ps__rpc_recv_msg(call, &paramsync__v1__leave_response__descriptor, &resp);
+    rc = ps__rpc_call_finish(call, &msg);
+    if (rc == 0 && rrc != 0)
+        rc = rrc == 1 ? PS_EINTERNAL : rrc;
+    pthread_mutex_lock(&comm->lock);
+    comm->leave_call = NULL;
+    pthread_mutex_unlock(&comm->lock);
+out:
+    if (rc < 0)
+        ps__report(comm, rc, "finalize", "Leave: %s", msg ? msg : ps_strerror(rc));
+    if (resp)
+        protobuf_c_message_free_unpacked(resp, NULL);
+    free(msg);
+    ps__rpc_call_destroy(call);
+    return rc;
+}
+
 int ps_finalize(ps_comm_t *comm)
 {
     if (!comm)
@@ -527,22 +574,8 @@ int ps_finalize(ps_comm_t *comm)
     comm->leaving = 1;
     pthread_mutex_unlock(&comm->lock);
 
-    if (alive) {
-        Paramsync__V1__LeaveRequest req = PARAMSYNC__V1__LEAVE_REQUEST__INIT;
-        ProtobufCMessage *resp = NULL;
-        char *msg = NULL;
-        req.job = comm->job;
-        req.rank = comm->rank;
-        rc = ps__rpc_unary(comm->channel, PS__METHOD_LEAVE, &req.base,
-                           &paramsync__v1__leave_response__descriptor, &resp,
-                           PS__CONTROL_TIMEOUT_MS, &msg);
-        if (rc < 0) {
-            ps__report(comm, rc, "finalize", "Leave: %s", msg ? msg : ps_strerror(rc));
-        }
-        if (resp)
-            protobuf_c_message_free_unpacked(resp, NULL);
-        free(msg);
-    }
+    if (alive)
+        rc = leave(comm);
 
     /* Half-closing the Join stream is the leave itself; the agent then ends
      * the stream. Do not wait on it forever. */

@@ -50,7 +50,7 @@ typedef struct ps__coll {
     void *out;
     size_t out_bytes;
     uint8_t *shm_out; /* output in the shared segment, when this call uses it */
-    int source; /* RECV: the sender's group rank, once done */
+    int source;       /* RECV: the sender's group rank, once done */
 
     /* While the call is in flight it is on comm's list, so that a lost member
      * can cancel it (the list and `call` are guarded by comm->lock). */
@@ -92,12 +92,13 @@ struct ps_comm {
     ps__rpc_call_t *join_call;
     pthread_t join_thread;
     int join_thread_started;
-    int ready;      /* READY arrived */
-    int join_ended; /* the stream is over */
-    int leaving;    /* Leave was sent: the end of the stream is expected */
-    int finalizing; /* no new call may start */
-    int join_err;   /* why the stream ended before READY */
-    char *join_msg; /* its message (malloc'd) */
+    int ready;                  /* READY arrived */
+    int join_ended;             /* the stream is over */
+    int leaving;                /* Leave was sent: the end of the stream is expected */
+    int finalizing;             /* no new call may start */
+    ps__rpc_call_t *leave_call; /* Leave in flight: the stream's failure cancels it */
+    int join_err;               /* why the stream ended before READY */
+    char *join_msg;             /* its message (malloc'd) */
     int requested_rank;
 
     ps_error_fn error_fn;
