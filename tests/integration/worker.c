@@ -1,0 +1,1452 @@
+/* ps-test-worker: one rank of an integration scenario; checks exact results, exits 0, 1 or 77
+ * (skipped).
+ *
+ * Usage: ps-test-worker SCENARIO. The job comes from the environment as for
+ * any paramsync program (PARAMSYNC_ADDR, WORLD_SIZE, RANK, PARAMSYNC_JOB);
+ * PS_TEST_INIT, when set, is the init method instead of env://, and
+ * PS_TEST_SALT varies the data so that concurrent jobs cannot pass with
+ * each other's tensors.
+ *
+ * Values are chosen so that every result is exact in every dtype: integers
+ * use full-width random bits (wrapping arithmetic commutes with truncation,
+ * so the expected value is computed in 64 bits and truncated); floating
+ * types use small integers whose sums, products, minima and averages over
+ * up to 8 ranks are exactly representable even in bfloat16.
+ */
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <paramsync/paramsync.h>
+
+#define SKIP 77
+#define MIB  (1u << 20)
+
+/* ---------------------------------------------------------------- harness */
+
+typedef struct ctx {
+    ps_comm_t *comm;
+    int rank, size; /* in the job */
+    unsigned salt;
+} ctx_t;
+
+static int g_rank = -1;
+static int g_verbose; /* PS_TEST_VERBOSE: time every collective */
+static const char *g_scenario = "?";
+
+/* The last error message the library reported (its handler is set on every
+ * comm), so that tests can check what the daemon said. */
+static pthread_mutex_t g_err_lock = PTHREAD_MUTEX_INITIALIZER;
+static char g_last_error[1024];
+static int g_error_count;
+
+static void on_error(int err, const char *message, void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&g_err_lock);
+    snprintf(g_last_error, sizeof(g_last_error), "%s", message);
+    g_error_count++;
+    pthread_mutex_unlock(&g_err_lock);
+    fprintf(stderr, "[rank %d] paramsync error %d (%s): %s\n", g_rank, err, ps_strerror(err),
+            message);
+}
+
+static void last_error(char *buf, size_t cap)
+{
+    pthread_mutex_lock(&g_err_lock);
+    snprintf(buf, cap, "%s", g_last_error);
+    pthread_mutex_unlock(&g_err_lock);
+}
+
+static void clear_last_error(void)
+{
+    pthread_mutex_lock(&g_err_lock);
+    g_last_error[0] = 0;
+    pthread_mutex_unlock(&g_err_lock);
+}
+
+static int error_count(void)
+{
+    pthread_mutex_lock(&g_err_lock);
+    int n = g_error_count;
+    pthread_mutex_unlock(&g_err_lock);
+    return n;
+}
+
+__attribute__((format(printf, 1, 2))) static int fail(const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, "[rank %d] %s: FAIL: ", g_rank, g_scenario);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    return -1;
+}
+
+__attribute__((format(printf, 1, 2))) static void note(const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, "[rank %d] %s: ", g_rank, g_scenario);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+}
+
+#define CHECK_OK(expr)                                                                             \
+    do {                                                                                           \
+        int rc_ = (expr);                                                                          \
+        if (rc_ != 0)                                                                              \
+            return fail("%s:%d: %s returned %d (%s)", __FILE__, __LINE__, #expr, rc_,              \
+                        ps_strerror(rc_));                                                         \
+    } while (0)
+
+/* For the test's own helpers, which have said what failed. */
+#define TRY(expr)                                                                                  \
+    do {                                                                                           \
+        if ((expr) != 0)                                                                           \
+            return -1;                                                                             \
+    } while (0)
+
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond))                                                                               \
+            return fail(__VA_ARGS__);                                                              \
+    } while (0)
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+        ;
+}
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "out of memory (%zu bytes)\n", n);
+        exit(1);
+    }
+    return p;
+}
+
+static int env_int(const char *name, int dflt)
+{
+    const char *s = getenv(name);
+    return s && *s ? atoi(s) : dflt;
+}
+
+/* Joins with the environment's job (or PS_TEST_INIT), overriding what the
+ * caller sets in opts. */
+static int join(ps_init_options_t *opts, ps_comm_t **comm)
+{
+    opts->init_method = getenv("PS_TEST_INIT");
+    opts->error_fn = on_error;
+    return ps_init(opts, comm);
+}
+
+/* ---------------------------------------------------------------- values */
+
+static const ps_dtype_t all_dtypes[] = {PS_FLOAT32, PS_FLOAT64, PS_FLOAT16, PS_BFLOAT16, PS_INT8,
+                                        PS_UINT8,   PS_INT16,   PS_INT32,   PS_INT64,    PS_BOOL};
+#define NDTYPES (sizeof(all_dtypes) / sizeof(all_dtypes[0]))
+static const ps_op_t all_ops[] = {PS_SUM,  PS_PRODUCT, PS_MIN,  PS_MAX,
+                                  PS_BAND, PS_BOR,     PS_BXOR, PS_AVG};
+#define NOPS (sizeof(all_ops) / sizeof(all_ops[0]))
+
+static int is_float(ps_dtype_t dt)
+{
+    return dt == PS_FLOAT32 || dt == PS_FLOAT64 || dt == PS_FLOAT16 || dt == PS_BFLOAT16;
+}
+
+static uint64_t splitmix(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+static uint64_t hash3(unsigned salt, int r, uint64_t i)
+{
+    return splitmix(splitmix(((uint64_t)salt << 40) ^ ((uint64_t)(unsigned)r << 32) ^ i) + i);
+}
+
+/* The value of an integer dtype held by a random 64-bit pattern. */
+static int64_t canon_int(ps_dtype_t dt, uint64_t h)
+{
+    switch (dt) {
+    case PS_INT8:
+        return (int8_t)h;
+    case PS_UINT8:
+        return (uint8_t)h;
+    case PS_INT16:
+        return (int16_t)h;
+    case PS_INT32:
+        return (int32_t)h;
+    case PS_INT64:
+        return (int64_t)h;
+    case PS_BOOL:
+        return h % 4 != 0; /* mostly true, so that PRODUCT (AND) is not all false */
+    default:
+        return 0;
+    }
+}
+
+/* Rank r's element i for (dt, op): an integer value (for floating types a
+ * small one, exact everywhere). */
+static int64_t gen(ps_dtype_t dt, ps_op_t op, unsigned salt, int r, uint64_t i)
+{
+    uint64_t h = hash3(salt, r, i);
+    if (!is_float(dt))
+        return canon_int(dt, h);
+    switch (op) {
+    case PS_PRODUCT: {
+        static const int pattern[4] = {2, 1, -1, 1};
+        return pattern[h % 4];
+    }
+    case PS_MIN:
+    case PS_MAX:
+        return (int64_t)(h % 17) - 8;
+    default:
+        return (int64_t)(h % 11) - 5;
+    }
+}
+
+static uint16_t f32_to_f16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000, e = (x >> 23) & 0xff, mant = x & 0x7fffff;
+    if (e == 0xff)
+        return (uint16_t)(sign | 0x7c00 | (mant ? 0x200 : 0));
+    int32_t exp = (int32_t)e - 127 + 15;
+    if (exp >= 31)
+        return (uint16_t)(sign | 0x7c00);
+    if (exp <= 0) {
+        if (exp < -10)
+            return (uint16_t)sign;
+        mant |= 0x800000;
+        uint32_t shift = (uint32_t)(14 - exp), half = mant >> shift;
+        uint32_t rem = mant & ((1u << shift) - 1), mid = 1u << (shift - 1);
+        if (rem > mid || (rem == mid && (half & 1)))
+            half++;
+        return (uint16_t)(sign | half);
+    }
+    uint32_t half = sign | ((uint32_t)exp << 10) | (mant >> 13), rem = mant & 0x1fff;
+    if (rem > 0x1000 || (rem == 0x1000 && (half & 1)))
+        half++;
+    return (uint16_t)half;
+}
+
+static uint16_t f32_to_bf16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffff) > 0x7f800000)
+        return (uint16_t)((x >> 16) | 0x40);
+    return (uint16_t)((x + 0x7fff + ((x >> 16) & 1)) >> 16);
+}
+
+static void put_double(ps_dtype_t dt, void *buf, size_t i, double v)
+{
+    switch (dt) {
+    case PS_FLOAT32:
+        ((float *)buf)[i] = (float)v;
+        break;
+    case PS_FLOAT64:
+        ((double *)buf)[i] = v;
+        break;
+    case PS_FLOAT16:
+        ((uint16_t *)buf)[i] = f32_to_f16((float)v);
+        break;
+    case PS_BFLOAT16:
+        ((uint16_t *)buf)[i] = f32_to_bf16((float)v);
+        break;
+    default:
+        break;
+    }
+}
+
+/* Stores an integer value; integers wrap to the dtype's width. */
+static void put(ps_dtype_t dt, void *buf, size_t i, int64_t v)
+{
+    switch (dt) {
+    case PS_INT8:
+    case PS_UINT8:
+        ((uint8_t *)buf)[i] = (uint8_t)v;
+        break;
+    case PS_BOOL:
+        ((uint8_t *)buf)[i] = v != 0;
+        break;
+    case PS_INT16:
+        ((uint16_t *)buf)[i] = (uint16_t)v;
+        break;
+    case PS_INT32:
+        ((uint32_t *)buf)[i] = (uint32_t)v;
+        break;
+    case PS_INT64:
+        ((uint64_t *)buf)[i] = (uint64_t)v;
+        break;
+    default:
+        put_double(dt, buf, i, (double)v);
+    }
+}
+
+/* Fills count elements of rank r's payload starting at element `first`. */
+static void fill(ps_dtype_t dt, ps_op_t op, unsigned salt, int r, void *buf, size_t first,
+                 size_t count)
+{
+    for (size_t i = 0; i < count; i++)
+        put(dt, buf, i, gen(dt, op, salt, r, first + i));
+}
+
+/* out[i] = the reduction over ranks 0..n-1 of element first+i. */
+static void expect_reduced(ps_dtype_t dt, ps_op_t op, unsigned salt, int n, void *out, size_t first,
+                           size_t count)
+{
+    for (size_t i = 0; i < count; i++) {
+        uint64_t idx = first + i;
+        if (is_float(dt)) {
+            double acc = (double)gen(dt, op, salt, 0, idx);
+            for (int r = 1; r < n; r++) {
+                double v = (double)gen(dt, op, salt, r, idx);
+                acc = op == PS_PRODUCT ? acc * v
+                      : op == PS_MIN   ? (v < acc ? v : acc)
+                      : op == PS_MAX   ? (v > acc ? v : acc)
+                                       : acc + v;
+            }
+            if (op == PS_AVG)
+                acc /= n;
+            put_double(dt, out, i, acc);
+            continue;
+        }
+        /* Wrapping arithmetic and bitwise ops in 64 bits, truncated by put(). */
+        int64_t first_v = gen(dt, op, salt, 0, idx);
+        uint64_t acc = (uint64_t)first_v;
+        int64_t sacc = first_v;
+        for (int r = 1; r < n; r++) {
+            int64_t v = gen(dt, op, salt, r, idx);
+            switch (op) {
+            case PS_SUM:
+                acc += (uint64_t)v;
+                break;
+            case PS_PRODUCT:
+                acc *= (uint64_t)v;
+                break;
+            case PS_BAND:
+                acc &= (uint64_t)v;
+                break;
+            case PS_BOR:
+                acc |= (uint64_t)v;
+                break;
+            case PS_BXOR:
+                acc ^= (uint64_t)v;
+                break;
+            case PS_MIN:
+                sacc = v < sacc ? v : sacc;
+                break;
+            case PS_MAX:
+                sacc = v > sacc ? v : sacc;
+                break;
+            default:
+                break;
+            }
+        }
+        put(dt, out, i, op == PS_MIN || op == PS_MAX ? sacc : (int64_t)acc);
+    }
+}
+
+/* Compares byte for byte; names the first differing element. */
+static int compare(const char *what, ps_dtype_t dt, const void *got, const void *want, size_t count)
+{
+    size_t esz = ps_dtype_size(dt);
+    if (count == 0 || memcmp(got, want, count * esz) == 0)
+        return 0;
+    for (size_t i = 0; i < count; i++) {
+        if (memcmp((const char *)got + i * esz, (const char *)want + i * esz, esz) != 0) {
+            uint64_t g = 0, w = 0;
+            memcpy(&g, (const char *)got + i * esz, esz);
+            memcpy(&w, (const char *)want + i * esz, esz);
+            return fail("%s: element %zu of %zu differs: got 0x%llx, want 0x%llx", what, i, count,
+                        (unsigned long long)g, (unsigned long long)w);
+        }
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- one collective */
+
+typedef enum kind {
+    K_ALL_REDUCE,
+    K_REDUCE,
+    K_BROADCAST,
+    K_ALL_GATHER,
+    K_GATHER,
+    K_SCATTER,
+    K_REDUCE_SCATTER,
+    K_ALL_TO_ALL,
+} kind_t;
+
+static const char *const kind_names[] = {"all_reduce", "reduce",  "broadcast",      "all_gather",
+                                         "gather",     "scatter", "reduce_scatter", "all_to_all"};
+
+/* Runs one collective of kind on group g and checks every byte this rank
+ * ends up with (including buffers that must stay untouched). async: through
+ * the ps_i* form and ps_work_wait. */
+static int run_case(ctx_t *cx, kind_t kind, ps_dtype_t dt, ps_op_t op, size_t count, int root,
+                    ps_group_t *g, int async)
+{
+    ps_comm_t *comm = cx->comm;
+    int me = ps_get_rank(comm, g), n = ps_get_world_size(comm, g);
+    size_t esz = ps_dtype_size(dt), all = (size_t)n * count;
+    unsigned salt = cx->salt * 131u + (unsigned)kind * 17u + (unsigned)dt * 3u + (unsigned)op;
+    char what[160];
+    snprintf(what, sizeof(what), "%s%s %s %s count %zu root %d group size %d", async ? "i" : "",
+             kind_names[kind], ps_dtype_name(dt), ps_op_name(op), count, root, n);
+    int rc = 0, ret = 0;
+    ps_work_t *w = NULL;
+    /* Inputs and outputs get distinct allocations, the untouched parts a
+     * known pattern. */
+    uint8_t *in = NULL, *out = NULL, *want = NULL;
+
+    int64_t t0 = 0;
+    switch (kind) {
+    case K_ALL_REDUCE:
+    case K_REDUCE:
+        in = xmalloc(count * esz);
+        want = xmalloc(count * esz);
+        fill(dt, op, salt, me, in, 0, count);
+        if (kind == K_ALL_REDUCE || me == root)
+            expect_reduced(dt, op, salt, n, want, 0, count);
+        else
+            memcpy(want, in, count * esz); /* other ranks' buffers are unchanged */
+        t0 = now_ms();
+        rc = kind == K_ALL_REDUCE ? (async ? ps_iall_reduce(comm, in, count, dt, op, g, &w)
+                                           : ps_all_reduce(comm, in, count, dt, op, g))
+                                  : (async ? ps_ireduce_to(comm, in, count, dt, op, root, g, &w)
+                                           : ps_reduce_to(comm, in, count, dt, op, root, g));
+        out = in;
+        in = NULL;
+        break;
+    case K_BROADCAST:
+        out = xmalloc(count * esz);
+        want = xmalloc(count * esz);
+        fill(dt, op, salt, me, out, 0, count);
+        fill(dt, op, salt, root, want, 0, count);
+        t0 = now_ms();
+        rc = async ? ps_ibroadcast(comm, out, count, dt, root, g, &w)
+                   : ps_broadcast(comm, out, count, dt, root, g);
+        break;
+    case K_ALL_GATHER:
+    case K_GATHER:
+        in = xmalloc(count * esz);
+        fill(dt, op, salt, me, in, 0, count);
+        if (kind == K_ALL_GATHER || me == root) {
+            out = xmalloc(all * esz);
+            memset(out, 0xa5, all * esz);
+            want = xmalloc(all * esz);
+            for (int r = 0; r < n; r++)
+                fill(dt, op, salt, r, want + (size_t)r * count * esz, 0, count);
+        }
+        t0 = now_ms();
+        if (kind == K_ALL_GATHER)
+            rc = async ? ps_iall_gather(comm, out, in, count, dt, g, &w)
+                       : ps_all_gather(comm, out, in, count, dt, g);
+        else /* non-roots pass NULL, as torch's gather_list=None */
+            rc = async ? ps_igather(comm, out, in, count, dt, root, g, &w)
+                       : ps_gather(comm, out, in, count, dt, root, g);
+        break;
+    case K_SCATTER:
+        if (me == root) {
+            in = xmalloc(all * esz);
+            fill(dt, op, salt, root, in, 0, all);
+        }
+        out = xmalloc(count * esz);
+        memset(out, 0xa5, count * esz);
+        want = xmalloc(count * esz);
+        fill(dt, op, salt, root, want, (size_t)me * count, count);
+        t0 = now_ms();
+        rc = async ? ps_iscatter(comm, out, in, count, dt, root, g, &w)
+                   : ps_scatter(comm, out, in, count, dt, root, g);
+        break;
+    case K_REDUCE_SCATTER:
+        in = xmalloc(all * esz);
+        fill(dt, op, salt, me, in, 0, all);
+        out = xmalloc(count * esz);
+        memset(out, 0xa5, count * esz);
+        want = xmalloc(count * esz);
+        expect_reduced(dt, op, salt, n, want, (size_t)me * count, count);
+        t0 = now_ms();
+        rc = async ? ps_ireduce_scatter(comm, out, in, count, dt, op, g, &w)
+                   : ps_reduce_scatter(comm, out, in, count, dt, op, g);
+        break;
+    case K_ALL_TO_ALL:
+        in = xmalloc(all * esz);
+        fill(dt, op, salt, me, in, 0, all);
+        out = xmalloc(all * esz);
+        memset(out, 0xa5, all * esz);
+        want = xmalloc(all * esz);
+        for (int r = 0; r < n; r++)
+            fill(dt, op, salt, r, want + (size_t)r * count * esz, (size_t)me * count, count);
+        t0 = now_ms();
+        rc = async ? ps_iall_to_all(comm, out, in, count, dt, g, &w)
+                   : ps_all_to_all(comm, out, in, count, dt, g);
+        break;
+    }
+    if (rc == 0 && async) {
+        rc = ps_work_wait(w);
+        if (rc == 0 && ps_work_wait(w) != 0)
+            rc = fail("%s: a second ps_work_wait gave another result", what);
+        ps_work_free(w);
+    }
+    if (g_verbose)
+        note("%s: %lld ms", what, (long long)(now_ms() - t0));
+    if (rc != 0) {
+        ret = fail("%s: returned %d (%s)", what, rc, ps_strerror(rc));
+    } else if (want) {
+        size_t nout =
+            kind == K_ALL_GATHER || kind == K_GATHER || kind == K_ALL_TO_ALL ? all : count;
+        ret = compare(what, dt, out, want, nout);
+    }
+    free(in);
+    free(out);
+    free(want);
+    return ret;
+}
+
+/* Element counts: empty, one, odd, a few thousand bytes, and one that
+ * spans several 1 MiB frames and ends mid-frame (multi). */
+static size_t multi_count(ps_dtype_t dt)
+{
+    return (size_t)(5 * MIB / 2) / ps_dtype_size(dt) + 3;
+}
+
+static const size_t small_counts[] = {0, 1, 7, 1000};
+#define NSMALL (sizeof(small_counts) / sizeof(small_counts[0]))
+
+static int reducing(kind_t k)
+{
+    return k == K_ALL_REDUCE || k == K_REDUCE || k == K_REDUCE_SCATTER;
+}
+
+/* Roots to try: the first and the last rank. */
+static int nroots(kind_t k, int n)
+{
+    int rooted = k == K_REDUCE || k == K_BROADCAST || k == K_GATHER || k == K_SCATTER;
+    return rooted && n > 1 ? 2 : 1;
+}
+
+static int root_at(int i, int n)
+{
+    return i == 0 ? 0 : n - 1;
+}
+
+/* Light sweeps (many ranks, several agents) keep to a spread of dtypes. */
+static int g_light;
+
+static int light_dtype(ps_dtype_t dt)
+{
+    return dt == PS_FLOAT32 || dt == PS_BFLOAT16 || dt == PS_INT8 || dt == PS_INT64 ||
+           dt == PS_BOOL;
+}
+
+/* Whether (dt, op) also runs at a multi-frame size: every dtype with its
+ * first op, and every op of float32, int32 and bool (uint8 for the others). */
+static int multi_frame_case(kind_t kind, ps_dtype_t dt, size_t op_index)
+{
+    if (g_light)
+        return op_index == 0 && (dt == PS_FLOAT32 || dt == PS_INT8);
+    if (!reducing(kind))
+        return dt == PS_FLOAT16 || dt == PS_INT8 || dt == PS_INT64;
+    if (op_index == 0)
+        return kind == K_ALL_REDUCE || dt == PS_FLOAT32 || dt == PS_INT8;
+    return kind == K_ALL_REDUCE && (dt == PS_FLOAT32 || dt == PS_INT32 || dt == PS_BOOL);
+}
+
+/* Every (op, dtype) pair for reducing kinds, every dtype otherwise, at
+ * every small size; multi-frame sizes for a spread of them. The payload of
+ * kinds that send n blocks is kept near 2.5 MiB per rank. */
+static int sweep(ctx_t *cx, kind_t kind, ps_group_t *g)
+{
+    int n = ps_get_world_size(cx->comm, g);
+    for (size_t d = 0; d < NDTYPES; d++) {
+        ps_dtype_t dt = all_dtypes[d];
+        if (g_light && !light_dtype(dt))
+            continue;
+        size_t valid = 0;
+        for (size_t o = 0; o < (reducing(kind) ? NOPS : 1); o++) {
+            ps_op_t op = all_ops[o];
+            if (ps_op_check(op, dt) != 0)
+                continue;
+            size_t mc = multi_count(dt);
+            if (kind == K_SCATTER || kind == K_REDUCE_SCATTER || kind == K_ALL_TO_ALL)
+                mc = mc / (size_t)n + 1;
+            int multi = multi_frame_case(kind, dt, valid++);
+            for (int ri = 0; ri < nroots(kind, n); ri++) {
+                int root = root_at(ri, n);
+                for (size_t s = 0; s < NSMALL; s++)
+                    TRY(run_case(cx, kind, dt, op, small_counts[s], root, g, 0));
+                if (multi)
+                    TRY(run_case(cx, kind, dt, op, mc, root, g, 0));
+            }
+        }
+    }
+    return 0;
+}
+
+/* MIN/MAX propagate NaN (torch's rule): one rank's NaN wins element 0. */
+static int check_nan(ctx_t *cx)
+{
+    const ps_dtype_t dts[] = {PS_FLOAT32, PS_FLOAT64};
+    const ps_op_t ops[] = {PS_MIN, PS_MAX};
+    for (size_t d = 0; d < 2; d++) {
+        for (size_t o = 0; o < 2; o++) {
+            double v[3] = {(double)cx->rank, -1.0 * cx->rank, 5};
+            if (cx->rank == cx->size - 1)
+                v[0] = NAN;
+            uint8_t buf[3 * 8];
+            for (int i = 0; i < 3; i++)
+                put_double(dts[d], buf, (size_t)i, v[i]);
+            CHECK_OK(ps_all_reduce(cx->comm, buf, 3, dts[d], ops[o], NULL));
+            double r0 = dts[d] == PS_FLOAT32 ? ((float *)buf)[0] : ((double *)buf)[0];
+            double r2 = dts[d] == PS_FLOAT32 ? ((float *)buf)[2] : ((double *)buf)[2];
+            CHECK(isnan(r0), "%s %s: NaN did not propagate (got %g)", ps_dtype_name(dts[d]),
+                  ps_op_name(ops[o]), r0);
+            CHECK(r2 == 5, "%s %s: element 2 is %g, want 5", ps_dtype_name(dts[d]),
+                  ps_op_name(ops[o]), r2);
+        }
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- scenarios */
+
+static int sc_all_reduce(ctx_t *cx)
+{
+    if (sweep(cx, K_ALL_REDUCE, NULL) != 0)
+        return -1;
+    return check_nan(cx);
+}
+
+static int sc_reduce(ctx_t *cx)
+{
+    return sweep(cx, K_REDUCE, NULL);
+}
+
+static int sc_broadcast(ctx_t *cx)
+{
+    return sweep(cx, K_BROADCAST, NULL);
+}
+
+static int sc_all_gather(ctx_t *cx)
+{
+    return sweep(cx, K_ALL_GATHER, NULL);
+}
+
+static int sc_gather(ctx_t *cx)
+{
+    return sweep(cx, K_GATHER, NULL);
+}
+
+static int sc_scatter(ctx_t *cx)
+{
+    return sweep(cx, K_SCATTER, NULL);
+}
+
+static int sc_reduce_scatter(ctx_t *cx)
+{
+    return sweep(cx, K_REDUCE_SCATTER, NULL);
+}
+
+static int sc_all_to_all(ctx_t *cx)
+{
+    return sweep(cx, K_ALL_TO_ALL, NULL);
+}
+
+/* A barrier holds every rank until the last arrives: rank r arrives r*150 ms
+ * after the job formed, so nobody may leave before about (n-1)*150 ms. */
+static int sc_barrier(ctx_t *cx)
+{
+    const int step = 150;
+    for (int round = 0; round < 3; round++) {
+        CHECK_OK(ps_barrier(cx->comm, NULL)); /* line everyone up */
+        int64_t t0 = now_ms();
+        sleep_ms(step * cx->rank);
+        CHECK_OK(ps_barrier(cx->comm, NULL));
+        int64_t waited = now_ms() - t0;
+        CHECK(waited >= (int64_t)step * (cx->size - 1) - 60,
+              "round %d: left the barrier after %lld ms; the last rank arrives after %d ms", round,
+              (long long)waited, step * (cx->size - 1));
+    }
+    for (int i = 0; i < 20; i++)
+        CHECK_OK(ps_barrier(cx->comm, NULL));
+    return 0;
+}
+
+/* Pairs (0,1), (2,3), ...: the even rank sends, the odd one receives and
+ * sends back; then a ring with isend/irecv so that every rank sends and
+ * receives at once. */
+static int sc_send_recv(ctx_t *cx)
+{
+    int n = cx->size, me = cx->rank;
+    if (n < 2) {
+        note("SKIPPED: send/recv needs two ranks");
+        return SKIP;
+    }
+    int partner = me % 2 == 0 ? me + 1 : me - 1;
+    for (size_t d = 0; d < NDTYPES; d++) {
+        ps_dtype_t dt = all_dtypes[d];
+        if (g_light && !light_dtype(dt))
+            continue;
+        size_t esz = ps_dtype_size(dt);
+        size_t counts[NSMALL + 1];
+        memcpy(counts, small_counts, sizeof(small_counts));
+        counts[NSMALL] = multi_count(dt);
+        for (size_t s = 0; s < NSMALL + 1; s++) {
+            size_t count = counts[s];
+            if (partner >= n)
+                continue; /* the odd one out of an odd world sits this out */
+            uint8_t *mine = xmalloc(count * esz), *got = xmalloc(count * esz),
+                    *want = xmalloc(count * esz);
+            unsigned salt = cx->salt + (unsigned)(d * 31 + s);
+            int tag = (int)(d * 10 + s), src = -2, rc, ret = 0;
+            fill(dt, PS_SUM, salt, me, mine, 0, count);
+            fill(dt, PS_SUM, salt, partner, want, 0, count);
+            memset(got, 0xa5, count * esz);
+            /* The even rank sends first, the odd one answers. */
+            if (me % 2 == 0) {
+                rc = ps_send(cx->comm, mine, count, dt, partner, tag, NULL);
+                if (rc == 0)
+                    rc = ps_recv(cx->comm, got, count, dt, partner, tag, NULL, &src);
+            } else {
+                rc = ps_recv(cx->comm, got, count, dt, partner, tag, NULL, &src);
+                if (rc == 0)
+                    rc = ps_send(cx->comm, mine, count, dt, partner, tag, NULL);
+            }
+            if (rc != 0)
+                ret = fail("send/recv %s count %zu: %d (%s)", ps_dtype_name(dt), count, rc,
+                           ps_strerror(rc));
+            else if (src != partner)
+                ret = fail("recv %s count %zu: source %d, want %d", ps_dtype_name(dt), count, src,
+                           partner);
+            else
+                ret = compare("recv", dt, got, want, count);
+            free(mine);
+            free(got);
+            free(want);
+            if (ret)
+                return ret;
+        }
+    }
+
+    /* The ring, every rank sending and receiving at once, multi-frame. */
+    size_t count = multi_count(PS_INT32);
+    int32_t *out = xmalloc(count * 4), *got = xmalloc(count * 4), *want = xmalloc(count * 4);
+    int next = (me + 1) % n, prev = (me + n - 1) % n, ret = 0;
+    fill(PS_INT32, PS_SUM, cx->salt, me, out, 0, count);
+    fill(PS_INT32, PS_SUM, cx->salt, prev, want, 0, count);
+    ps_work_t *ws = NULL, *wr = NULL;
+    int rc = ps_isend(cx->comm, out, count, PS_INT32, next, 7, NULL, &ws);
+    if (rc == 0)
+        rc = ps_irecv(cx->comm, got, count, PS_INT32, prev, 7, NULL, &wr);
+    int rr = wr ? ps_work_wait(wr) : rc, rs = ws ? ps_work_wait(ws) : rc;
+    if (rc || rr || rs)
+        ret = fail("ring: isend %d, irecv %d", rs, rr);
+    else if (ps_work_source(wr) != prev)
+        ret = fail("ring: irecv source %d, want %d", ps_work_source(wr), prev);
+    else
+        ret = compare("ring", PS_INT32, got, want, count);
+    ps_work_free(ws);
+    ps_work_free(wr);
+    free(out);
+    free(got);
+    free(want);
+    return ret;
+}
+
+static int sc_collectives(ctx_t *cx)
+{
+    int (*const fns[])(ctx_t *) = {sc_all_reduce,     sc_reduce,     sc_broadcast,
+                                   sc_all_gather,     sc_gather,     sc_scatter,
+                                   sc_reduce_scatter, sc_all_to_all, sc_barrier};
+    for (size_t i = 0; i < sizeof(fns) / sizeof(fns[0]); i++)
+        if (fns[i](cx) != 0)
+            return -1;
+    if (cx->size < 2) {
+        note("send/recv not run: it needs two ranks");
+        return 0;
+    }
+    return sc_send_recv(cx);
+}
+
+/* One all_reduce of >= 256 MiB: streams far past any gRPC message limit. */
+static int sc_big(ctx_t *cx)
+{
+    size_t count = (size_t)(256 + 4) * MIB / 4 + 1; /* a little over 256 MiB, odd */
+    float *buf = xmalloc(count * 4);
+    for (size_t i = 0; i < count; i++)
+        buf[i] = (float)((i + (size_t)cx->rank * 7) % 1000);
+    int64_t t0 = now_ms();
+    int rc = ps_all_reduce(cx->comm, buf, count, PS_FLOAT32, PS_SUM, NULL);
+    int64_t dt = now_ms() - t0;
+    if (rc != 0) {
+        free(buf);
+        return fail("all_reduce of %zu float32: %d (%s)", count, rc, ps_strerror(rc));
+    }
+    for (size_t i = 0; i < count; i++) {
+        float want = 0;
+        for (int r = 0; r < cx->size; r++)
+            want += (float)((i + (size_t)r * 7) % 1000);
+        if (buf[i] != want) {
+            free(buf);
+            return fail("element %zu: got %g, want %g", i, buf[i], want);
+        }
+    }
+    note("all_reduce of %.1f MiB float32 in %lld ms", count * 4.0 / MIB, (long long)dt);
+    free(buf);
+    return 0;
+}
+
+/* Sub-groups of a world of 4, one with its ranks in reverse order. */
+static int sc_groups(ctx_t *cx)
+{
+    if (cx->size != 4) {
+        note("SKIPPED: needs a world of 4");
+        return SKIP;
+    }
+    ps_comm_t *comm = cx->comm;
+    int me = cx->rank;
+    const int r01[] = {0, 1}, r23[] = {2, 3}, rev[] = {3, 2, 1, 0};
+    ps_group_t *g01, *g23, *grev, *gall;
+    CHECK_OK(ps_new_group(comm, r01, 2, &g01));
+    CHECK_OK(ps_new_group(comm, r23, 2, &g23));
+    CHECK_OK(ps_new_group(comm, rev, 4, &grev));
+    CHECK_OK(ps_new_group(comm, NULL, 0, &gall));
+    ps_group_t *mine = me < 2 ? g01 : g23, *other = me < 2 ? g23 : g01;
+    CHECK(ps_get_rank(comm, mine) == me % 2 && ps_get_world_size(comm, mine) == 2,
+          "own group: rank %d size %d", ps_get_rank(comm, mine), ps_get_world_size(comm, mine));
+    CHECK(ps_get_rank(comm, other) == -1 && ps_get_world_size(comm, other) == 2,
+          "other group: rank %d size %d", ps_get_rank(comm, other), ps_get_world_size(comm, other));
+    CHECK(ps_get_rank(comm, grev) == 3 - me, "reversed group: rank %d", ps_get_rank(comm, grev));
+    CHECK(ps_get_rank(comm, gall) == me && ps_get_world_size(comm, gall) == 4,
+          "new_group(all): rank %d size %d", ps_get_rank(comm, gall),
+          ps_get_world_size(comm, gall));
+
+    /* The seed: [0, 1] and [2, 3] reduce apart, in the same breath. */
+    int64_t t = me + 1;
+    CHECK_OK(ps_all_reduce(comm, &t, 1, PS_INT64, PS_SUM, mine));
+    CHECK(t == (me < 2 ? 3 : 7), "all_reduce in own group: %lld", (long long)t);
+
+    /* A non-member may not call a group's collective. */
+    int64_t x = 0;
+    CHECK(ps_all_reduce(comm, &x, 1, PS_INT64, PS_SUM, other) == PS_EINVAL,
+          "all_reduce in a group this rank is not in did not give PS_EINVAL");
+
+    /* Group ranks, not job ranks, in every collective of the reversed group. */
+    for (kind_t k = K_ALL_REDUCE; k <= K_ALL_TO_ALL; k++) {
+        TRY(run_case(cx, k, PS_INT32, PS_SUM, 5, 0, grev, 0));
+        TRY(run_case(cx, k, PS_BFLOAT16, PS_MAX, 1000, 3, grev, 0));
+        TRY(run_case(cx, k, PS_FLOAT32, PS_SUM, 3, 1, mine, 0));
+        TRY(run_case(cx, k, PS_INT64, PS_SUM, 2, 0, NULL, 0)); /* the world between */
+    }
+    /* Broadcast from group rank 0 of the reversed group is job rank 3. */
+    int64_t b = me == 3 ? 42 : -1;
+    CHECK_OK(ps_broadcast(comm, &b, 1, PS_INT64, 0, grev));
+    CHECK(b == 42, "broadcast from reversed group rank 0: %lld", (long long)b);
+    /* Send and receive by group rank. */
+    int32_t v = me * 100, got = -1;
+    int src = -1;
+    if (ps_get_rank(comm, mine) == 0) {
+        CHECK_OK(ps_send(comm, &v, 1, PS_INT32, 1, 3, mine));
+    } else {
+        CHECK_OK(ps_recv(comm, &got, 1, PS_INT32, 0, 3, mine, &src));
+        CHECK(got == (me - 1) * 100 && src == 0, "recv in own group: %d from %d", got, src);
+    }
+    /* Group and world operations in flight together. */
+    ps_work_t *wg, *ww;
+    int64_t a = me + 1, c = me + 1;
+    CHECK_OK(ps_iall_reduce(comm, &a, 1, PS_INT64, PS_SUM, mine, &wg));
+    CHECK_OK(ps_iall_reduce(comm, &c, 1, PS_INT64, PS_SUM, gall, &ww));
+    CHECK_OK(ps_work_wait(ww));
+    CHECK_OK(ps_work_wait(wg));
+    ps_work_free(ww);
+    ps_work_free(wg);
+    CHECK(a == (me < 2 ? 3 : 7) && c == 10, "async group/world: %lld %lld", (long long)a,
+          (long long)c);
+    CHECK_OK(ps_barrier(comm, mine));
+    CHECK_OK(ps_barrier(comm, NULL));
+    return 0;
+}
+
+/* Several operations in flight at once, waited for in reverse order. */
+static int sc_async(ctx_t *cx)
+{
+    ps_comm_t *comm = cx->comm;
+    int n = cx->size, me = cx->rank;
+    enum { NW = 7 };
+    ps_work_t *w[NW] = {0};
+    size_t cA = 1000, cB = multi_count(PS_FLOAT32), cC = 333, cE = 17, cF = 5,
+           cG = multi_count(PS_FLOAT64);
+    int32_t *A = xmalloc(cA * 4), *wantA = xmalloc(cA * 4);
+    float *B = xmalloc(cB * 4), *wantB = xmalloc(cB * 4);
+    int64_t *Cin = xmalloc(cC * 8), *C = xmalloc((size_t)n * cC * 8),
+            *wantC = xmalloc((size_t)n * cC * 8);
+    uint16_t *Ein = xmalloc((size_t)n * cE * 2), *E = xmalloc(cE * 2), *wantE = xmalloc(cE * 2);
+    int8_t *Fin = xmalloc((size_t)n * cF), *F = xmalloc((size_t)n * cF),
+           *wantF = xmalloc((size_t)n * cF);
+    double *G = xmalloc(cG * 8), *wantG = xmalloc(cG * 8);
+    int ret = 0;
+
+    fill(PS_INT32, PS_SUM, 1, me, A, 0, cA);
+    expect_reduced(PS_INT32, PS_SUM, 1, n, wantA, 0, cA);
+    fill(PS_FLOAT32, PS_SUM, 2, me, B, 0, cB);
+    fill(PS_FLOAT32, PS_SUM, 2, 0, wantB, 0, cB);
+    fill(PS_INT64, PS_SUM, 3, me, Cin, 0, cC);
+    for (int r = 0; r < n; r++)
+        fill(PS_INT64, PS_SUM, 3, r, wantC + (size_t)r * cC, 0, cC);
+    fill(PS_BFLOAT16, PS_MIN, 4, me, Ein, 0, (size_t)n * cE);
+    expect_reduced(PS_BFLOAT16, PS_MIN, 4, n, wantE, (size_t)me * cE, cE);
+    fill(PS_INT8, PS_SUM, 5, me, Fin, 0, (size_t)n * cF);
+    for (int r = 0; r < n; r++)
+        fill(PS_INT8, PS_SUM, 5, r, wantF + (size_t)r * cF, (size_t)me * cF, cF);
+    fill(PS_FLOAT64, PS_MAX, 6, me, G, 0, cG);
+    expect_reduced(PS_FLOAT64, PS_MAX, 6, n, wantG, 0, cG);
+
+    CHECK_OK(ps_iall_reduce(comm, A, cA, PS_INT32, PS_SUM, NULL, &w[0]));
+    CHECK_OK(ps_ibroadcast(comm, B, cB, PS_FLOAT32, 0, NULL, &w[1]));
+    CHECK_OK(ps_iall_gather(comm, C, Cin, cC, PS_INT64, NULL, &w[2]));
+    CHECK_OK(ps_ibarrier(comm, NULL, &w[3]));
+    CHECK_OK(ps_ireduce_scatter(comm, E, Ein, cE, PS_BFLOAT16, PS_MIN, NULL, &w[4]));
+    CHECK_OK(ps_iall_to_all(comm, F, Fin, cF, PS_INT8, NULL, &w[5]));
+    CHECK_OK(ps_iall_reduce(comm, G, cG, PS_FLOAT64, PS_MAX, NULL, &w[6]));
+    /* A blocking call while they run keeps its place in the order. */
+    int64_t t = 1;
+    CHECK_OK(ps_all_reduce(comm, &t, 1, PS_INT64, PS_SUM, NULL));
+    CHECK(t == n, "blocking all_reduce among async ones: %lld", (long long)t);
+    int done = -1;
+    CHECK_OK(ps_work_test(w[6], &done));
+    CHECK(done == 0 || done == 1, "ps_work_test set done=%d", done);
+    for (int i = NW - 1; i >= 0; i--) {
+        int rc = ps_work_wait(w[i]);
+        if (rc != 0 && !ret)
+            ret = fail("work %d: %d (%s)", i, rc, ps_strerror(rc));
+        CHECK_OK(ps_work_test(w[i], &done));
+        CHECK(done == 1, "work %d waited but not done", i);
+        CHECK(ps_work_source(w[i]) == -1, "work %d is no recv but has a source", i);
+    }
+    if (!ret)
+        ret = compare("iall_reduce int32", PS_INT32, A, wantA, cA) ||
+              compare("ibroadcast float32", PS_FLOAT32, B, wantB, cB) ||
+              compare("iall_gather int64", PS_INT64, C, wantC, (size_t)n * cC) ||
+              compare("ireduce_scatter bfloat16", PS_BFLOAT16, E, wantE, cE) ||
+              compare("iall_to_all int8", PS_INT8, F, wantF, (size_t)n * cF) ||
+              compare("iall_reduce float64", PS_FLOAT64, G, wantG, cG);
+    for (int i = 0; i < NW; i++)
+        ps_work_free(w[i]);
+    ps_work_free(NULL);
+
+    /* Freed without a wait: ps_work_free waits. Then every kind async. */
+    if (!ret) {
+        ps_work_t *x;
+        int64_t v = me;
+        CHECK_OK(ps_iall_reduce(comm, &v, 1, PS_INT64, PS_MAX, NULL, &x));
+        ps_work_free(x);
+        CHECK(v == n - 1, "all_reduce freed unwaited: %lld", (long long)v);
+        for (kind_t k = K_ALL_REDUCE; k <= K_ALL_TO_ALL && !ret; k++)
+            ret = run_case(cx, k, PS_FLOAT16, PS_SUM, 99, n - 1, NULL, 1);
+    }
+    free(A), free(wantA), free(B), free(wantB), free(Cin), free(C), free(wantC);
+    free(Ein), free(E), free(wantE), free(Fin), free(F), free(wantF), free(G), free(wantG);
+    return ret ? -1 : 0;
+}
+
+/* Receives from any rank report who sent. */
+static int sc_recv_any(ctx_t *cx)
+{
+    ps_comm_t *comm = cx->comm;
+    int n = cx->size, me = cx->rank;
+    if (n < 2) {
+        note("SKIPPED: needs two ranks");
+        return SKIP;
+    }
+    for (int round = 0; round < 2; round++) {
+        int async = round == 1;
+        /* Rounds apart: an any-source receive may rightly take a sender's
+         * next message, which would make the rounds' counts meaningless. */
+        CHECK_OK(ps_barrier(comm, NULL));
+        if (me != 0) {
+            int32_t msg[3] = {me, me * 10 + round, (int32_t)cx->salt};
+            CHECK_OK(ps_send(comm, msg, 3, PS_INT32, 0, 0, NULL));
+            continue;
+        }
+        int32_t(*msgs)[3] = xmalloc((size_t)n * sizeof(*msgs));
+        int *seen = calloc((size_t)n, sizeof(int));
+        ps_work_t **w = calloc((size_t)n, sizeof(*w));
+        int ret = 0;
+        for (int i = 1; i < n && !ret; i++) {
+            int src = -1;
+            if (async) {
+                ret = ps_irecv(comm, msgs[i], 3, PS_INT32, PS_ANY_SOURCE, 0, NULL, &w[i]);
+                continue;
+            }
+            ret = ps_recv(comm, msgs[i], 3, PS_INT32, PS_ANY_SOURCE, 0, NULL, &src);
+            if (!ret && (src < 1 || src >= n || msgs[i][0] != src || seen[src]++))
+                ret = fail("recv any: source %d with message from %d", src, msgs[i][0]);
+        }
+        for (int i = 1; i < n && async && !ret; i++) {
+            ret = ps_work_wait(w[i]);
+            int src = ps_work_source(w[i]);
+            if (!ret && (src < 1 || src >= n || msgs[i][0] != src || seen[src]++))
+                ret = fail("irecv any: source %d with message from %d", src, msgs[i][0]);
+        }
+        for (int i = 1; i < n && !ret; i++)
+            if (msgs[i][1] != msgs[i][0] * 10 + round || msgs[i][2] != (int32_t)cx->salt)
+                ret = fail("message %d: {%d, %d, %d}", i, msgs[i][0], msgs[i][1], msgs[i][2]);
+        for (int i = 1; i < n; i++)
+            ps_work_free(w[i]);
+        free(w);
+        free(seen);
+        free(msgs);
+        if (ret)
+            return fail("round %d: %d", round, ret);
+    }
+    /* A named source among any-source traffic: rank 1 sends twice, and the
+     * two arrive in the order sent. */
+    CHECK_OK(ps_barrier(comm, NULL));
+    if (me == 1 || me == 0) {
+        int32_t v[2] = {5, 6};
+        if (me == 1) {
+            CHECK_OK(ps_send(comm, &v[0], 1, PS_INT32, 0, 1, NULL));
+            CHECK_OK(ps_send(comm, &v[1], 1, PS_INT32, 0, 1, NULL));
+        } else {
+            int32_t a = 0, b = 0;
+            int src = -1;
+            CHECK_OK(ps_recv(comm, &a, 1, PS_INT32, 1, 1, NULL, &src));
+            CHECK_OK(ps_recv(comm, &b, 1, PS_INT32, PS_ANY_SOURCE, 1, NULL, &src));
+            CHECK(a == 5 && b == 6 && src == 1, "in-order sends from rank 1: %d %d from %d", a, b,
+                  src);
+        }
+    }
+    return ps_barrier(comm, NULL);
+}
+
+/* What concurrent jobs run: a few collectives whose data depend on the job. */
+static int sc_mixed(ctx_t *cx)
+{
+    for (int i = 0; i < 3; i++) {
+        TRY(run_case(cx, K_ALL_REDUCE, PS_INT32, PS_SUM, 1000, 0, NULL, 0));
+        TRY(run_case(cx, K_ALL_REDUCE, PS_FLOAT32, PS_MAX, multi_count(PS_FLOAT32) / 2, 0, NULL,
+                     0));
+        TRY(run_case(cx, K_ALL_GATHER, PS_INT64, PS_SUM, 77, 0, NULL, 0));
+        TRY(run_case(cx, K_BROADCAST, PS_UINT8, PS_SUM, 4097, cx->size - 1, NULL, 0));
+        TRY(run_case(cx, K_REDUCE_SCATTER, PS_BFLOAT16, PS_SUM, 100, 0, NULL, 1));
+        CHECK_OK(ps_barrier(cx->comm, NULL));
+    }
+    return cx->size > 1 ? sc_recv_any(cx) : 0;
+}
+
+/* Arguments the library refuses before any call: nothing is sent, so the
+ * ranks stay in step and a real collective works afterwards. */
+static int sc_local_errors(ctx_t *cx)
+{
+    ps_comm_t *comm = cx->comm;
+    int n = cx->size, me = cx->rank;
+    float f[4] = {1, 2, 3, 4};
+    int32_t i32[4] = {0};
+    int before = error_count();
+    CHECK(ps_all_reduce(NULL, f, 4, PS_FLOAT32, PS_SUM, NULL) == PS_EPRECOND,
+          "collective before init: not PS_EPRECOND");
+    CHECK(ps_barrier(NULL, NULL) == PS_EPRECOND, "barrier before init: not PS_EPRECOND");
+    for (ps_op_t op = PS_BAND; op <= PS_BXOR; op++)
+        CHECK(ps_all_reduce(comm, f, 4, PS_FLOAT32, op, NULL) == PS_EINVAL,
+              "%s on float32: not PS_EINVAL", ps_op_name(op));
+    CHECK(ps_reduce_scatter(comm, f, f, 1, PS_BFLOAT16, PS_BXOR, NULL) == PS_EINVAL,
+          "BXOR on bfloat16: not PS_EINVAL");
+    CHECK(ps_all_reduce(comm, i32, 4, PS_INT32, PS_AVG, NULL) == PS_EINVAL,
+          "AVG on int32: not PS_EINVAL");
+    CHECK(ps_all_reduce(comm, f, 4, (ps_dtype_t)99, PS_SUM, NULL) == PS_EINVAL,
+          "dtype 99: not PS_EINVAL");
+    CHECK(ps_all_reduce(comm, f, 4, PS_FLOAT32, (ps_op_t)42, NULL) == PS_EINVAL,
+          "op 42: not PS_EINVAL");
+    CHECK(ps_broadcast(comm, f, 4, PS_FLOAT32, n, NULL) == PS_EINVAL, "src = n: not PS_EINVAL");
+    CHECK(ps_broadcast(comm, f, 4, PS_FLOAT32, -1, NULL) == PS_EINVAL, "src -1: not PS_EINVAL");
+    CHECK(ps_reduce_to(comm, f, 4, PS_FLOAT32, PS_SUM, n + 3, NULL) == PS_EINVAL,
+          "dst = n+3: not PS_EINVAL");
+    CHECK(ps_all_reduce(comm, NULL, 4, PS_FLOAT32, PS_SUM, NULL) == PS_EINVAL,
+          "NULL buffer: not PS_EINVAL");
+    CHECK(ps_all_gather(comm, NULL, f, 1, PS_FLOAT32, NULL) == PS_EINVAL,
+          "NULL output: not PS_EINVAL");
+    CHECK(ps_send(comm, f, 1, PS_FLOAT32, me, 0, NULL) == PS_EINVAL,
+          "send to oneself: not PS_EINVAL");
+    CHECK(ps_recv(comm, f, 1, PS_FLOAT32, n, 0, NULL, NULL) == PS_EINVAL,
+          "recv from rank n: not PS_EINVAL");
+    CHECK(ps_send(comm, f, 1, PS_FLOAT32, (me + 1) % n, -5, NULL) == PS_EINVAL,
+          "negative tag: not PS_EINVAL");
+    CHECK(ps_iall_reduce(comm, f, 4, PS_FLOAT32, PS_SUM, NULL, NULL) == PS_EINVAL,
+          "NULL work: not PS_EINVAL");
+    ps_work_t *w = (ps_work_t *)&w;
+    CHECK(ps_iall_reduce(comm, f, 4, PS_FLOAT32, PS_BOR, NULL, &w) == PS_EINVAL &&
+              w == (ps_work_t *)&w,
+          "bad async call: not PS_EINVAL, or *work written");
+    const int bad[] = {0, n}, dup[] = {0, 0};
+    ps_group_t *g = (ps_group_t *)&g;
+    CHECK(ps_new_group(comm, bad, 2, &g) == PS_EINVAL && g == (ps_group_t *)&g,
+          "new_group with rank n: not PS_EINVAL, or *out written");
+    CHECK(ps_new_group(comm, dup, 2, &g) == PS_EINVAL, "new_group with rank 0 twice");
+    CHECK(error_count() - before == 19, "the error handler heard %d of the 19 errors",
+          error_count() - before);
+    CHECK(ps_get_rank(NULL, NULL) == -1 && ps_get_world_size(NULL, NULL) == -1,
+          "queries on a NULL comm");
+    CHECK(ps_finalize(NULL) == 0, "ps_finalize(NULL)");
+
+    /* Nothing was consumed: the ranks are still in step. */
+    int64_t v = me + 1;
+    CHECK_OK(ps_all_reduce(comm, &v, 1, PS_INT64, PS_SUM, NULL));
+    CHECK(v == (int64_t)n * (n + 1) / 2, "all_reduce after the refusals: %lld", (long long)v);
+    const int pair[] = {0, n - 1};
+    CHECK_OK(ps_new_group(comm, pair, n > 1 ? 2 : 1, &g));
+    return 0;
+}
+
+/* Checks that the last reported error has code err on every rank and names
+ * the field (needle) and a rank. */
+static int expect_error(int rc, const char *what, const char *needle, int want1, int want2)
+{
+    char msg[1024];
+    last_error(msg, sizeof(msg));
+    CHECK(rc == want1 || rc == want2, "%s: returned %d (%s), want %s or %s", what, rc,
+          ps_strerror(rc), ps_strerror(want1), ps_strerror(want2));
+    CHECK(strstr(msg, needle), "%s: the message does not name '%s': %s", what, needle, msg);
+    CHECK(strstr(msg, "rank"), "%s: the message names no rank: %s", what, msg);
+    return 0;
+}
+
+/* Ranks that disagree: every rank gets an error naming the field, and the
+ * job goes on afterwards. The odd one out is the last rank. */
+static int sc_mismatch(ctx_t *cx)
+{
+    ps_comm_t *comm = cx->comm;
+    int n = cx->size, odd = cx->rank == n - 1;
+    if (n < 2) {
+        note("SKIPPED: needs two ranks");
+        return SKIP;
+    }
+    float f[8] = {0};
+    int rc;
+
+    clear_last_error();
+    rc = ps_all_reduce(comm, f, 4, odd ? PS_INT32 : PS_FLOAT32, PS_SUM, NULL);
+    TRY(expect_error(rc, "dtype", "dtype", PS_EPRECOND, PS_EINVAL));
+    TRY(run_case(cx, K_ALL_REDUCE, PS_FLOAT32, PS_SUM, 9, 0, NULL, 0));
+
+    clear_last_error();
+    rc = ps_all_reduce(comm, f, odd ? 5 : 4, PS_FLOAT32, PS_SUM, NULL);
+    TRY(expect_error(rc, "count", "count", PS_EPRECOND, PS_EINVAL));
+    TRY(run_case(cx, K_ALL_REDUCE, PS_FLOAT32, PS_SUM, 9, 0, NULL, 0));
+
+    clear_last_error();
+    rc = ps_all_reduce(comm, f, 4, PS_FLOAT32, odd ? PS_MAX : PS_SUM, NULL);
+    TRY(expect_error(rc, "op", "op", PS_EPRECOND, PS_EINVAL));
+    TRY(run_case(cx, K_ALL_REDUCE, PS_FLOAT32, PS_SUM, 9, 0, NULL, 0));
+
+    clear_last_error();
+    rc = ps_broadcast(comm, f, 4, PS_FLOAT32, odd ? 1 : 0, NULL);
+    TRY(expect_error(rc, "root", "root", PS_EPRECOND, PS_EINVAL));
+    TRY(run_case(cx, K_ALL_REDUCE, PS_FLOAT32, PS_SUM, 9, 0, NULL, 0));
+
+    clear_last_error();
+    rc = odd ? ps_broadcast(comm, f, 4, PS_FLOAT32, 0, NULL)
+             : ps_all_reduce(comm, f, 4, PS_FLOAT32, PS_SUM, NULL);
+    TRY(expect_error(rc, "kind", "broadcast", PS_EPRECOND, PS_EINVAL));
+    TRY(run_case(cx, K_ALL_REDUCE, PS_FLOAT32, PS_SUM, 9, 0, NULL, 0));
+
+    clear_last_error();
+    rc = ps_reduce_scatter(comm, f, f, odd ? 2 : 1, PS_FLOAT32, PS_SUM, NULL);
+    TRY(expect_error(rc, "reduce_scatter count", "count", PS_EPRECOND, PS_EINVAL));
+    return ps_barrier(comm, NULL);
+}
+
+/* A payload over the daemon's --max-tensor-bytes (1 MiB in this test) fails
+ * with PS_ENOMEM on every rank, and smaller ones still work. */
+static int sc_too_big(ctx_t *cx)
+{
+    ps_comm_t *comm = cx->comm;
+    size_t count = 2 * MIB / 4;
+    float *f = calloc(count * (size_t)cx->size, 4);
+    clear_last_error();
+    int rc = ps_all_reduce(comm, f, count, PS_FLOAT32, PS_SUM, NULL);
+    CHECK(rc == PS_ENOMEM, "all_reduce of 2 MiB: %d (%s), want PS_ENOMEM", rc, ps_strerror(rc));
+    /* 600 KiB in, but n * 600 KiB out. */
+    if (cx->size > 1) {
+        rc = ps_all_gather(comm, f, f + count, 600 * 1024 / 4, PS_FLOAT32, NULL);
+        CHECK(rc == PS_ENOMEM, "all_gather of n x 600 KiB: %d (%s), want PS_ENOMEM", rc,
+              ps_strerror(rc));
+    }
+    free(f);
+    TRY(run_case(cx, K_ALL_REDUCE, PS_FLOAT32, PS_SUM, 1024, 0, NULL, 0));
+    TRY(run_case(cx, K_ALL_REDUCE, PS_INT8, PS_SUM, MIB - 1, 0, NULL, 0));
+    return 0;
+}
+
+/* The smallest real job: used after failures to show the daemon still serves. */
+static int sc_smoke(ctx_t *cx)
+{
+    TRY(run_case(cx, K_ALL_REDUCE, PS_INT32, PS_SUM, 3, 0, NULL, 0));
+    TRY(run_case(cx, K_ALL_GATHER, PS_FLOAT32, PS_SUM, 1025, 0, NULL, 0));
+    return ps_barrier(cx->comm, NULL);
+}
+
+/* A rank that never calls: the others fail with PS_ETIMEDOUT within the
+ * collective timeout (2 s here), naming it. */
+static int sc_peer_timeout(ctx_t *cx)
+{
+    if (cx->rank != 0) {
+        sleep_ms(4500); /* well past rank 0's deadline, then leave */
+        return 0;
+    }
+    float f[4] = {0};
+    int64_t t0 = now_ms();
+    clear_last_error();
+    int rc = ps_all_reduce(cx->comm, f, 4, PS_FLOAT32, PS_SUM, NULL);
+    int64_t took = now_ms() - t0;
+    char msg[1024];
+    last_error(msg, sizeof(msg));
+    CHECK(rc == PS_ETIMEDOUT, "missing peer: %d (%s), want PS_ETIMEDOUT", rc, ps_strerror(rc));
+    CHECK(took >= 1500 && took <= 4000, "missing peer: failed after %lld ms; the timeout is 2000",
+          (long long)took);
+    CHECK(strstr(msg, "1"), "missing peer: the message does not name rank 1: %s", msg);
+    return 0;
+}
+
+/* A member that dies without leaving: the others' collective fails soon,
+ * naming it, instead of waiting for the (long) timeout. */
+static int sc_member_lost(ctx_t *cx)
+{
+    int victim = cx->size - 1;
+    if (cx->rank == victim) {
+        fflush(NULL);
+        _exit(0); /* no Leave: as if killed */
+    }
+    float f[4] = {0};
+    int64_t t0 = now_ms();
+    clear_last_error();
+    int rc = ps_all_reduce(cx->comm, f, 4, PS_FLOAT32, PS_SUM, NULL);
+    int64_t took = now_ms() - t0;
+    char msg[1024], rank_str[16];
+    last_error(msg, sizeof(msg));
+    snprintf(rank_str, sizeof(rank_str), "%d", victim);
+    CHECK(rc == PS_EABORTED || rc == PS_EUNAVAIL, "lost member: %d (%s), want PS_EABORTED", rc,
+          ps_strerror(rc));
+    CHECK(took <= 15000, "lost member: failed after %lld ms", (long long)took);
+    CHECK(strstr(msg, rank_str), "lost member: the message does not name rank %d: %s", victim, msg);
+    /* The comm stays failed: a later call fails at once with the same cause. */
+    rc = ps_barrier(cx->comm, NULL);
+    CHECK(rc != 0, "a collective after a member was lost succeeded");
+    return 0;
+}
+
+/* SIGTERM to the daemon while calls are in flight: they end with
+ * PS_EUNAVAIL (the driver sends the signal and checks the exit status). */
+static int sc_sigterm(ctx_t *cx)
+{
+    float f[4] = {0};
+    int rc, src;
+    if (cx->rank == 0)
+        rc = ps_barrier(cx->comm, NULL); /* rank 1 never comes */
+    else
+        rc = ps_recv(cx->comm, f, 4, PS_FLOAT32, 0, 0, NULL, &src); /* nobody sends */
+    CHECK(rc == PS_EUNAVAIL, "in flight at SIGTERM: %d (%s), want PS_EUNAVAIL", rc,
+          ps_strerror(rc));
+    return 0;
+}
+
+/* ---- scenarios that join by themselves ---- */
+
+static int join_expect(ps_init_options_t *o, int want, const char *needle, const char *what)
+{
+    ps_comm_t *comm = NULL;
+    clear_last_error();
+    int rc = join(o, &comm);
+    if (rc == 0) {
+        ps_finalize(comm);
+        return fail("%s: ps_init succeeded", what);
+    }
+    char msg[1024];
+    last_error(msg, sizeof(msg));
+    CHECK(want == 0 || rc == want, "%s: ps_init returned %d (%s), want %s", what, rc,
+          ps_strerror(rc), ps_strerror(want));
+    CHECK(!needle || strstr(msg, needle), "%s: the message does not name '%s': %s", what, needle,
+          msg);
+    return 0;
+}
+
+/* rank >= world size is refused. */
+static int sc_join_bad_rank(ctx_t *cx)
+{
+    (void)cx;
+    ps_init_options_t o;
+    ps_init_options_default(&o);
+    o.world_size = 2;
+    o.rank = 5;
+    o.join_timeout_ms = 5000;
+    return join_expect(&o, PS_EINVAL, "rank", "rank 5 of 2");
+}
+
+/* A joiner whose world size differs from the job's is refused, naming it;
+ * the job it tried to join cannot form either. */
+static int sc_join_world_mismatch(ctx_t *cx)
+{
+    ps_init_options_t o;
+    ps_init_options_default(&o);
+    o.join_timeout_ms = 3000;
+    if (cx->rank == 0) {
+        o.world_size = 2;
+        return join_expect(&o, 0, NULL, "world of 2 that rank 1 disagrees with");
+    }
+    sleep_ms(800); /* rank 0 defines the job */
+    o.world_size = 3;
+    return join_expect(&o, PS_EINVAL, "world", "world size 3 against 2");
+}
+
+/* Two processes asking for the same rank: the second is refused. */
+static int sc_join_duplicate(ctx_t *cx)
+{
+    ps_init_options_t o;
+    ps_init_options_default(&o);
+    o.world_size = 2;
+    o.rank = 0;
+    o.join_timeout_ms = 3000;
+    if (cx->rank == 0)
+        return join_expect(&o, 0, NULL, "rank 0 whose twin arrives");
+    sleep_ms(800);
+    return join_expect(&o, PS_EEXIST, "rank 0", "a second rank 0");
+}
+
+/* A rank that never joins: the others fail at the join deadline, naming it. */
+static int sc_join_timeout(ctx_t *cx)
+{
+    ps_init_options_t o;
+    ps_init_options_default(&o);
+    o.world_size = cx->size + 1;
+    o.join_timeout_ms = 2000;
+    char missing[16];
+    snprintf(missing, sizeof(missing), "%d", cx->size);
+    int64_t t0 = now_ms();
+    int rc = join_expect(&o, PS_ETIMEDOUT, missing, "a rank never joins");
+    int64_t took = now_ms() - t0;
+    CHECK(took >= 1500 && took <= 5000, "join timeout after %lld ms; the deadline is 2000",
+          (long long)took);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- main */
+
+typedef struct scenario {
+    const char *name;
+    int (*fn)(ctx_t *);
+    int joins; /* 1: the harness joins before and finalizes after */
+    int64_t timeout_ms;
+} scenario_t;
+
+static const scenario_t scenarios[] = {
+    {"all_reduce", sc_all_reduce, 1, 0},
+    {"reduce", sc_reduce, 1, 0},
+    {"broadcast", sc_broadcast, 1, 0},
+    {"all_gather", sc_all_gather, 1, 0},
+    {"gather", sc_gather, 1, 0},
+    {"scatter", sc_scatter, 1, 0},
+    {"reduce_scatter", sc_reduce_scatter, 1, 0},
+    {"all_to_all", sc_all_to_all, 1, 0},
+    {"barrier", sc_barrier, 1, 0},
+    {"send_recv", sc_send_recv, 1, 0},
+    {"collectives", sc_collectives, 1, 0},
+    {"collectives_light", sc_collectives, 1, 0},
+    {"big", sc_big, 1, 0},
+    {"groups", sc_groups, 1, 0},
+    {"async", sc_async, 1, 0},
+    {"recv_any", sc_recv_any, 1, 0},
+    {"mixed", sc_mixed, 1, 0},
+    {"local_errors", sc_local_errors, 1, 0},
+    {"mismatch", sc_mismatch, 1, 0},
+    {"too_big", sc_too_big, 1, 0},
+    {"smoke", sc_smoke, 1, 0},
+    {"peer_timeout", sc_peer_timeout, 1, 2000},
+    {"member_lost", sc_member_lost, 1, 0},
+    {"sigterm", sc_sigterm, 1, 0},
+    {"join_bad_rank", sc_join_bad_rank, 0, 0},
+    {"join_world_mismatch", sc_join_world_mismatch, 0, 0},
+    {"join_duplicate", sc_join_duplicate, 0, 0},
+    {"join_timeout", sc_join_timeout, 0, 0},
+};
+
+int main(int argc, char **argv)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    if (argc != 2) {
+        fprintf(stderr, "usage: %s SCENARIO\nscenarios:", argv[0]);
+        for (size_t i = 0; i < sizeof(scenarios) / sizeof(scenarios[0]); i++)
+            fprintf(stderr, " %s", scenarios[i].name);
+        fputc('\n', stderr);
+        return 2;
+    }
+    const scenario_t *sc = NULL;
+    for (size_t i = 0; i < sizeof(scenarios) / sizeof(scenarios[0]); i++)
+        if (strcmp(scenarios[i].name, argv[1]) == 0)
+            sc = &scenarios[i];
+    if (!sc) {
+        fprintf(stderr, "unknown scenario '%s'\n", argv[1]);
+        return 2;
+    }
+    g_scenario = sc->name;
+    ctx_t cx = {.rank = env_int("RANK", -1),
+                .size = env_int("WORLD_SIZE", 1),
+                .salt = (unsigned)env_int("PS_TEST_SALT", 0)};
+    g_rank = cx.rank;
+    g_verbose = env_int("PS_TEST_VERBOSE", 0);
+    g_light = strcmp(sc->name, "collectives_light") == 0;
+
+    int64_t t0 = now_ms();
+    if (sc->joins) {
+        ps_init_options_t o;
+        ps_init_options_default(&o);
+        o.timeout_ms = sc->timeout_ms;
+        int rc = join(&o, &cx.comm);
+        if (rc != 0) {
+            fail("ps_init: %d (%s)", rc, ps_strerror(rc));
+            return 1;
+        }
+        cx.rank = g_rank = ps_get_rank(cx.comm, NULL);
+        cx.size = ps_get_world_size(cx.comm, NULL);
+    }
+    int rc = sc->fn(&cx);
+    if (cx.comm) {
+        int frc = ps_finalize(cx.comm);
+        /* After a lost member or a daemon that is gone, Leave may fail. */
+        if (frc != 0 && rc == 0 && strcmp(sc->name, "sigterm") != 0 &&
+            strcmp(sc->name, "member_lost") != 0) {
+            fail("ps_finalize: %d (%s)", frc, ps_strerror(frc));
+            rc = -1;
+        }
+    }
+    if (rc == SKIP)
+        return SKIP;
+    note("%s in %lld ms", rc == 0 ? "passed" : "FAILED", (long long)(now_ms() - t0));
+    return rc == 0 ? 0 : 1;
+}
