@@ -4,8 +4,9 @@
 # the host network (distinct ports, read-only root, no capabilities); four
 # Python workers on the host (two per agent) run an all_reduce of 4 MiB each
 # through them, and every rank checks the sum. Then the daemons' /metrics are
-# scraped, if this paramsyncd has --metrics-addr; and each container must
-# stop on SIGTERM with status 0.
+# scraped, if this paramsyncd has --metrics-addr; the workers' image (target
+# python) runs deploy/k8s/examples/train.py in four containers with env://,
+# as the example Job does; and each daemon must stop on SIGTERM with status 0.
 #
 # Exit 0 passed, 1 failed, 77 skipped (not root, or podman / grpc missing).
 # The debootstrap base and the build stage's packages stay cached in
@@ -151,6 +152,38 @@ if [ $metrics -eq 1 ]; then
     echo "== /metrics"
     $py "$here/check_metrics.py" --all-reduce 4 "http://$m0/metrics" "http://$m1/metrics" \
         "http://$m2/metrics"
+fi
+
+echo "== the workers' image: deploy/k8s/examples/train.py with env:// in 4 containers"
+if [ -f "$root/client/python/setup.py" ]; then
+    t=$(now)
+    pyimage=${PARAMSYNC_IMAGE%:*}-python:${PARAMSYNC_IMAGE##*:}
+    "$img" build --target python --tag "$pyimage" >"$tmp/python-build.log" 2>&1 ||
+        { tail -n 40 "$tmp/python-build.log" >&2; fail "building the python target"; }
+    echo "python image build: $(since "$t") s"
+    t=$(now)
+    for r in 0 1 2 3; do
+        port=${a1##*:}
+        [ $r -ge 2 ] && port=${a2##*:}
+        n=$tag-worker$r
+        names+=("$n")
+        # As the example Job's pods get it: MASTER_ADDR/MASTER_PORT (their
+        # node's agent), WORLD_SIZE, RANK, a job id; read-only root, non-root.
+        PARAMSYNC_IMAGE=$pyimage "$img" run --keep --name "$n" --detach --read-only \
+            --cap-drop=ALL --security-opt=no-new-privileges \
+            -v "$root/deploy/k8s/examples/train.py:/opt/example/train.py:ro" \
+            -e MASTER_ADDR=127.0.0.1 -e MASTER_PORT="$port" -e WORLD_SIZE=4 -e RANK=$r \
+            -e PARAMSYNC_JOB="example-$$" -- python3 /opt/example/train.py >/dev/null
+    done
+    for r in 0 1 2 3; do
+        n=$tag-worker$r
+        code=$("$img" podman wait "$n")
+        "$img" podman logs "$n" 2>&1 | tail -n 1
+        [ "$code" = 0 ] || fail "python worker $r exited $code"
+    done
+    echo "python workers: $(since "$t") s"
+else
+    echo "python workers: SKIPPED: client/python is not in this tree"
 fi
 
 echo "== SIGTERM: every daemon exits 0"
