@@ -815,8 +815,9 @@ static int sc_big(ctx_t *cx)
         for (int r = 0; r < cx->size; r++)
             want += (float)((i + (size_t)r * 7) % 1000);
         if (buf[i] != want) {
+            float got = buf[i];
             free(buf);
-            return fail("element %zu: got %g, want %g", i, buf[i], want);
+            return fail("element %zu: got %g, want %g", i, got, want);
         }
     }
     note("all_reduce of %.1f MiB float32 in %lld ms", count * 4.0 / MIB, (long long)dt);
