@@ -532,7 +532,9 @@ static void worker_collective(ps__rpc_call_t *call, void *arg)
         ps__rpc_call_send_status(call, GRPC_STATUS_INVALID_ARGUMENT, "missing first frame");
         return;
     }
+    memset(&first, 0, sizeof(first));
     if (ps__frame_decode(bb, &first) < 0 || !first.meta->header || !*first.meta->header->job) {
+        ps__frame_clear(&first); /* accepts the zeroed frame a failed decode leaves */
         grpc_byte_buffer_destroy(bb);
         ps__rpc_call_send_status(call, GRPC_STATUS_INVALID_ARGUMENT,
                                  "the first frame must carry a header with a job id");

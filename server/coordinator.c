@@ -551,6 +551,13 @@ static int do_new_group(ps__coordinator_t *c, const ProtobufCMessage *rq, Protob
         rc = j ? PS_EPRECOND : PS_ENOTFOUND;
         goto out;
     }
+    if (req->rank < 0 || req->rank >= j->world_size) {
+        snprintf(msg, msglen,
+                 "new_group job %s: the caller's rank %d is out of range for world_size %d",
+                 req->job, req->rank, j->world_size);
+        rc = PS_EINVAL;
+        goto out;
+    }
     if (req->group == 0 || req->n_ranks == 0) {
         snprintf(msg, msglen, "new_group job %s: %s", req->job,
                  req->group == 0 ? "group id 0 is the whole job" : "the rank list is empty");

@@ -155,6 +155,7 @@ typedef struct member {
     int refused;      /* p2p: a gRPC code when the match could not be served */
     shm_map_t *shm;   /* input and output live in this segment */
     int link;         /* PS_M_LINK_AGENT when another agent forwarded the call */
+    pthread_t thread; /* the handler thread serving it */
     uint64_t shm_out; /* output offset in it */
 } member_t;
 
@@ -1159,6 +1160,7 @@ static member_t *member_new(ps__rpc_call_t *call, ps__frame_t *first)
     m->frame.meta = NULL;
     memset(first, 0, sizeof(*first));
     m->arrival_ms = ps__now_ms();
+    m->thread = pthread_self();
     char via[8];
     m->link = ps__rpc_call_metadata(call, PS_RPC_VIA_METADATA, via, sizeof(via)) == 0
                   ? PS_M_LINK_AGENT
@@ -1281,6 +1283,22 @@ static void check_missing_alive(ps__hub_t *h, coll_t *c)
     ps__job_info_clear(&info);
 }
 
+/* A rank that gave up (cancelled its call, or died) while waiting for the
+ * others must not hold the collective until its timeout. Lock held; only
+ * members' own handler threads call this, each for its own call. */
+static void check_cancelled(coll_t *c)
+{
+    for (int i = 0; i < c->n && !c->failed; i++) {
+        member_t *m = c->members[i];
+        if (m && !m->finished && pthread_equal(m->thread, pthread_self()) &&
+            ps__rpc_call_peer_cancelled(m->call, 0) == 1)
+            coll_fail(c, GRPC_STATUS_CANCELLED,
+                      "%s (group %u, seq %" PRIu64 "): rank %d cancelled its call (or died) "
+                      "while waiting for the others",
+                      kind_name(c->kind), c->group, c->seq, c->ranks[i]);
+    }
+}
+
 /* Liveness of missing ranks is checked this often while a collective waits. */
 #define PS_HUB_LIVENESS_CHECK_MS 1000
 
@@ -1295,6 +1313,7 @@ static void wait_arrivals(ps__hub_t *h, coll_t *c, int64_t timeout_ms)
             c->narrived < c->n && !c->failed && ps__now_ms() < end) {
             if (!h->stopping)
                 check_missing_alive(h, c);
+            check_cancelled(c);
             continue;
         }
         if (ps__now_ms() >= end && c->narrived < c->n && !c->failed) {
@@ -1347,6 +1366,14 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
     int n = group_size(j, hd->group);
     if ((code = header_check(h->cfg, hd, n, msg, sizeof(msg))) != 0)
         goto fail_locked;
+    if (m->first->offset != 0 || (hd->kind == K_RECV && m->frame.data_len)) {
+        code = GRPC_STATUS_INVALID_ARGUMENT;
+        snprintf(msg, sizeof(msg), "%s (group %u): rank %d: %s", kind_name(hd->kind), hd->group,
+                 hd->rank,
+                 m->first->offset ? "the first frame's data must start at offset 0"
+                                  : "a recv carries no data");
+        goto fail_locked;
+    }
     if (hd->shm && *hd->shm) {
         for (shm_map_t *sm = h->shms; sm && !m->shm; sm = sm->next)
             if (strcmp(sm->name, hd->shm) == 0 && strcmp(sm->job, hd->job) == 0)
@@ -1382,8 +1409,15 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
         *tail = m;
         mailbox_match(h, j, mb);
         pthread_cond_broadcast(&h->p2p_changed);
-        struct timespec dl = abs_ms(timeout);
+        int64_t p2p_end = ps__now_ms() + timeout;
         while (!m->coll) {
+            if (ps__rpc_call_peer_cancelled(call, 0) == 1) {
+                list_remove(list, m);
+                code = GRPC_STATUS_CANCELLED;
+                snprintf(msg, sizeof(msg), "%s (group %u): rank %d cancelled its call",
+                         kind_name(hd->kind), hd->group, hd->rank);
+                goto fail_locked;
+            }
             if (h->stopping) {
                 list_remove(list, m);
                 code = GRPC_STATUS_UNAVAILABLE;
@@ -1400,7 +1434,11 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
                          kind_name(hd->kind), hd->group);
                 goto fail_locked;
             }
-            if (pthread_cond_timedwait(&h->p2p_changed, &h->lock, &dl) == ETIMEDOUT && !m->coll) {
+            int64_t left = p2p_end - ps__now_ms();
+            struct timespec slice = abs_ms(
+                left < PS_HUB_LIVENESS_CHECK_MS ? (left > 0 ? left : 0) : PS_HUB_LIVENESS_CHECK_MS);
+            pthread_cond_timedwait(&h->p2p_changed, &h->lock, &slice);
+            if (!m->coll && ps__now_ms() >= p2p_end) {
                 list_remove(list, m);
                 code = GRPC_STATUS_DEADLINE_EXCEEDED;
                 if (hd->kind == K_SEND)

@@ -66,6 +66,7 @@ typedef struct rpc_pending {
     grpc_metadata_array md;
     grpc_byte_buffer *payload;
     grpc_completion_queue *call_cq;
+    grpc_call_details details; /* method -1: a call to no registered method */
 } rpc_pending_t;
 
 struct ps__rpc_server {
@@ -87,8 +88,6 @@ struct ps__rpc_server {
     struct ps__rpc_call *queue, **queue_tail;
     pthread_cond_t work;
     int pool_threads, pool_idle, pool_queued, pool_stop;
-    pthread_t *pool;
-    int pool_cap;
     ps__rpc_observer_fn observer;
     char tag_shutdown;
 };
@@ -386,13 +385,20 @@ static int request_call(ps__rpc_server_t *s, int method)
     p->server = s;
     p->method = method;
     grpc_metadata_array_init(&p->md);
+    grpc_call_details_init(&p->details);
     p->call_cq = pluck_cq_create();
+    /* Method -1 takes calls to any other method, so they get UNIMPLEMENTED
+     * at once instead of waiting for their deadline. */
     grpc_call_error e =
-        grpc_server_request_registered_call(s->server, s->methods[method].handle, &p->call,
-                                            &p->deadline, &p->md, NULL, p->call_cq, s->cq, p);
+        method < 0
+            ? grpc_server_request_call(s->server, &p->call, &p->details, &p->md, p->call_cq, s->cq,
+                                       p)
+            : grpc_server_request_registered_call(s->server, s->methods[method].handle, &p->call,
+                                                  &p->deadline, &p->md, NULL, p->call_cq, s->cq, p);
     if (e != GRPC_CALL_OK) {
         grpc_completion_queue_destroy(p->call_cq);
         grpc_metadata_array_destroy(&p->md);
+        grpc_call_details_destroy(&p->details);
         free(p);
         return PS_EINTERNAL;
     }
@@ -407,6 +413,7 @@ static void pending_free(rpc_pending_t *p)
         grpc_completion_queue_destroy(p->call_cq);
     }
     grpc_metadata_array_destroy(&p->md);
+    grpc_call_details_destroy(&p->details);
     free(p);
 }
 
@@ -438,13 +445,24 @@ static void serve_call(ps__rpc_call_t *c)
     call_free(c);
 }
 
+/* Idle handler threads beyond this many end after PS_RPC_POOL_IDLE_MS, so
+ * a burst of streams does not keep its threads for good. */
+#define PS_RPC_POOL_KEEP    16
+#define PS_RPC_POOL_IDLE_MS 5000
+
 static void *pool_main(void *arg)
 {
     ps__rpc_server_t *s = arg;
     pthread_mutex_lock(&s->lock);
     for (;;) {
-        while (!s->queue && !s->pool_stop)
-            pthread_cond_wait(&s->work, &s->lock);
+        int timed_out = 0;
+        while (!s->queue && !s->pool_stop && !timed_out) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_sec += PS_RPC_POOL_IDLE_MS / 1000;
+            timed_out = pthread_cond_timedwait(&s->work, &s->lock, &ts) == ETIMEDOUT && !s->queue &&
+                        s->pool_idle - s->pool_queued > PS_RPC_POOL_KEEP;
+        }
         if (!s->queue)
             break;
         ps__rpc_call_t *c = s->queue;
@@ -458,7 +476,15 @@ static void *pool_main(void *arg)
         pthread_mutex_lock(&s->lock);
         s->pool_idle++;
     }
+    s->pool_idle--;
+    s->pool_threads--;
+    pthread_cond_broadcast(&s->idle);
+    /* A burst is over: hand back what the tuned allocator keeps for reuse,
+     * once per 256 threads gone (trimming walks every arena). */
+    int trim = !s->pool_stop && s->pool_threads % 256 == PS_RPC_POOL_KEEP % 256;
     pthread_mutex_unlock(&s->lock);
+    if (trim)
+        malloc_trim(0);
     return NULL;
 }
 
@@ -469,15 +495,13 @@ static int pool_submit(ps__rpc_server_t *s, ps__rpc_call_t *c)
     /* Every queued call needs a thread of its own: handlers block until
      * their collective completes, which may need the calls queued after. */
     if (s->pool_idle <= s->pool_queued) {
-        if (s->pool_threads == s->pool_cap) {
-            int cap = s->pool_cap ? s->pool_cap * 2 : 16;
-            pthread_t *np = realloc(s->pool, (size_t)cap * sizeof(*np));
-            if (!np)
-                return PS_ENOMEM;
-            s->pool = np;
-            s->pool_cap = cap;
-        }
-        if (pthread_create(&s->pool[s->pool_threads], NULL, pool_main, s) != 0)
+        pthread_t t;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        int failed = pthread_create(&t, &attr, pool_main, s) != 0;
+        pthread_attr_destroy(&attr);
+        if (failed)
             return PS_ENOMEM;
         s->pool_threads++;
         s->pool_idle++;
@@ -574,6 +598,21 @@ static void *dispatcher_main(void *arg)
         pthread_mutex_unlock(&s->lock);
         if (!ev.success) {
             pending_free(p);
+        } else if (p->method < 0) {
+            char msg[300];
+            snprintf(msg, sizeof(msg), "unknown method %.*s",
+                     (int)(GRPC_SLICE_LENGTH(p->details.method) > 200
+                               ? 200
+                               : GRPC_SLICE_LENGTH(p->details.method)),
+                     (const char *)GRPC_SLICE_START_PTR(p->details.method));
+            grpc_call_cancel_with_status(p->call, GRPC_STATUS_UNIMPLEMENTED, msg, NULL);
+            grpc_call_unref(p->call);
+            pending_free(p);
+            if (!shutting) {
+                pthread_mutex_lock(&s->lock);
+                request_call(s, -1);
+                pthread_mutex_unlock(&s->lock);
+            }
         } else {
             int method = p->method;
             start_handler(s, p);
@@ -598,6 +637,7 @@ int ps__rpc_server_start(ps__rpc_server_t *s)
     for (int m = 0; m < s->nmethods; m++)
         for (int i = 0; i < PS_RPC_PENDING_PER_METHOD; i++)
             request_call(s, m);
+    request_call(s, -1);
     pthread_mutex_unlock(&s->lock);
     if (pthread_create(&s->dispatcher, NULL, dispatcher_main, s) != 0)
         return PS_ENOMEM;
@@ -631,15 +671,13 @@ void ps__rpc_server_shutdown(ps__rpc_server_t *s)
     pthread_join(s->dispatcher, NULL);
     grpc_completion_queue_destroy(s->cq);
     s->cq = NULL;
+    /* Pool threads are detached; each says when it is gone. */
     pthread_mutex_lock(&s->lock);
     s->pool_stop = 1;
     pthread_cond_broadcast(&s->work);
+    while (s->pool_threads > 0)
+        pthread_cond_wait(&s->idle, &s->lock);
     pthread_mutex_unlock(&s->lock);
-    for (int i = 0; i < s->pool_threads; i++)
-        pthread_join(s->pool[i], NULL);
-    free(s->pool);
-    s->pool = NULL;
-    s->pool_threads = 0;
 }
 
 void ps__rpc_server_destroy(ps__rpc_server_t *s)
