@@ -51,6 +51,17 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 1' INT TERM
 
+# Containers left by a run that was killed (ctest's timeout sends SIGKILL,
+# which no trap sees): their names carry the pid of a test no longer running.
+if "$img" podman ps -a --format '{{.Names}}' >"$tmp/old" 2>/dev/null; then
+    while read -r n; do
+        p=${n#pstest-}
+        p=${p%%-*}
+        case "$p" in '' | *[!0-9]*) continue ;; esac
+        kill -0 "$p" 2>/dev/null || "$img" podman rm --force --time 2 "$n" >/dev/null 2>&1 || true
+    done < <(grep '^pstest-' "$tmp/old" || true)
+fi
+
 echo "== build the image ($PARAMSYNC_IMAGE)"
 t=$(now)
 "$img" build --tag "$PARAMSYNC_IMAGE"
