@@ -417,6 +417,22 @@ static void pending_free(rpc_pending_t *p)
     free(p);
 }
 
+/* Takes an ended call off the server's active list and frees it. */
+static void call_retire(ps__rpc_server_t *s, ps__rpc_call_t *c)
+{
+    pthread_mutex_lock(&s->lock);
+    if (c->prev_active)
+        c->prev_active->next_active = c->next_active;
+    else
+        s->active = c->next_active;
+    if (c->next_active)
+        c->next_active->prev_active = c->prev_active;
+    s->active_handlers--;
+    pthread_cond_broadcast(&s->idle);
+    pthread_mutex_unlock(&s->lock);
+    call_free(c);
+}
+
 static void serve_call(ps__rpc_call_t *c)
 {
     ps__rpc_server_t *s = c->server;
@@ -432,17 +448,7 @@ static void serve_call(ps__rpc_call_t *c)
     if (s->observer)
         s->observer(c->method,
                     c->cancelled && c->status_code == 0 ? GRPC_STATUS_CANCELLED : c->status_code);
-    pthread_mutex_lock(&s->lock);
-    if (c->prev_active)
-        c->prev_active->next_active = c->next_active;
-    else
-        s->active = c->next_active;
-    if (c->next_active)
-        c->next_active->prev_active = c->prev_active;
-    s->active_handlers--;
-    pthread_cond_broadcast(&s->idle);
-    pthread_mutex_unlock(&s->lock);
-    call_free(c);
+    call_retire(s, c);
 }
 
 /* Idle handler threads beyond this many end after PS_RPC_POOL_IDLE_MS, so
@@ -561,17 +567,7 @@ static void start_handler(ps__rpc_server_t *s, rpc_pending_t *p)
         /* Without a thread the call cannot be served: end it here. */
         ps__rpc_call_send_status(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "no thread for the call");
         pluck(c->cq, &c->tag_close);
-        pthread_mutex_lock(&s->lock);
-        if (c->prev_active)
-            c->prev_active->next_active = c->next_active;
-        else
-            s->active = c->next_active;
-        if (c->next_active)
-            c->next_active->prev_active = c->prev_active;
-        s->active_handlers--;
-        pthread_cond_broadcast(&s->idle);
-        pthread_mutex_unlock(&s->lock);
-        call_free(c);
+        call_retire(s, c);
     }
 }
 
