@@ -717,8 +717,11 @@ import paramsync.distributed as dist
 dist.init_process_group("paramsync")
 x = np.array([dist.get_rank() + 1], np.int64)
 dist.all_reduce(x)
-print("rank %s/%s local %s job %s sum %d args %s" % (os.environ["RANK"], os.environ["WORLD_SIZE"],
-      os.environ["LOCAL_RANK"], os.environ["PARAMSYNC_JOB"][:4], x[0], sys.argv[1:]))
+# One write per line: the workers share the launcher's stdout, unprefixed.
+sys.stdout.write("rank %s/%s local %s job %s sum %d args %s\\n" % (os.environ["RANK"],
+                 os.environ["WORLD_SIZE"], os.environ["LOCAL_RANK"],
+                 os.environ["PARAMSYNC_JOB"][:4], x[0], sys.argv[1:]))
+sys.stdout.flush()
 if "--fail" in sys.argv and dist.get_rank() == 1:
     sys.exit(3)
 """)
