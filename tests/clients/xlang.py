@@ -10,7 +10,6 @@ languages over ranks 0, 1 and 2, so that each language is a root.
 import argparse
 import os
 import shutil
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
