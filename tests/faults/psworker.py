@@ -284,6 +284,21 @@ class Daemon:
             return r.read().decode(errors="replace")
 
 
+def expect_alive(*daemons):
+    """Each daemon must still run; one that died (a crash: a signal) is a failure,
+    reported with its exit status and the end of its log."""
+    ok = True
+    for d in daemons:
+        rc = d.proc.poll() if d.proc else "never started"
+        if rc is not None:
+            ok = False
+            how = ("killed by signal %d" % -rc) if isinstance(rc, int) and rc < 0 else \
+                "exit status %s" % rc
+            expect(False, "%s died (%s); the end of its log:\n%s" %
+                   (d.name, how, d.log_text()[-1500:]))
+    return ok
+
+
 class Cleanup:
     """Stops every daemon and worker process a test started, whatever happens."""
 
@@ -365,8 +380,10 @@ class Conn:
     def __init__(self, addr, token=None, tls=None):
         pb, pb_grpc = stubs()
         self.addr = addr
-        opts = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1),
-                ("grpc.enable_retries", 0)]
+        # gRPC's transparent retry stays on: it only resends calls that never reached the
+        # daemon, e.g. the first call on an idle channel whose connection the daemon's
+        # keepalive closed (grpcio does not answer pings on a channel with no call).
+        opts = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
         if tls:
             def rd(p):
                 with open(p, "rb") as f:

@@ -24,12 +24,26 @@ BOUND_S = 2 * LIVENESS_MS / 1000.0
 BIG = 16 << 20  # float32 elements: 64 MiB
 
 
-def rank_states(conn, job):
-    st = conn.status(job)
-    for j in st.jobs:
-        if j.job == job:
-            return {r.rank: r.state for r in j.ranks}, st
-    return {}, st
+def rank_states(addr, job, want, until):
+    """The coordinator's view of job's ranks {rank: state}, asked again until it
+    matches want (a {rank: state} subset) or until time.monotonic() > until. Each
+    ask on a new connection, as `paramsync status` does (an idle grpcio channel
+    answers no keepalive pings, so the daemon closes it after 2x the liveness
+    timeout and the next call on it fails)."""
+    while True:
+        try:
+            conn = P.Conn(addr)
+            st = conn.status(job)
+            conn.close()
+        except P.grpc.RpcError as e:
+            return {}, "Admin/Status failed: %s %s" % (e.code().name, e.details())
+        states = {}
+        for j in st.jobs:
+            if j.job == job:
+                states = {r.rank: r.state for r in j.ranks}
+        if all(states.get(r) == s for r, s in want.items()) or time.monotonic() > until:
+            return states, st
+        time.sleep(0.05)
 
 
 def check_error(p, t_kill, ok_names, what):
@@ -54,8 +68,7 @@ def main():
     live = ["--liveness-timeout-ms", str(LIVENESS_MS)]
     with P.Cleanup() as cl:
         coord, agents = P.cluster(cl, binary, work, 3, common=live)
-        cconn = P.Conn(coord.addr)
-        P.wait_registered(cconn, [a.addr for a in agents])
+        P.wait_registered(P.Conn(coord.addr), [a.addr for a in agents])
         a0, a1, a2 = agents
 
         # 1. A non-hub agent dies mid-collective.
@@ -81,8 +94,11 @@ def main():
                                          lambda m: P.names_rank(m, 3)], "agent1 killed")
             P.log("agent1 killed mid-collective: %s failed %.2fs later" % (p.name, dt))
         # The survivors stay members for a while: the job is still there to look at.
-        states, st = rank_states(cconn, "split")
-        P.log("coordinator Status of 'split' after agent1's death: %s" % states)
+        P.expect_alive(coord, a0)
+        states, st = rank_states(coord.addr, "split", {0: "joined", 1: "joined", 2: "lost",
+                                                  3: "lost"}, t_kill + BOUND_S)
+        P.log("coordinator Status of 'split' %.2fs after agent1's death: %s" %
+              (time.monotonic() - t_kill, states))
         P.expect(states.get(2) == "lost" and states.get(3) == "lost",
                  "the coordinator's Status does not show ranks 2 and 3 lost: %s" % st)
         P.expect(states.get(0) == "joined" and states.get(1) == "joined",
@@ -119,14 +135,19 @@ def main():
         dt = check_error(procs[1], t_kill, [lambda m: P.names_rank(m, 0),
                                             lambda m: a2.addr in m], "agent2 (hub) killed")
         P.log("agent2 (the hub) killed: rank 1 on agent0 failed %.2fs later" % dt)
-        states, st = rank_states(cconn, "remote-hub")
-        P.log("coordinator Status of 'remote-hub' after agent2's death: %s" % states)
+        P.expect_alive(coord, a0)
+        states, st = rank_states(coord.addr, "remote-hub", {0: "lost", 1: "joined"},
+                                 t_kill + BOUND_S)
+        P.log("coordinator Status of 'remote-hub' %.2fs after agent2's death: %s" %
+              (time.monotonic() - t_kill, states))
         P.expect(states.get(0) == "lost", "the coordinator's Status does not show rank 0 lost: "
                  "%s" % st)
         lost = procs[1].wait("lost", BOUND_S + 1)
         P.expect(lost is not None and lost["rank"] == 0,
                  "agent2 killed: rank 1 saw no MEMBER_LOST for rank 0: " + procs[1].describe())
         P.expect(procs[1].finish(20) == 0, "rank 1 did not end: " + procs[1].describe())
+
+        P.check(P.expect_alive(coord, a0), "a daemon that should be running died")
 
         # 3. The surviving agent serves new jobs.
         specs = {"*": {"steps": [{"do": "collective", "count": 4096, "verify": True},

@@ -105,7 +105,7 @@ def main():
                  "UNAVAILABLE or DEADLINE_EXCEEDED naming the coordinator within 6 s, got %s "
                  "after %.1fs" % (r, dt))
         time.sleep(2)
-        st = cconn.status()
+        st = P.Conn(coord.addr, tls=with_cert).status()  # a new channel: cconn sat idle
         for a in (plain, rogue):
             P.expect(a.addr not in st.agents, "C: the coordinator registered %s (%s) without "
                      "a certificate of its CA: %s" % (a.name, a.addr, list(st.agents)))
