@@ -10,6 +10,7 @@
 #include <paramsync/common.h>
 
 #include "daemon.h"
+#include "auth.h"
 #include "health.h"
 #include "log.h"
 #include "metrics.h"
@@ -20,12 +21,6 @@ typedef struct peer_channel {
     ps__rpc_channel_t *ch;
     struct peer_channel *next;
 } peer_channel_t;
-
-typedef struct job_token {
-    char *job; /* "*" matches any job without its own line */
-    char *token;
-    struct job_token *next;
-} job_token_t;
 
 typedef struct job_route {
     char *job;
@@ -42,7 +37,7 @@ struct ps__agent {
     pthread_mutex_t lock;
     peer_channel_t *peers;
     job_route_t *routes;
-    job_token_t *tokens; /* NULL: no authentication */
+    ps__tokens_t *tokens; /* NULL: no authentication */
     struct ps__health *health;
     pthread_t health_thread;
     int health_running;
@@ -153,7 +148,10 @@ static void forward_unary(ps__agent_t *a, ps__rpc_call_t *down, const char *meth
         grpc_byte_buffer_destroy(req);
         return;
     }
-    int rc = ps__rpc_call_start(a->coord, method, CONTROL_TIMEOUT_MS, &up);
+    char auth[600];
+    int have_auth = ps__rpc_call_metadata(down, "authorization", auth, sizeof(auth)) == 0;
+    int rc = ps__rpc_call_start_auth(a->coord, method, CONTROL_TIMEOUT_MS, have_auth ? auth : NULL,
+                                     a->self, &up);
     if (rc == 0) {
         ps__rpc_call_send(up, req);
         ps__rpc_call_close_send(up);
@@ -178,87 +176,11 @@ static void forward_unary(ps__agent_t *a, ps__rpc_call_t *down, const char *meth
     ps__rpc_call_destroy(up);
 }
 
-/* ---- per-job tokens ---- */
-
-/* Reads 'JOB TOKEN' lines; '#' starts a comment. Returns 0 or a negative
- * code with nothing kept. Tokens are never logged. */
-static int tokens_load(ps__agent_t *a, const char *path)
-{
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        PS_LOG(PS_LOG_ERROR, "cannot read --tokens-file %s", path);
-        return PS_EINVAL;
-    }
-    char line[1024];
-    int n = 0, rc = 0;
-    while (fgets(line, sizeof(line), f)) {
-        char *hash = strchr(line, '#');
-        if (hash)
-            *hash = 0;
-        char job[512], token[512];
-        if (sscanf(line, "%511s %511s", job, token) != 2)
-            continue;
-        job_token_t *t = calloc(1, sizeof(*t));
-        if (!t || !(t->job = strdup(job)) || !(t->token = strdup(token))) {
-            if (t) {
-                free(t->job);
-                free(t);
-            }
-            rc = PS_ENOMEM;
-            break;
-        }
-        t->next = a->tokens;
-        a->tokens = t;
-        n++;
-    }
-    fclose(f);
-    if (rc == 0 && n == 0) {
-        PS_LOG(PS_LOG_ERROR, "--tokens-file %s holds no 'JOB TOKEN' line", path);
-        rc = PS_EINVAL;
-    }
-    if (rc == 0)
-        PS_LOG(PS_LOG_INFO, "per-job tokens on: %d entries from %s", n, path);
-    return rc;
-}
-
-/* Compares without an early exit, so timing tells nothing of the token. */
-static int token_equal(const char *a, const char *b)
-{
-    size_t la = strlen(a), lb = strlen(b);
-    unsigned char d = (unsigned char)(la != lb);
-    for (size_t i = 0; i < la; i++)
-        d |= (unsigned char)(a[i] ^ b[i % (lb ? lb : 1)]);
-    return d == 0;
-}
-
-/* 0 when the call may act on job; otherwise ends the call with
- * UNAUTHENTICATED and returns -1. The answer is the same whether or not
- * the job exists, so it reveals nothing about other jobs. */
+/* 0 when the call may act on job (see auth.c); otherwise the call has been
+ * ended with UNAUTHENTICATED and -1 is returned. */
 static int auth_check(ps__agent_t *a, ps__rpc_call_t *call, const char *job)
 {
-    if (!a->tokens)
-        return 0;
-    const char *want = NULL;
-    for (job_token_t *t = a->tokens; t; t = t->next) {
-        if (strcmp(t->job, job) == 0)
-            want = t->token;
-        else if (!want && strcmp(t->job, "*") == 0)
-            want = t->token;
-    }
-    char have[600];
-    if (want && ps__rpc_call_metadata(call, "authorization", have, sizeof(have)) == 0 &&
-        strncmp(have, "Bearer ", 7) == 0 && token_equal(have + 7, want))
-        return 0;
-    ps__metrics_event(PS_M_EV_AUTH_FAILURE);
-    PS_LOG(PS_LOG_WARN, "job %s: refused a %s call from %s: missing or wrong token", job,
-           ps__rpc_call_method(call), ps__rpc_call_peer(call));
-    char msg[600];
-    snprintf(msg, sizeof(msg),
-             "job %s: missing or wrong token; send the job's token as 'authorization: Bearer "
-             "TOKEN' (PARAMSYNC_TOKEN)",
-             job);
-    ps__rpc_call_send_status(call, GRPC_STATUS_UNAUTHENTICATED, msg);
-    return -1;
+    return ps__auth_check(a->tokens, call, job);
 }
 
 /* ---- job lookup (for the hub and for routing) ---- */
@@ -269,9 +191,14 @@ static int agent_lookup(void *arg, const char *job, ps__job_info_t *info, char *
     Paramsync__V1__DescribeJobRequest req = PARAMSYNC__V1__DESCRIBE_JOB_REQUEST__INIT;
     Paramsync__V1__DescribeJobResponse *resp = NULL;
     req.job = (char *)job;
-    int rc = ps__rpc_unary(a->coord, PS_M_COORD_DESCRIBE_JOB, &req.base,
-                           &paramsync__v1__describe_job_response__descriptor,
-                           (ProtobufCMessage **)&resp, LOOKUP_TIMEOUT_MS, errmsg);
+    /* The coordinator checks tokens too: show the job's, from our table. */
+    const char *token = ps__tokens_for(a->tokens, job);
+    char auth[600];
+    if (token)
+        snprintf(auth, sizeof(auth), "Bearer %s", token);
+    int rc = ps__rpc_unary_auth(a->coord, PS_M_COORD_DESCRIBE_JOB, token ? auth : NULL, &req.base,
+                                &paramsync__v1__describe_job_response__descriptor,
+                                (ProtobufCMessage **)&resp, LOOKUP_TIMEOUT_MS, errmsg);
     if (rc < 0)
         return rc;
     memset(info, 0, sizeof(*info));
@@ -370,7 +297,18 @@ static void worker_join(ps__rpc_call_t *down, void *arg)
     /* Borrowed; the request's own values are put back before freeing. */
     req->agent = a->self;
     req->peer = (char *)ps__rpc_call_peer(down);
-    int rc = ps__rpc_call_start(a->coord, PS_M_COORD_JOIN, 0, &up);
+    /* A coordinator that cannot be reached within the rendezvous deadline
+     * is an error for the worker, not a Join that waits for ever (nor one
+     * that fails while a restarted coordinator's connection comes back). */
+    int64_t wait_ms = req->timeout_ms ? (int64_t)req->timeout_ms : a->cfg->join_timeout_ms;
+    int64_t until = ps__now_ms() + (wait_ms < 30000 ? wait_ms : 30000);
+    while (!ps__rpc_channel_ready(a->coord) && ps__now_ms() < until &&
+           ps__rpc_call_peer_cancelled(down, 50) != 1)
+        ;
+    char auth[600];
+    int have_auth = ps__rpc_call_metadata(down, "authorization", auth, sizeof(auth)) == 0;
+    int rc = ps__rpc_call_start_ex(a->coord, PS_M_COORD_JOIN, 0, have_auth ? auth : NULL, a->self,
+                                   ps__rpc_channel_ready(a->coord), &up);
     if (rc == 0)
         rc = ps__rpc_send_msg(up, &req->base);
     req->agent = asked;
@@ -582,7 +520,7 @@ int ps__agent_create(const ps__config_t *cfg, ps__rpc_server_t *srv, const char 
         goto fail;
     if ((rc = ps__rpc_channel_create_ex(coordinator, &cfg->rpc, &a->coord)) < 0)
         goto fail;
-    if (cfg->tokens_file && (rc = tokens_load(a, cfg->tokens_file)) < 0)
+    if (cfg->tokens_file && (rc = ps__tokens_load(cfg->tokens_file, &a->tokens)) < 0)
         goto fail;
     if ((rc = ps__hub_create(cfg, agent_lookup, a, &a->hub)) < 0)
         goto fail;
@@ -688,13 +626,7 @@ void ps__agent_destroy(ps__agent_t *a)
         free(p->address);
         free(p);
     }
-    while (a->tokens) {
-        job_token_t *t = a->tokens;
-        a->tokens = t->next;
-        free(t->job);
-        free(t->token);
-        free(t);
-    }
+    ps__tokens_free(a->tokens);
     while (a->routes) {
         job_route_t *r = a->routes;
         a->routes = r->next;

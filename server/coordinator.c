@@ -10,6 +10,7 @@
 
 #include <paramsync/common.h>
 
+#include "auth.h"
 #include "daemon.h"
 #include "log.h"
 #include "metrics.h"
@@ -59,7 +60,8 @@ struct ps__coordinator {
     job_t *jobs;
     uint64_t next_incarnation;
     int nagents;
-    char **agent_addrs; /* registered agents, each once */
+    char **agent_addrs;   /* registered agents, each once */
+    ps__tokens_t *tokens; /* NULL: no authentication */
     int nagent_addrs;
 };
 
@@ -313,6 +315,10 @@ static void coord_join(ps__rpc_call_t *call, void *arg)
         return;
     }
     /* The worker's own address when an agent forwarded the call. */
+    if (ps__auth_check(c->tokens, call, req->job)) {
+        protobuf_c_message_free_unpacked(&req->base, NULL);
+        return;
+    }
     const char *peer = req->peer && *req->peer ? req->peer : ps__rpc_call_peer(call);
     int64_t timeout = req->timeout_ms ? (int64_t)req->timeout_ms : c->cfg->join_timeout_ms;
 
@@ -444,6 +450,16 @@ static void serve_unary(ps__coordinator_t *c, ps__rpc_call_t *call,
     if (ps__rpc_recv_msg(call, req_desc, &req) != 0) {
         ps__rpc_call_send_status(call, GRPC_STATUS_INVALID_ARGUMENT, "malformed request");
         return;
+    }
+    /* Every request but RegisterAgent names its job as field 1. */
+    const ProtobufCFieldDescriptor *jf = protobuf_c_message_descriptor_get_field(req_desc, 1);
+    if (c->tokens && req_desc != &paramsync__v1__register_agent_request__descriptor && jf &&
+        jf->type == PROTOBUF_C_TYPE_STRING) {
+        const char *job = *(char **)((char *)req + jf->offset);
+        if (ps__auth_check(c->tokens, call, job ? job : "")) {
+            protobuf_c_message_free_unpacked(req, NULL);
+            return;
+        }
     }
     int rc = fn(c, req, resp, msg, sizeof(msg));
     if (rc == 0) {
@@ -720,7 +736,7 @@ int ps__coordinator_create(const ps__config_t *cfg, ps__rpc_server_t *srv, ps__c
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&c->changed, &ca);
     pthread_condattr_destroy(&ca);
-    int rc = 0;
+    int rc = cfg->tokens_file ? ps__tokens_load(cfg->tokens_file, &c->tokens) : 0;
     rc = rc ? rc : ps__rpc_server_add_method(srv, PS_M_COORD_REGISTER, coord_register, c);
     rc = rc ? rc : ps__rpc_server_add_method(srv, PS_M_COORD_JOIN, coord_join, c);
     rc = rc ? rc : ps__rpc_server_add_method(srv, PS_M_COORD_LEAVE, coord_leave, c);
@@ -743,6 +759,7 @@ void ps__coordinator_destroy(ps__coordinator_t *c)
         c->jobs = j->next;
         job_free(j);
     }
+    ps__tokens_free(c->tokens);
     for (int i = 0; i < c->nagent_addrs; i++)
         free(c->agent_addrs[i]);
     free(c->agent_addrs);

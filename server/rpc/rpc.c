@@ -163,7 +163,9 @@ static grpc_channel_args *rpc_args(rpc_args_t *a, const ps__rpc_options_t *o, in
     /* BDP probing costs 40-75% on request/response streams (measured). */
     args_int(a, GRPC_ARG_HTTP2_BDP_PROBE, 0);
     if (o && o->keepalive_ms > 0) {
-        int ka = o->keepalive_ms > INT32_MAX ? INT32_MAX : (int)o->keepalive_ms;
+        /* A ping after half the liveness timeout of silence, and half again
+         * for its answer: a dead peer is known within the timeout. */
+        int ka = o->keepalive_ms / 2 > INT32_MAX ? INT32_MAX : (int)(o->keepalive_ms / 2);
         args_int(a, GRPC_ARG_KEEPALIVE_TIME_MS, ka);
         args_int(a, GRPC_ARG_KEEPALIVE_TIMEOUT_MS, ka);
         args_int(a, GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
@@ -885,6 +887,13 @@ int ps__rpc_call_start(ps__rpc_channel_t *ch, const char *method, int64_t timeou
 int ps__rpc_call_start_auth(ps__rpc_channel_t *ch, const char *method, int64_t timeout_ms,
                             const char *authorization, const char *via, ps__rpc_call_t **out)
 {
+    return ps__rpc_call_start_ex(ch, method, timeout_ms, authorization, via, 1, out);
+}
+
+int ps__rpc_call_start_ex(ps__rpc_channel_t *ch, const char *method, int64_t timeout_ms,
+                          const char *authorization, const char *via, int wait_for_ready,
+                          ps__rpc_call_t **out)
+{
     ps__rpc_call_t *c = call_alloc();
     if (!c)
         return PS_ENOMEM;
@@ -905,7 +914,7 @@ int ps__rpc_call_start_auth(ps__rpc_channel_t *ch, const char *method, int64_t t
     memset(ops, 0, sizeof(ops));
     /* Wait for the server instead of failing at once while it starts. */
     ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[0].flags = GRPC_INITIAL_METADATA_WAIT_FOR_READY;
+    ops[0].flags = wait_for_ready ? GRPC_INITIAL_METADATA_WAIT_FOR_READY : 0;
     grpc_metadata md[2];
     size_t nmd = 0;
     if (authorization) {
@@ -1098,10 +1107,18 @@ int ps__rpc_unary(ps__rpc_channel_t *ch, const char *method, const ProtobufCMess
                   const ProtobufCMessageDescriptor *resp_desc, ProtobufCMessage **resp,
                   int64_t timeout_ms, char **errmsg)
 {
+    return ps__rpc_unary_auth(ch, method, ch->authorization, req, resp_desc, resp, timeout_ms,
+                              errmsg);
+}
+
+int ps__rpc_unary_auth(ps__rpc_channel_t *ch, const char *method, const char *authorization,
+                       const ProtobufCMessage *req, const ProtobufCMessageDescriptor *resp_desc,
+                       ProtobufCMessage **resp, int64_t timeout_ms, char **errmsg)
+{
     ps__rpc_call_t *c = NULL;
     ProtobufCMessage *m = NULL;
     char *msg = NULL;
-    int rc = ps__rpc_call_start(ch, method, timeout_ms, &c);
+    int rc = ps__rpc_call_start_auth(ch, method, timeout_ms, authorization, NULL, &c);
     if (rc < 0)
         return rc;
     /* Send failures surface in the status below. */

@@ -137,6 +137,12 @@ int ps__rpc_call_start(ps__rpc_channel_t *ch, const char *method, int64_t timeou
 int ps__rpc_call_start_auth(ps__rpc_channel_t *ch, const char *method, int64_t timeout_ms,
                             const char *authorization, const char *via, ps__rpc_call_t **out);
 
+/** As ps__rpc_call_start_auth; with wait_for_ready 0 the call fails at once
+ * with UNAVAILABLE when the server cannot be reached, instead of waiting. */
+int ps__rpc_call_start_ex(ps__rpc_channel_t *ch, const char *method, int64_t timeout_ms,
+                          const char *authorization, const char *via, int wait_for_ready,
+                          ps__rpc_call_t **out);
+
 /** Client side: half-closes the request stream. */
 int ps__rpc_call_close_send(ps__rpc_call_t *call);
 
@@ -181,6 +187,11 @@ int ps__rpc_unpack(grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *desc,
 int ps__rpc_unary(ps__rpc_channel_t *ch, const char *method, const ProtobufCMessage *req,
                   const ProtobufCMessageDescriptor *resp_desc, ProtobufCMessage **resp,
                   int64_t timeout_ms, char **errmsg);
+
+/** ps__rpc_unary sending `authorization` instead of the channel's token. */
+int ps__rpc_unary_auth(ps__rpc_channel_t *ch, const char *method, const char *authorization,
+                       const ProtobufCMessage *req, const ProtobufCMessageDescriptor *resp_desc,
+                       ProtobufCMessage **resp, int64_t timeout_ms, char **errmsg);
 
 /** Receives and unpacks one message; PS_EUNAVAIL-style code on a broken call,
  * 1 at the end of the stream (nothing unpacked). */

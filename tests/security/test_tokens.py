@@ -130,6 +130,7 @@ def main():
                 code, msg = "OK", str(r).replace("\n", " ")
             except grpc.RpcError as e:
                 code, msg = e.code().name, e.details() or ""
+            refusals += code == "UNAUTHENTICATED"  # counted as auth failures too
             P.expect(code in ("UNAUTHENTICATED", "PERMISSION_DENIED"),
                      "Coordinator/%s on the worker port with no token: want UNAUTHENTICATED or "
                      "PERMISSION_DENIED, got %s %r" % (what, code, msg))
