@@ -182,6 +182,13 @@ fail:
     return rc;
 }
 
+int ps__health_serve_on(ps__health_t *h, ps__rpc_server_t *srv)
+{
+    int rc = ps__rpc_server_add_method(srv, "/grpc.health.v1.Health/Check", health_check, h);
+    return rc ? rc
+              : ps__rpc_server_add_method(srv, "/grpc.health.v1.Health/Watch", health_watch, h);
+}
+
 void ps__health_set(ps__health_t *h, const char *service, int serving)
 {
     if (!h || !service)

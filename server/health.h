@@ -10,6 +10,10 @@ typedef struct ps__health ps__health_t;
  * NOT_SERVING until set. 0, or PS_ENOMEM. */
 int ps__health_create(ps__rpc_server_t *srv, ps__health_t **out);
 
+/** Serves the same statuses on another server too (before its start): the
+ * plaintext --health-listen port for probes that cannot speak TLS. */
+int ps__health_serve_on(ps__health_t *h, ps__rpc_server_t *srv);
+
 /** Sets a service's status ("" is the whole server; names such as
  * "paramsync.v1.Worker"). Wakes Watch streams whose status changed.
  * Unknown names are added. Thread-safe. */

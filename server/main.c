@@ -85,6 +85,9 @@ static void usage(FILE *out)
         "  --max-inflight-bytes N   memory the collectives in flight may hold in this agent;\n"
         "                           over it new collectives get RESOURCE_EXHAUSTED\n"
         "                           [PARAMSYNC_MAX_INFLIGHT_BYTES] (default 4G)\n"
+        "  --health-listen ADDR     also serve grpc.health.v1 alone, in plaintext, on ADDR:\n"
+        "                           for Kubernetes probes when the gRPC port speaks TLS\n"
+        "                           [PARAMSYNC_HEALTH_LISTEN] (default: none)\n"
         "  --reduce-device DEV      cpu, cuda or auto (default): where agents reduce; auto\n"
         "                           takes a CUDA device when one is usable, cuda requires one\n"
         "                           [PARAMSYNC_REDUCE_DEVICE]\n"
@@ -269,6 +272,7 @@ int main(int argc, char **argv)
         O_MAX_GROUPS,
         O_MAX_INFLIGHT,
         O_REDUCE_DEVICE,
+        O_HEALTH_LISTEN,
         O_COUNT,
         O_VERSION = 1000
     };
@@ -298,6 +302,7 @@ int main(int argc, char **argv)
         "PARAMSYNC_MAX_GROUPS",
         "PARAMSYNC_MAX_INFLIGHT_BYTES",
         "PARAMSYNC_REDUCE_DEVICE",
+        "PARAMSYNC_HEALTH_LISTEN",
     };
     static const struct option opts[] = {
         {"role", required_argument, 0, O_ROLE},
@@ -325,6 +330,7 @@ int main(int argc, char **argv)
         {"max-groups", required_argument, 0, O_MAX_GROUPS},
         {"max-inflight-bytes", required_argument, 0, O_MAX_INFLIGHT},
         {"reduce-device", required_argument, 0, O_REDUCE_DEVICE},
+        {"health-listen", required_argument, 0, O_HEALTH_LISTEN},
         {"version", no_argument, 0, O_VERSION},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
@@ -513,6 +519,7 @@ int main(int argc, char **argv)
     ps__coordinator_t *coord = NULL;
     ps__agent_t *agent = NULL;
     ps__health_t *health = NULL;
+    ps__rpc_server_t *health_srv = NULL;
     char *self = NULL, *dial = NULL;
     g_start_ms = ps__now_ms();
     if ((rc = ps__rpc_server_create_ex(&cfg.rpc, &srv)) < 0) {
@@ -574,6 +581,20 @@ int main(int argc, char **argv)
         ps__metrics_set_gauge_source(ps__coordinator_gauges, coord);
     if (agent)
         ps__metrics_set_wait_source(ps__hub_longest_wait, ps__agent_hub(agent));
+    if (val[O_HEALTH_LISTEN]) {
+        int hport = 0;
+        if ((rc = ps__rpc_server_create(&health_srv)) < 0 ||
+            (rc = ps__health_serve_on(health, health_srv)) < 0)
+            goto out;
+        if ((rc = ps__rpc_server_listen_plain(health_srv, val[O_HEALTH_LISTEN], &hport)) < 0) {
+            fprintf(stderr, "paramsyncd: cannot listen on --health-listen %s\n",
+                    val[O_HEALTH_LISTEN]);
+            goto out;
+        }
+        if ((rc = ps__rpc_server_start(health_srv)) < 0)
+            goto out;
+        PS_LOG(PS_LOG_INFO, "health (plaintext) on port %d", hport);
+    }
     if ((rc = ps__rpc_server_start(srv)) < 0)
         goto out;
     if (coord) {
@@ -612,6 +633,7 @@ out:
         ps__health_shutdown(health);
     ps__agent_drain(agent);
     ps__rpc_server_shutdown(srv);
+    ps__rpc_server_destroy(health_srv);
     ps__agent_destroy(agent);
     ps__health_destroy(health);
     ps__metrics_stop();
