@@ -41,13 +41,18 @@ typedef Paramsync__V1__CollectiveHeader header_t;
 /* A reference-counted buffer, handed to gRPC without a copy when sent. */
 /* A worker's shared-memory segment, mapped by ShmAttach. Views of it (blobs)
  * and members using it hold references, so a worker that leaves or dies
- * mid-collective cannot unmap memory still being read. */
+ * mid-collective cannot unmap memory still being read. `views` counts the
+ * live views: a member whose input is in the segment is not answered until
+ * they are gone, because the worker rewrites the segment once answered and
+ * a view may still be on its way to another rank (as a p2p or broadcast
+ * output, or an input not reduced yet). */
 typedef struct shm_map {
     char *name, *job;
     int rank;
     uint8_t *base;
     size_t size;
     int refs;
+    int views;
     struct shm_map *next;
 } shm_map_t;
 
@@ -60,8 +65,9 @@ typedef struct blob {
 } blob_t;
 
 /* Reference counts of blobs and segments (gRPC releases blobs from its
- * own threads). */
+ * own threads); views_gone is signalled when a segment's last view goes. */
 static pthread_mutex_t blob_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t views_gone = PTHREAD_COND_INITIALIZER;
 
 static void shm_unref(shm_map_t *m)
 {
@@ -99,6 +105,7 @@ static blob_t *blob_view(shm_map_t *map, uint8_t *data, size_t len)
         b->map = map;
         pthread_mutex_lock(&blob_lock);
         map->refs++;
+        map->views++;
         pthread_mutex_unlock(&blob_lock);
     }
     return b;
@@ -118,6 +125,8 @@ static void blob_unref(void *arg)
         return;
     pthread_mutex_lock(&blob_lock);
     int last = --b->refs == 0;
+    if (last && b->map && --b->map->views == 0)
+        pthread_cond_broadcast(&views_gone);
     pthread_mutex_unlock(&blob_lock);
     if (last) {
         if (b->map)
@@ -953,6 +962,36 @@ static void result_init(const coll_t *c, const member_t *m, Paramsync__V1__Colle
     res->source = c->p2p ? c->ranks[0] : -1;
 }
 
+/* Waits until no view of the member's segment is left, or the collective
+ * failed (then its views go only when every member is done, and the worker
+ * gets an error anyway). Called before a shared-memory member is answered. */
+static void member_views_wait(member_t *m)
+{
+    coll_t *c = m->coll;
+    for (;;) {
+        pthread_mutex_lock(&blob_lock);
+        if (m->shm->views == 0) {
+            pthread_mutex_unlock(&blob_lock);
+            return;
+        }
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += 20 * 1000 * 1000;
+        if (until.tv_nsec >= 1000000000) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000;
+        }
+        pthread_cond_timedwait(&views_gone, &blob_lock, &until);
+        pthread_mutex_unlock(&blob_lock);
+        /* Lock order is hub lock, then blob_lock: never the other way. */
+        pthread_mutex_lock(c->lock);
+        int failed = c->failed;
+        pthread_mutex_unlock(c->lock);
+        if (failed)
+            return;
+    }
+}
+
 /* Sends the member's outputs; the first frame also carries the result.
  * With `finish` (the member's input is already consumed) the last frame
  * carries the OK status too. Returns 1 when it sent the status. */
@@ -1011,6 +1050,8 @@ static int member_write(member_t *m, int finish)
     if (first || m->shm) {
         res.shm = m->shm != NULL && !first;
         res.bytes = res.shm ? m->out_total : 0;
+        if (finish && m->shm)
+            member_views_wait(m);
         return send_frame(m, &res, 0, NULL, 0, finish) == 0 && finish;
     }
     return 0;
@@ -1567,6 +1608,8 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
     }
     /* Small collectives end with one batch: result, data and status. */
     int status_sent = !have_writer && !c->failed && member_write(m, 1);
+    if (!status_sent && m->shm)
+        member_views_wait(m);
     pthread_mutex_lock(&h->lock);
     m->finished = 1;
     code = c->failed ? c->code : 0;

@@ -781,6 +781,76 @@ static int sc_send_recv(ctx_t *cx)
     return ret;
 }
 
+/*
+ * A worker may rewrite its shared segment as soon as a call returns, so the
+ * daemon must not answer it while its input is still on the way to another
+ * rank. Ranks 1.. send through shared memory, back to back, with new data
+ * each round; rank 0 takes the gRPC path (slower to drain) and checks every
+ * byte: sends, gather and reduce to rank 0, and a broadcast from rank 1.
+ */
+static int sc_shm_reuse(ctx_t *cx)
+{
+    int n = cx->size, me = cx->rank;
+    if (n < 2) {
+        note("SKIPPED: needs two ranks");
+        return SKIP;
+    }
+    if (me == 0)
+        setenv("PARAMSYNC_SHM", "0", 1); /* read per call; nothing else runs yet */
+    enum { ROUNDS = 4 };
+    const size_t count = 4 * MIB / 4 + 3; /* 16 MiB of int32, odd */
+    const size_t bytes = count * 4;
+    uint8_t *in = xmalloc(bytes), *want = xmalloc(bytes);
+    uint8_t *out = xmalloc(bytes * (size_t)n), *wantn = xmalloc(bytes * (size_t)n);
+    int ret = 0;
+    for (int k = 0; k < ROUNDS && !ret; k++) {
+        unsigned salt = cx->salt + 1000u + (unsigned)k;
+        if (me != 0) {
+            fill(PS_INT32, PS_SUM, salt, me, in, 0, count);
+            CHECK_OK(ps_send(cx->comm, in, count, PS_INT32, 0, k, NULL));
+            continue;
+        }
+        for (int r = 1; r < n && !ret; r++) {
+            CHECK_OK(ps_recv(cx->comm, out, count, PS_INT32, r, k, NULL, NULL));
+            fill(PS_INT32, PS_SUM, salt, r, want, 0, count);
+            ret = compare("send", PS_INT32, out, want, count);
+        }
+    }
+    for (int k = 0; k < ROUNDS && !ret; k++) {
+        unsigned salt = cx->salt + 2000u + (unsigned)k;
+        fill(PS_INT32, PS_SUM, salt, me, in, 0, count);
+        CHECK_OK(ps_gather(cx->comm, me == 0 ? out : NULL, in, count, PS_INT32, 0, NULL));
+        for (int r = 0; r < n && me == 0; r++)
+            fill(PS_INT32, PS_SUM, salt, r, wantn + (size_t)r * bytes, 0, count);
+        if (me == 0)
+            ret = compare("gather", PS_INT32, out, wantn, count * (size_t)n);
+    }
+    for (int k = 0; k < ROUNDS && !ret; k++) {
+        unsigned salt = cx->salt + 3000u + (unsigned)k;
+        fill(PS_INT32, PS_SUM, salt, me, in, 0, count);
+        CHECK_OK(ps_reduce_to(cx->comm, in, count, PS_INT32, PS_SUM, 0, NULL));
+        if (me == 0) {
+            expect_reduced(PS_INT32, PS_SUM, salt, n, want, 0, count);
+            ret = compare("reduce", PS_INT32, in, want, count);
+        }
+    }
+    for (int k = 0; k < ROUNDS && !ret; k++) {
+        unsigned salt = cx->salt + 4000u + (unsigned)k;
+        fill(PS_INT32, PS_SUM, salt, 1, want, 0, count);
+        if (me == 1)
+            memcpy(in, want, bytes);
+        else
+            memset(in, 0xa5, bytes);
+        CHECK_OK(ps_broadcast(cx->comm, in, count, PS_INT32, 1, NULL));
+        ret = compare("broadcast", PS_INT32, in, want, count);
+    }
+    free(in);
+    free(want);
+    free(out);
+    free(wantn);
+    return ret;
+}
+
 static int sc_collectives(ctx_t *cx)
 {
     int (*const fns[])(ctx_t *) = {sc_all_reduce,     sc_reduce,     sc_broadcast,
@@ -1377,6 +1447,7 @@ static const scenario_t scenarios[] = {
     {"all_to_all", sc_all_to_all, 1, 0},
     {"barrier", sc_barrier, 1, 0},
     {"send_recv", sc_send_recv, 1, 0},
+    {"shm_reuse", sc_shm_reuse, 1, 30000},
     {"collectives", sc_collectives, 1, 0},
     {"collectives_light", sc_collectives, 1, 0},
     {"big", sc_big, 1, 0},
