@@ -1711,6 +1711,17 @@ int ps__hub_shm_attach(ps__hub_t *h, const char *job, int rank, const char *name
     sm->size = size;
     sm->refs = 1;
     pthread_mutex_lock(&h->lock);
+    /* A rank has one segment at a time: a new one (the client grew it)
+     * replaces the old, which goes once the collectives using it are done. */
+    for (shm_map_t **p = &h->shms; *p;) {
+        shm_map_t *old = *p;
+        if (old->rank == rank && strcmp(old->job, job) == 0) {
+            *p = old->next;
+            shm_unref(old);
+        } else {
+            p = &old->next;
+        }
+    }
     sm->next = h->shms;
     h->shms = sm;
     pthread_mutex_unlock(&h->lock);
