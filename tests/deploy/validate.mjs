@@ -114,6 +114,7 @@ function matches(selector, labels) {
 export function policyErrors(objs) {
   const errs = [];
   const configMaps = new Set(objs.filter((o) => o.kind === "ConfigMap").map((o) => o.metadata.name));
+  const configData = new Map(objs.filter((o) => o.kind === "ConfigMap").map((o) => [o.metadata.name, o.data || {}]));
   const pods = objs.filter(podTemplate).map((o) => ({ o, t: podTemplate(o) }));
   for (const { o, t } of pods) {
     const id = `${o.kind}/${o.metadata.name}`;
@@ -141,9 +142,25 @@ export function policyErrors(objs) {
           errs.push(`${cid}: ${pn} probes port ${port}, which the container does not declare`);
         }
       }
+      const env = {};
       for (const ef of c.envFrom || []) {
         const n = ef.configMapRef?.name;
         if (n && !configMaps.has(n)) errs.push(`${cid}: envFrom ConfigMap ${n} is not rendered`);
+        Object.assign(env, configData.get(n) || {});
+      }
+      for (const e of c.env || []) if (typeof e.value === "string") env[e.name] = e.value;
+      // The kubelet's gRPC probes speak plaintext: with TLS on the gRPC port
+      // they must go to the plaintext health port (--health-listen).
+      if (env.PARAMSYNC_TLS_CERT) {
+        const hl = /:(\d+)$/.exec(env.PARAMSYNC_HEALTH_LISTEN || "");
+        for (const pn of ["startupProbe", "readinessProbe", "livenessProbe"]) {
+          const gp = c[pn]?.grpc?.port;
+          if (gp === undefined) continue;
+          if (!hl) errs.push(`${cid}: ${pn} is a gRPC probe but TLS is on and PARAMSYNC_HEALTH_LISTEN is not set`);
+          else if (gp !== Number(hl[1])) {
+            errs.push(`${cid}: ${pn} probes gRPC port ${gp} over TLS; the plaintext health port is ${hl[1]}`);
+          }
+        }
       }
       if (WORKLOADS.has(o.kind) && o.kind !== "Job" && !c.readinessProbe) {
         errs.push(`${cid}: no readinessProbe`);
@@ -253,6 +270,16 @@ async function selfTest(file) {
   const pok = perrs.some((e) => /readOnlyRootFilesystem/.test(e));
   console.log(`self-test: a writable root file system: rejected: ${pok ? "yes" : "NO"}`);
   if (!pok) failed++;
+  // Policy: over TLS, a gRPC probe on the TLS port must be reported.
+  if (objs.some((o) => o.kind === "ConfigMap" && o.data?.PARAMSYNC_TLS_CERT)) {
+    const tls = objs.map((o) => structuredClone(o));
+    const ss = tls.find((o) => o.kind === "StatefulSet");
+    ss.spec.template.spec.containers[0].readinessProbe = { grpc: { port: 29400, service: "" } };
+    const terrs = policyErrors(tls);
+    const tok = terrs.some((e) => /probes gRPC port 29400 over TLS/.test(e));
+    console.log(`self-test: a gRPC probe on the TLS port: rejected: ${tok ? "yes" : "NO"}`);
+    if (!tok) failed++;
+  }
   return failed;
 }
 
