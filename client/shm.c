@@ -105,8 +105,16 @@ static int segment_create(ps_comm_t *comm, struct ps__shm *s, size_t size)
 
 int ps__shm_begin(ps_comm_t *comm, ps__coll_t *c)
 {
-    size_t out_off = (c->in_bytes + PS__SHM_ALIGN - 1) / PS__SHM_ALIGN * PS__SHM_ALIGN;
-    size_t need = out_off + c->out_bytes;
+    /* all_reduce and reduce produce step by step what they consume, at the
+     * same offsets: the agent writes each output step over its input, which
+     * it has reduced by then, so the segment holds the tensor once. Other
+     * kinds put the output after the input. */
+    int in_place = c->hdr.kind == PARAMSYNC__V1__COLLECTIVE_KIND__ALL_REDUCE ||
+                   c->hdr.kind == PARAMSYNC__V1__COLLECTIVE_KIND__REDUCE;
+    size_t out_off =
+        in_place ? 0 : (c->in_bytes + PS__SHM_ALIGN - 1) / PS__SHM_ALIGN * PS__SHM_ALIGN;
+    size_t need = in_place ? (c->in_bytes > c->out_bytes ? c->in_bytes : c->out_bytes)
+                           : out_off + c->out_bytes;
     if (c->in_bytes + c->out_bytes < PS__SHM_MIN_BYTES || !target_is_local(comm->target))
         return 0;
     const char *env = getenv("PARAMSYNC_SHM");

@@ -1026,9 +1026,10 @@ static int member_write(member_t *m, int finish)
         blob_ref(out);
         pthread_mutex_unlock(c->lock);
         int rc = 0;
-        if (m->shm) /* the result frame follows the data, below */
-            memcpy(m->shm->base + m->shm_out + off, out->data, p.len);
-        else
+        uint8_t *dst = m->shm ? m->shm->base + m->shm_out + off : NULL;
+        if (dst && dst != out->data) /* the result frame follows the data, below */
+            memcpy(dst, out->data, p.len);
+        else if (!m->shm)
             rc = send_frame(m, first ? &res : NULL, off, out, p.len, s == last_step);
         blob_unref(out);
         first = 0;
@@ -1563,8 +1564,11 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
     pthread_t writer;
     int have_writer = 0;
     if (!c->failed) {
-        if (m->shm && (m->in_total > m->shm_out || m->shm_out > m->shm->size ||
-                       m->out_total > m->shm->size - m->shm_out)) {
+        /* Output after the input, or (all_reduce, reduce) over it at 0:
+         * those write each step only once it has been reduced. */
+        int in_place = (c->kind == K_ALL_REDUCE || c->kind == K_REDUCE) && m->shm_out == 0;
+        if (m->shm && ((!in_place && m->in_total > m->shm_out) || m->in_total > m->shm->size ||
+                       m->shm_out > m->shm->size || m->out_total > m->shm->size - m->shm_out)) {
             pthread_mutex_lock(&h->lock);
             coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
                       "%s (group %u, seq %" PRIu64 "): rank %d's shared segment (%zu bytes, output "
