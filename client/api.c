@@ -193,6 +193,11 @@ static int submit(ps_comm_t *comm, const request_t *r, ps_work_t **work, int *so
     int rc = prepare(comm, r, &c);
     if (rc < 0)
         return rc;
+    /* Before the sequence number: a call that cannot stage its device
+     * buffers is not started, so no other rank waits for it. */
+    rc = ps__stage_begin(&c);
+    if (rc < 0)
+        return rc;
     ps_group_t *g = r->group ? r->group : &comm->world;
     if (work) {
         pthread_mutex_lock(&comm->lock);
@@ -202,13 +207,16 @@ static int submit(ps_comm_t *comm, const request_t *r, ps_work_t **work, int *so
         if (rc < 0)
             (*seq)--; /* nothing was sent: the number is still free */
         pthread_mutex_unlock(&comm->lock);
-        if (rc < 0)
+        if (rc < 0) {
             ps__report(comm, rc, r->name, "cannot start a thread for the operation");
+            ps__stage_end(&c, rc);
+        }
         return rc;
     }
     rc = ps__coll_init(&c);
     if (rc < 0) {
         ps__report(comm, rc, r->name, "out of memory");
+        ps__stage_end(&c, rc);
         return rc;
     }
     pthread_mutex_lock(&comm->lock);

@@ -267,6 +267,9 @@ done:
     free(status_msg);
     free(st.result_msg);
     free(st.local_msg);
+    /* Still on the in-flight list, so comm lives: a non-blocking call
+     * copies its result to device memory before it is reported done. */
+    rc = ps__stage_end(c, rc);
     ps__inflight_remove(comm, c);
     return rc;
 }

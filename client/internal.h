@@ -50,6 +50,13 @@ typedef struct ps__coll {
     void *out;
     size_t out_bytes;
     uint8_t *shm_out; /* output in the shared segment, when this call uses it */
+    /* Device buffers (device.c): when the caller's in or out is device memory,
+     * in/out point into this pinned buffer instead, and the result goes to
+     * stage_dev_out once the call has succeeded. */
+    void *stage_pinned;
+    size_t stage_bytes;
+    void *stage_dev_out;
+    int stage_device; /* the caller's current CUDA device, for the copy back */
     int source;       /* RECV: the sender's group rank, once done */
 
     /* While the call is in flight it is on comm's list, so that a lost member
@@ -105,7 +112,38 @@ struct ps_comm {
     void *error_arg;
 
     struct ps__shm *shm; /* the shared-memory segment (shm.c), or NULL */
+
+    /* One pinned staging buffer kept between calls on device buffers (device.c;
+     * guarded by lock): page-locking memory costs far more than the copy. */
+    void *stage_cache;
+    size_t stage_cache_bytes;
 };
+
+/* ---- device buffers (device.c) ---- */
+
+/** Sets *in_dev / *out_dev to whether c->in / c->out are CUDA device (or
+ * managed) memory. Host pointers cost one cached check. Returns 0, or a
+ * PS_E* code from cudaPointerGetAttributes after reporting it. */
+int ps__stage_classify(const ps__coll_t *c, int *in_dev, int *out_dev);
+
+/** Stages the buffers flagged as device memory: takes a pinned buffer,
+ * copies a device input into it (synchronously) and points c->in / c->out
+ * into it, remembering the device output for ps__stage_end. Returns 0 (also
+ * when nothing is flagged); on error, PS_ENOMEM / PS_EUNAVAIL / ... after
+ * reporting why, and c is as it was. */
+int ps__stage_buffers(ps__coll_t *c, int in_dev, int out_dev);
+
+/** ps__stage_classify, then ps__stage_buffers. */
+int ps__stage_begin(ps__coll_t *c);
+
+/** Ends c's staging before c's last use of comm: when rc is 0, copies the
+ * result to the caller's device buffer (which is untouched otherwise);
+ * gives the pinned buffer back. Returns rc, or the copy's error, reported.
+ * No-op returning rc when c staged nothing. */
+int ps__stage_end(ps__coll_t *c, int rc);
+
+/** Frees the comm's cached pinned buffer (finalize). */
+void ps__stage_free(ps_comm_t *comm);
 
 /* ---- shared memory (shm.c) ---- */
 

@@ -111,6 +111,17 @@ PS_EXPORT int ps_new_group(ps_comm_t *comm, const int *ranks, int nranks, ps_gro
  * send to or receive from oneself, a negative tag, a NULL buffer that would
  * carry bytes. Input and output buffers must not overlap except where the
  * call takes one buffer.
+ *
+ * Buffers may be host memory or CUDA device (or managed) memory, in any mix
+ * (cudaPointerGetAttributes tells them apart; libparamsync built without
+ * CUDA sees host memory only). A device input is copied to pinned host
+ * memory before the call starts; a device output gets the result only when
+ * the call succeeds and is left untouched when it fails. The copies run on
+ * the legacy default stream of the calling thread's current device: finish
+ * writing a device input on your own streams before the call. Staging errors
+ * (PS_ENOMEM for pinned memory, PS_EUNAVAIL or PS_EINTERNAL from CUDA) are
+ * reported like any other, and a call that cannot stage its input is not
+ * started. See docs/GPU.md.
  */
 PS_EXPORT int ps_barrier(ps_comm_t *comm, ps_group_t *group);
 PS_EXPORT int ps_broadcast(ps_comm_t *comm, void *buf, size_t count, ps_dtype_t dtype, int src,

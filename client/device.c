@@ -1,0 +1,217 @@
+/* Collectives on CUDA device buffers: detection, and staging through pinned host memory. */
+#include "internal.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#ifdef PS_HAVE_CUDA
+#include <dlfcn.h>
+#endif
+
+#include <paramsync/gpu.h>
+
+/*
+ * The client never hands a device pointer to gRPC or to memcpy: a device
+ * input is copied into pinned host memory before the call starts, and a
+ * device output receives the result from pinned memory after the call has
+ * succeeded, so that a failed call leaves the caller's device buffer as it
+ * was. Pinned memory makes both copies DMA transfers (a pageable buffer
+ * would cost CUDA a second, CPU-side copy through its own staging area).
+ */
+
+/* Whether this process can have device memory at all: 1 yes, -1 no (for
+ * good), 0 not known yet. Settled once; host pointers then cost one load. */
+static atomic_int cuda_state;
+
+/* Answers whether device pointers can exist in this process. Never fails. */
+static int cuda_usable(void)
+{
+    int state = atomic_load_explicit(&cuda_state, memory_order_acquire);
+    if (state != 0)
+        return state > 0;
+#ifdef PS_HAVE_CUDA
+    /*
+     * Device memory exists only in a process that has loaded the CUDA
+     * driver. Until it has, the answer is "host" without asking CUDA: asking
+     * would initialise the driver here, which costs time at the first
+     * collective and makes CUDA unusable in children the caller forks later
+     * (torch's data loader workers). Not cached: the caller may load CUDA
+     * after its first collective.
+     */
+    void *driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    if (!driver)
+        return 0;
+    dlclose(driver);
+#endif
+    int n;
+    state = ps_gpu_device_count(&n) == 0 ? 1 : -1;
+    atomic_store_explicit(&cuda_state, state, memory_order_release);
+    return state > 0;
+}
+
+/* "all_reduce (group 0, seq 3)" for c; seq is known once c has it. */
+static void coll_what(const ps__coll_t *c, char *what, size_t size)
+{
+    snprintf(what, size, "%s (group %u, seq %llu)", c->name, c->hdr.group,
+             (unsigned long long)c->hdr.seq);
+}
+
+int ps__stage_classify(const ps__coll_t *c, int *in_dev, int *out_dev)
+{
+    int in = 0, out = 0, rc = 0;
+    if (cuda_usable()) {
+        rc = ps_gpu_is_device_pointer(c->in, &in);
+        if (rc == 0 && c->out != c->in)
+            rc = ps_gpu_is_device_pointer(c->out, &out);
+        else
+            out = in;
+    }
+    if (rc < 0) {
+        ps__report(c->comm, rc, c->name, "cannot tell whether a buffer is device memory: %s",
+                   ps_strerror(rc));
+        return rc;
+    }
+    *in_dev = in;
+    *out_dev = out;
+    return 0;
+}
+
+/* Takes a pinned buffer of at least bytes: the comm's cached one when it is
+ * large enough, else a new one. Returns 0 with *buf and *size, or the
+ * allocation's error. */
+static int pinned_take(ps_comm_t *comm, size_t bytes, void **buf, size_t *size)
+{
+    pthread_mutex_lock(&comm->lock);
+    if (comm->stage_cache && comm->stage_cache_bytes >= bytes) {
+        *buf = comm->stage_cache;
+        *size = comm->stage_cache_bytes;
+        comm->stage_cache = NULL;
+        comm->stage_cache_bytes = 0;
+        pthread_mutex_unlock(&comm->lock);
+        return 0;
+    }
+    pthread_mutex_unlock(&comm->lock);
+    void *p;
+    int rc = ps_gpu_host_alloc(&p, bytes);
+    if (rc < 0)
+        return rc;
+    *buf = p;
+    *size = bytes;
+    return 0;
+}
+
+/* Gives a pinned buffer back: it becomes the cache when it is larger than
+ * the cached one (several calls in flight each hold their own). */
+static void pinned_give(ps_comm_t *comm, void *buf, size_t size)
+{
+    pthread_mutex_lock(&comm->lock);
+    if (size > comm->stage_cache_bytes) {
+        void *old = comm->stage_cache;
+        comm->stage_cache = buf;
+        comm->stage_cache_bytes = size;
+        buf = old;
+    }
+    pthread_mutex_unlock(&comm->lock);
+    ps_gpu_host_free(buf);
+}
+
+/* Where the output goes in the pinned buffer when it does not share the
+ * input's bytes: after them, 64-byte aligned. */
+static size_t out_offset(size_t in_bytes)
+{
+    return (in_bytes + 63) & ~(size_t)63;
+}
+
+int ps__stage_buffers(ps__coll_t *c, int in_dev, int out_dev)
+{
+    if (!in_dev && !out_dev)
+        return 0;
+    int shared = in_dev && out_dev && c->in == c->out;
+    size_t bytes, off = 0;
+    if (shared) {
+        bytes = c->in_bytes > c->out_bytes ? c->in_bytes : c->out_bytes;
+    } else if (in_dev && out_dev) {
+        off = out_offset(c->in_bytes);
+        bytes = off + c->out_bytes;
+        if (off < c->in_bytes || bytes < off) {
+            ps__report(c->comm, PS_EINVAL, c->name, "device buffers too large to stage");
+            return PS_EINVAL;
+        }
+    } else {
+        bytes = in_dev ? c->in_bytes : c->out_bytes;
+    }
+
+    const char *step = "cannot allocate pinned host memory to stage the device buffers";
+    void *pinned = NULL;
+    size_t size = 0;
+    int device = 0;
+    int rc = pinned_take(c->comm, bytes, &pinned, &size);
+    if (rc == 0) {
+        step = "cannot read the current CUDA device";
+        rc = ps_gpu_get_device(&device);
+    }
+    if (rc == 0 && in_dev) {
+        step = "cannot copy the device input to host memory";
+        rc = ps_gpu_memcpy_async(pinned, c->in, c->in_bytes, NULL);
+        if (rc == 0)
+            rc = ps_gpu_stream_synchronize(NULL);
+    }
+    if (rc < 0) {
+        if (pinned)
+            pinned_give(c->comm, pinned, size);
+        ps__report(c->comm, rc, c->name, "%s (%zu bytes): %s", step, bytes, ps_strerror(rc));
+        return rc;
+    }
+    c->stage_pinned = pinned;
+    c->stage_bytes = size;
+    c->stage_device = device;
+    if (in_dev)
+        c->in = pinned;
+    if (out_dev) {
+        c->stage_dev_out = c->out;
+        c->out = (char *)pinned + off;
+    }
+    return 0;
+}
+
+int ps__stage_begin(ps__coll_t *c)
+{
+    int in_dev, out_dev;
+    int rc = ps__stage_classify(c, &in_dev, &out_dev);
+    return rc < 0 ? rc : ps__stage_buffers(c, in_dev, out_dev);
+}
+
+int ps__stage_end(ps__coll_t *c, int rc)
+{
+    if (!c->stage_pinned)
+        return rc;
+    if (rc == 0 && c->stage_dev_out) {
+        /* A non-blocking call ends on its own thread, whose current device
+         * is not the caller's. */
+        int err = ps_gpu_set_device(c->stage_device);
+        if (err == 0)
+            err = ps_gpu_memcpy_async(c->stage_dev_out, c->out, c->out_bytes, NULL);
+        if (err == 0)
+            err = ps_gpu_stream_synchronize(NULL);
+        if (err < 0) {
+            char what[96];
+            coll_what(c, what, sizeof(what));
+            ps__report(c->comm, err, what,
+                       "cannot copy the result (%zu bytes) to the device buffer: %s", c->out_bytes,
+                       ps_strerror(err));
+            rc = err;
+        }
+    }
+    pinned_give(c->comm, c->stage_pinned, c->stage_bytes);
+    c->stage_pinned = NULL;
+    c->stage_bytes = 0;
+    return rc;
+}
+
+void ps__stage_free(ps_comm_t *comm)
+{
+    ps_gpu_host_free(comm->stage_cache);
+    comm->stage_cache = NULL;
+    comm->stage_cache_bytes = 0;
+}
