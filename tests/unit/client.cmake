@@ -1,0 +1,33 @@
+# Unit tests of client/device.c (device buffers in collectives); included by tests/unit/CMakeLists.txt.
+#
+#   unit.client_device   host buffers are never staged; without usable CUDA   always
+#                        a device-flagged buffer fails cleanly (PS_EUNAVAIL);
+#                        on a GPU host, real pinned copies
+#   unit.client_staging  the staging logic over a fake CUDA: every host/device  always
+#                        mix, failure injection, the pinned cache
+# Both reach the client's internals through libparamsync.a.
+if(NOT TARGET paramsync_static)
+  return()
+endif()
+
+set(ps_client_test_dir ${CMAKE_CURRENT_LIST_DIR})
+
+add_executable(test_client_device ${ps_client_test_dir}/test_client_device.c)
+target_include_directories(test_client_device PRIVATE ${PROJECT_SOURCE_DIR}/client
+                           ${PROJECT_SOURCE_DIR}/server/rpc)
+target_link_libraries(test_client_device PRIVATE paramsync_static paramsync_proto
+                      PkgConfig::CMOCKA)
+add_test(NAME unit.client_device COMMAND test_client_device)
+set_tests_properties(unit.client_device PROPERTIES LABELS unit TIMEOUT 60)
+
+# device.c compiled again, without PS_HAVE_CUDA, next to the fake ps_gpu_*
+# functions of the test: the archive's own device.c and gpu objects are not
+# pulled in.
+add_executable(test_client_staging ${ps_client_test_dir}/test_client_staging.c
+               ${PROJECT_SOURCE_DIR}/client/device.c)
+target_include_directories(test_client_staging PRIVATE ${PROJECT_SOURCE_DIR}/client
+                           ${PROJECT_SOURCE_DIR}/server/rpc)
+target_link_libraries(test_client_staging PRIVATE paramsync_static paramsync_proto
+                      PkgConfig::CMOCKA)
+add_test(NAME unit.client_staging COMMAND test_client_staging)
+set_tests_properties(unit.client_staging PROPERTIES LABELS unit TIMEOUT 60)
