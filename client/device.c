@@ -7,6 +7,7 @@
 
 #ifdef PS_HAVE_CUDA
 #include <dlfcn.h>
+#include <link.h>
 #endif
 
 #include <paramsync/gpu.h>
@@ -24,6 +25,44 @@
  * good), 0 not known yet. Settled once; host pointers then cost one load. */
 static atomic_int cuda_state;
 
+#ifdef PS_HAVE_CUDA
+/* The loader's count of objects loaded so far when libcuda.so.1 was last
+ * found absent (0: never looked). */
+static atomic_ullong driver_absent_at;
+
+/* dl_iterate_phdr callback: the first object carries the loader's counter
+ * of loads (glibc's dlpi_adds), which changes with every library loaded. */
+static int read_loads(struct dl_phdr_info *info, size_t size, void *arg)
+{
+    *(unsigned long long *)arg =
+        size >= offsetof(struct dl_phdr_info, dlpi_subs) ? info->dlpi_adds : 0;
+    return 1;
+}
+
+/* Whether the CUDA driver is loaded in this process. Device memory cannot
+ * exist before it is: until then the answer is "host" without asking CUDA,
+ * because asking would initialise the driver here, which costs time at the
+ * first collective and makes CUDA unusable in children the caller forks
+ * later (torch's data loader workers). Looking the driver up by name costs
+ * tens of microseconds (the loader searches the file system), so it is
+ * looked up again only when a library was loaded since it was last absent:
+ * otherwise this is one dl_iterate_phdr step, about 15 ns. */
+static int driver_loaded(void)
+{
+    unsigned long long loads = 0;
+    dl_iterate_phdr(read_loads, &loads);
+    if (loads != 0 && loads == atomic_load_explicit(&driver_absent_at, memory_order_relaxed))
+        return 0;
+    void *driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    if (!driver) {
+        atomic_store_explicit(&driver_absent_at, loads, memory_order_relaxed);
+        return 0;
+    }
+    dlclose(driver);
+    return 1;
+}
+#endif
+
 /* Answers whether device pointers can exist in this process. Never fails. */
 static int cuda_usable(void)
 {
@@ -31,18 +70,8 @@ static int cuda_usable(void)
     if (state != 0)
         return state > 0;
 #ifdef PS_HAVE_CUDA
-    /*
-     * Device memory exists only in a process that has loaded the CUDA
-     * driver. Until it has, the answer is "host" without asking CUDA: asking
-     * would initialise the driver here, which costs time at the first
-     * collective and makes CUDA unusable in children the caller forks later
-     * (torch's data loader workers). Not cached: the caller may load CUDA
-     * after its first collective.
-     */
-    void *driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
-    if (!driver)
-        return 0;
-    dlclose(driver);
+    if (!driver_loaded())
+        return 0; /* not cached: the caller may load CUDA later */
 #endif
     int n;
     state = ps_gpu_device_count(&n) == 0 ? 1 : -1;
