@@ -8,7 +8,9 @@
 
 Every collective is one gRPC call (paramsync.v1.Worker/Collective) to the
 daemon, which matches the ranks' calls, checks that they agree and computes
-the result; this module only moves bytes. Names, signatures and rank rules
+the result; this module only moves bytes (through a shared-memory segment
+instead of frames when the daemon is on this host and a payload is 64 KiB or
+more, as the C client does: see _shm.py). Names, signatures and rank rules
 are torch.distributed's: `src`/`dst` are global ranks even with `group=`,
 collectives on a group the caller is not in warn and do nothing, and
 `async_op=True` returns a Work with wait() and is_completed().
@@ -38,6 +40,7 @@ from urllib.parse import parse_qs, unquote, urlparse
 
 import grpc
 
+from . import _shm
 from . import _tensor as T
 from ._proto import pb, pb_grpc
 
@@ -275,6 +278,9 @@ class _World:
         self.world_group = None
         self.n_new_groups = 0
         self.crashed = False
+        # One shared-memory segment for all of this rank's groups: the agent
+        # keeps one per (job, rank), and a new one replaces the old.
+        self.shm = _shm.Segment(self._shm_attach) if _shm.target_is_local(addr) else None
 
     # -- membership --------------------------------------------------------
 
@@ -370,9 +376,47 @@ class _World:
                 self.join_call.cancel()  # a broken stream: the others hear MEMBER_LOST
                 self.stop.set()
         finally:
+            if self.shm is not None:
+                self.shm.close()
             self.channel.close()
 
     # -- collectives -------------------------------------------------------
+
+    def _shm_attach(self, name, size, magic):
+        """Offers a segment to the agent (Worker.ShmAttach). Raises _shm.AttachRefused when
+        it will never map ours (it said so, or it lacks or cannot serve the method)."""
+        req = pb.ShmAttachRequest(job=self.job, rank=self.rank, name=name, size=size,
+                                  magic=magic)
+        try:
+            resp = self.stub.ShmAttach(req, timeout=10, metadata=self.md)
+        except grpc.RpcError as e:
+            if e.code() in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.UNAVAILABLE):
+                raise _shm.AttachRefused("ShmAttach: %s: %s" % (e.code().name, e.details())) \
+                    from None
+            raise
+        if not resp.attached:
+            raise _shm.AttachRefused(resp.reason or "the agent did not attach the segment")
+
+    def _shm_begin(self, header, send, recv):
+        """Puts this collective's input in the shared segment when it goes that way.
+        Returns the output offset in the segment, or None (gRPC frames)."""
+        if self.shm is None:
+            return None
+        # all_reduce and reduce: the agent writes the output over the input.
+        in_place = header.kind in (_K.ALL_REDUCE, _K.REDUCE)
+        off = self.shm.begin(in_place, send.total if send is not None else 0,
+                             recv.total if recv is not None else 0)
+        if off is None:
+            return None
+        try:
+            if send is not None:
+                self.shm.put(send.mvs)
+        except BaseException:
+            self.shm.end()
+            raise
+        header.shm = self.shm.name
+        header.shm_out_offset = off
+        return off
 
     def check(self):
         if self.failure is not None:
@@ -383,9 +427,12 @@ class _World:
         chunk = _chunk_bytes()
         what = "%s (group %d, seq %d)" % (name, g.id, header.seq)
         header.chunk_bytes = chunk
+        self.check()
+        shm_off = self._shm_begin(header, send, recv)
 
         def requests():
-            it = send.chunks(chunk) if send is not None else iter(())
+            # With shared memory the header travels alone.
+            it = send.chunks(chunk) if send is not None and shm_off is None else iter(())
             data = next(it, b"")
             yield pb.Frame(header=header, data=data)
             off = len(data)
@@ -394,12 +441,20 @@ class _World:
                 off += len(data)
 
         deadline = (header.timeout_ms or self.timeout_ms) / 1000.0 + 30
+        want = recv.total if recv is not None else 0
         with self.lock:
-            self.check()
-            call = self.stub.Collective(requests(), timeout=deadline, metadata=self.md)
+            try:
+                self.check()
+                call = self.stub.Collective(requests(), timeout=deadline, metadata=self.md)
+            except BaseException:
+                if shm_off is not None:
+                    self.shm.end()
+                raise
             self.inflight.add(call)
         result = None
         got = 0
+        in_shm = False
+        over = False  # the call's status is in: the agent no longer reads the segment
         try:
             for frame in call:
                 if frame.HasField("result") and result is None:
@@ -407,6 +462,18 @@ class _World:
                     if result.code != 0:
                         raise _error(what, _CODES.get(result.code, grpc.StatusCode.UNKNOWN),
                                      result.message)
+                    if result.shm:
+                        if shm_off is None:
+                            call.cancel()
+                            raise ParamsyncError("%s: the daemon answered in shared memory "
+                                                 "this call did not use" % what,
+                                                 grpc.StatusCode.INTERNAL)
+                        if result.bytes != want:
+                            call.cancel()
+                            raise ParamsyncError(
+                                "%s: the daemon announced %d result bytes; this rank expects %d"
+                                % (what, result.bytes, want), grpc.StatusCode.DATA_LOSS)
+                        in_shm = True
                 if frame.data:
                     if recv is None or not recv.write(frame.offset, frame.data):
                         call.cancel()
@@ -416,7 +483,13 @@ class _World:
                                recv.total if recv is not None else 0),
                             grpc.StatusCode.DATA_LOSS)
                     got += len(frame.data)
+            over = True
+            # The OK status decides: only now is the output in the segment the answer.
+            if in_shm and want:
+                self.shm.get(shm_off, want, recv)
+                got = want
         except grpc.RpcError as e:
+            over = True
             if self.failure is not None and e.code() == grpc.StatusCode.CANCELLED:
                 raise ParamsyncError("%s: %s" % (what, self.failure), self.failure.code,
                                      self.failure.details) from None
@@ -424,7 +497,10 @@ class _World:
         finally:
             with self.lock:
                 self.inflight.discard(call)
-        want = recv.total if recv is not None else 0
+            if shm_off is not None:
+                if not over:
+                    call.cancel()
+                self.shm.end(discard=not over)
         if got != want:
             raise ParamsyncError("%s: received %d bytes, expected %d" % (what, got, want),
                                  grpc.StatusCode.DATA_LOSS)

@@ -1,0 +1,230 @@
+"""The shared-memory path: payloads of local workers go through a POSIX segment the agent maps.
+
+Over gRPC every payload byte is framed, copied into the transport and out of
+it on both sides. When the agent runs on this host (and hosts the job's
+collectives) the worker instead copies its input into a segment the agent
+has mapped, sends only the header, and copies its output back when the
+result frame says it is there. The rules are client/shm.c's, so a Python
+rank behaves like a C one: the segment is offered once per size with
+Worker.ShmAttach, which checks that the agent really maps the same memory
+(magic bytes); if it cannot, the process group stays on gRPC for good.
+
+PARAMSYNC_SHM=0 turns the path off; it is also off for agents that are not
+on a loopback or unix-socket address, and for payloads under MIN_BYTES,
+where one gRPC message is cheaper than two copies.
+
+Nothing here looks at elements: bytes in, bytes out.
+"""
+import errno
+import mmap
+import os
+import secrets
+import sys
+import threading
+
+MIN_BYTES = 64 << 10
+ALIGN = 4096
+
+# multiprocessing.shared_memory.SharedMemory would register every name with
+# the resource tracker (before Python 3.13 there is no opting out), which
+# starts a tracker process, warns about "leaked" segments at exit and unlinks
+# names on its own schedule; the agent unlinks ours as soon as it maps them,
+# so the tracker would only get in the way. CPython's _posixshmem is the
+# module SharedMemory itself calls: shm_open(3) and shm_unlink(3) with the
+# C client's name semantics. Without it (another interpreter), /dev/shm is
+# where glibc's shm_open puts names on Linux, so opening "/dev/shm" + name
+# gives the same object.
+try:
+    import _posixshmem
+
+    def _shm_open(name, flags, mode):
+        return _posixshmem.shm_open(name, flags, mode)
+
+    def _shm_unlink(name):
+        _posixshmem.shm_unlink(name)
+except ImportError:  # pragma: no cover - CPython on Linux always has it
+    _posixshmem = None
+
+    def _shm_open(name, flags, mode):
+        if not os.path.isdir("/dev/shm"):
+            raise OSError(errno.ENOSYS, "no POSIX shared memory here")
+        return os.open("/dev/shm" + name, flags, mode)
+
+    def _shm_unlink(name):
+        os.unlink("/dev/shm" + name)
+
+
+def target_is_local(addr):
+    """True when the daemon address is on this host: unix:, 127.x, localhost, [::1]
+    (client/shm.c's rule)."""
+    if addr.startswith("unix:"):
+        return True
+    if addr.startswith("ipv4:"):
+        addr = addr[5:]
+    return addr.startswith(("127.", "localhost:", "[::1]:"))
+
+
+def enabled():
+    """PARAMSYNC_SHM=0 turns the path off; read on every collective, as the C client does."""
+    return os.environ.get("PARAMSYNC_SHM") != "0"
+
+
+def layout(in_place, in_bytes, out_bytes):
+    """(output offset, segment bytes needed) for one collective. all_reduce and reduce
+    write each output step over the input step it was reduced from, so their output
+    is at offset 0 and the segment holds the tensor once; other kinds put the output
+    after the input, aligned to a page."""
+    if in_place:
+        return 0, max(in_bytes, out_bytes)
+    out_off = (in_bytes + ALIGN - 1) // ALIGN * ALIGN
+    return out_off, out_off + out_bytes
+
+
+class AttachRefused(Exception):
+    """The agent cannot use our segments: stay on gRPC for good."""
+
+
+_counter = 0
+_counter_lock = threading.Lock()
+
+
+class Segment:
+    """One process group's segment (the agent keeps one per job rank), used by one
+    collective at a time. Every method is thread-safe; none raises for what only
+    means "use gRPC frames this time"."""
+
+    def __init__(self, attach):
+        # attach(name, size, magic) -> None when the agent mapped it; raises
+        # AttachRefused when it never will, anything else for this time only.
+        self._attach = attach
+        self._lock = threading.Lock()
+        self.name = None
+        self.map = None
+        self.size = 0
+        self.in_use = False
+        self.disabled = False
+        self.closed = False
+        self.refused = ""  # why the agent refused our segments, once it has
+
+    def begin(self, in_place, in_bytes, out_bytes):
+        """Claims the segment for one collective, grown to fit. Returns the output offset,
+        or None: this collective takes gRPC frames (too small, in use, refused)."""
+        if in_bytes + out_bytes < MIN_BYTES or not enabled():
+            return None
+        out_off, need = layout(in_place, in_bytes, out_bytes)
+        with self._lock:
+            if self.disabled or self.closed or self.in_use:
+                return None
+            self.in_use = True
+        if self.size < need:
+            # Grow by doubling so a training loop settles on one segment.
+            size = self.size or ALIGN
+            while size < need:
+                size *= 2
+            self._unmap()
+            try:
+                self._create(size)
+            except AttachRefused as e:
+                with self._lock:
+                    self.disabled = True
+                    self.refused = str(e)
+                    self.in_use = False
+                return None
+            except Exception:  # noqa: B902 - any other failure: gRPC this time, retry later
+                self.end()
+                return None
+            except BaseException:
+                self.end()
+                raise
+        return out_off
+
+    def put(self, mvs):
+        """Copies the input (uint8 memoryviews, laid end to end) to offset 0."""
+        pos = 0
+        with memoryview(self.map) as seg:
+            for mv in mvs:
+                seg[pos:pos + len(mv)] = mv
+                pos += len(mv)
+
+    def get(self, offset, nbytes, recv):
+        """Copies nbytes at offset into recv (a _tensor.Segments)."""
+        with memoryview(self.map) as seg:
+            recv.write(0, seg[offset:offset + nbytes])
+
+    def end(self, discard=False):
+        """Ends the collective's use, once its call is over: the agent answers only when
+        it has let go of the segment. With discard (the call was abandoned before its
+        status, so the agent may still read the segment) the next collective makes a
+        new one; the agent keeps the old memory for as long as it uses it."""
+        if discard:
+            self._unmap()
+        with self._lock:
+            self.in_use = False
+            closing = self.closed
+        if closing:
+            self._unmap()
+
+    def close(self):
+        """Unmaps the segment (destroy_process_group); a collective still using it
+        unmaps it when it ends."""
+        with self._lock:
+            self.closed = True
+            busy = self.in_use
+        if not busy:
+            self._unmap()
+
+    def _unmap(self):
+        m, self.map, self.size, self.name = self.map, None, 0, None
+        if m is not None:
+            try:
+                m.close()
+            except BufferError:  # a view is still alive somewhere: the GC unmaps it
+                pass
+
+    def _create(self, size):
+        """Creates a segment of size bytes and offers it to the agent; sets self.map on
+        success. The name never outlives this function, whatever happens."""
+        global _counter
+        with _counter_lock:
+            _counter += 1
+            n = _counter
+        name = "/paramsync.%d.%d.%x" % (os.getpid(), n, secrets.randbits(24))
+        try:
+            fd = _shm_open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError as e:
+            # No usable /dev/shm here: it will not appear later (client/shm.c).
+            raise AttachRefused("shm_open %s: %s" % (name, e.strerror)) from None
+        m = None
+        try:
+            try:
+                os.ftruncate(fd, size)
+                # tmpfs hands out pages on first touch: a full /dev/shm would
+                # then kill this process with SIGBUS in the middle of a copy.
+                # Reserving them now turns that into an error, and gRPC frames.
+                try:
+                    os.posix_fallocate(fd, 0, size)
+                except OSError as e:
+                    if e.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                        raise
+                m = mmap.mmap(fd, size, flags=mmap.MAP_SHARED,
+                              prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            finally:
+                os.close(fd)
+            # Random, in native byte order: the agent memcpy's 8 bytes into a uint64.
+            magic = secrets.randbits(64)
+            m[0:8] = magic.to_bytes(8, sys.byteorder)
+            self._attach(name, size, magic)
+        except BaseException:
+            if m is not None:
+                m.close()
+            raise
+        finally:
+            # The agent unlinks the name once it maps the segment; do it here
+            # too for every other outcome, so nothing is left in /dev/shm.
+            try:
+                _shm_unlink(name)
+            except OSError:
+                pass
+        self.map = m
+        self.size = size
+        self.name = name
