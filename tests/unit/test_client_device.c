@@ -87,7 +87,7 @@ static int static_buf[16];
 static void test_host_buffers_are_not_staged(void **state)
 {
     fixture_t *f = *state;
-    int stack_buf[16];
+    int stack_buf[16] = {0};
     int *heap = malloc(64 * sizeof(int));
     assert_non_null(heap);
     void *pinned = NULL;
@@ -125,7 +125,7 @@ static void test_host_buffers_are_not_staged(void **state)
 static void test_host_check_is_cheap(void **state)
 {
     fixture_t *f = *state;
-    int buf[4];
+    int buf[4] = {0};
     ps__coll_t c = coll_for(f, buf, sizeof(buf), buf, sizeof(buf));
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
