@@ -4,6 +4,7 @@ Exit status 77 means SKIPPED for ctest (SKIP_RETURN_CODE 77); a test prints
 why before it skips.
 """
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -25,14 +26,19 @@ def fail(msg):
 
 
 class Daemon:
-    """A paramsyncd on a free loopback port (or the given --listen), stopped on exit."""
+    """A paramsyncd on a free loopback port (or the given --listen), stopped on exit.
+    With metrics=True it serves /metrics on a free loopback port too (metrics_url)."""
 
-    def __init__(self, binary, *extra, listen="127.0.0.1:0", announce=None, env=None):
+    def __init__(self, binary, *extra, listen="127.0.0.1:0", announce=None, env=None,
+                 metrics=False):
         self.tmp = tempfile.mkdtemp(prefix="ps-client-test-")
         self.announce = announce or os.path.join(self.tmp, "addr")
         self.log_path = os.path.join(self.tmp, "paramsyncd.log")
         self.log = open(self.log_path, "wb")
-        args = [binary, "--metrics-addr", "off", "--announce-file", self.announce]
+        self.metrics = metrics
+        self.metrics_url = None
+        args = [binary, "--metrics-addr", "127.0.0.1:0" if metrics else "off",
+                "--announce-file", self.announce]
         if listen is not None:
             args += ["--listen", listen]
         self.proc = subprocess.Popen(args + list(extra), stdout=self.log, stderr=self.log,
@@ -50,9 +56,13 @@ class Daemon:
                     text = f.read()
                 if text.endswith("\n"):
                     self.addr = text.strip()
-                    return self.addr
             except FileNotFoundError:
                 pass
+            if self.metrics and self.metrics_url is None:
+                m = re.search(r"^paramsyncd: metrics on (http://\S+)$", self.read_log(), re.M)
+                self.metrics_url = m.group(1) if m else None
+            if self.addr and (self.metrics_url or not self.metrics):
+                return self.addr
             time.sleep(0.02)
         fail("paramsyncd did not announce its address within %d s" % timeout)
 
@@ -79,13 +89,16 @@ class Daemon:
         self.stop()
 
 
-def run_workers(cmds, envs, timeout=120):
+def run_workers(cmds, envs, timeout=120, pids=None):
     """Starts one process per (cmd, env); returns [(rc, stdout, stderr)] in order.
-    A process still running at the deadline is killed and gets rc None."""
+    A process still running at the deadline is killed and gets rc None. The
+    processes' ids are appended to `pids` when given."""
     procs = []
     for cmd, env in zip(cmds, envs):
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, stdin=subprocess.DEVNULL))
+        if pids is not None:
+            pids.append(procs[-1].pid)
     end = time.monotonic() + timeout
     out = []
     for p in procs:
@@ -107,3 +120,33 @@ def clean_env(**extra):
                         "PARAMSYNC_JOIN_TIMEOUT_MS", "PARAMSYNC_TOKEN")}
     env.update({k: str(v) for k, v in extra.items()})
     return env
+
+
+def scrape(url):
+    """The daemon's /metrics as {"name{labels}": value}."""
+    import urllib.request
+    with urllib.request.urlopen(url, timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, val = line.rpartition(" ")
+            out[key] = float(val)
+    return out
+
+
+def payload_bytes(url):
+    """(received, sent) tensor payload bytes between workers and the agent at `url`."""
+    m = scrape(url)
+    return (int(m['paramsync_payload_bytes_total{direction="received",link="worker"}']),
+            int(m['paramsync_payload_bytes_total{direction="sent",link="worker"}']))
+
+
+def shm_names(pids):
+    """The names in /dev/shm made by the paramsync clients of these processes
+    (the clients name segments /paramsync.PID.N.X)."""
+    prefixes = tuple("paramsync.%d." % p for p in pids)
+    try:
+        return sorted(n for n in os.listdir("/dev/shm") if n.startswith(prefixes))
+    except FileNotFoundError:
+        return []

@@ -1,10 +1,14 @@
 #!/usr/bin/python3
 """The Python client (paramsync.distributed) against a real paramsyncd.
 
-    python_suite.py --python VENV_PY --paramsyncd BIN SCENARIO
+    python_suite.py --python VENV_PY --paramsyncd BIN [--transport grpc|shm] SCENARIO
 
 Scenarios (each its own ctest test): collectives, groups, async, p2p, torch,
-local_errors, daemon_errors, timeout, member_lost, init_methods, launcher.
+local_errors, daemon_errors, timeout, member_lost, init_methods, launcher,
+shm_reuse. With --transport the workers run with PARAMSYNC_SHM=0 (grpc) or
+shared memory on (shm) and check, from the daemon's /metrics, that their big
+payloads went that way; the driver checks that no segment name of theirs is
+left in /dev/shm.
 The driver starts a daemon and N worker processes running
 `python_suite.py --worker SCENARIO` with the installed client (VENV_PY is
 the venv the client_python_install test made); every worker checks exact
@@ -78,6 +82,158 @@ def reference(op, arrays):
     return {"BAND": np.bitwise_and, "BOR": np.bitwise_or, "BXOR": np.bitwise_xor}[op].reduce(a, 0)
 
 
+def data(k, count, dtype, salt=0):
+    """Rank k's big input: values under 2**16, so sums of a few ranks are exact in float32."""
+    import numpy as np
+    v = (np.arange(count, dtype=np.int64) * 7 + k * 1009 + salt * 31) % 65521
+    if dtype in ("int8", "uint8", "int16"):
+        v = v % 100
+    return v.astype(dtype)
+
+
+def on_path(dist, what, fn, grpc, shm=(0, 0)):
+    """Runs fn (one collective; every rank calls on_path) between barriers and checks,
+    from the daemon's /metrics, which way its payload went: (received, sent) bytes
+    between the workers and the agent must be `grpc` with PARAMSYNC_SHM=0 and `shm`
+    (nothing, unless a rank is on gRPC) through shared memory. Also checks that this
+    process left no segment name in /dev/shm. Without SUITE_METRICS only runs fn."""
+    url = os.environ.get("SUITE_METRICS")
+    r = dist.get_rank()
+    if not url:
+        fn()
+        return
+    want = shm if os.environ["SUITE_TRANSPORT"] == "shm" else grpc
+
+    def settled():
+        # The agent counts a sent frame when gRPC reports it sent, which can come
+        # just after the worker has it: read until the counts hold still.
+        last = H.payload_bytes(url)
+        while True:
+            time.sleep(0.1)
+            now = H.payload_bytes(url)
+            if now == last:
+                return now
+            last = now
+    dist.barrier()
+    before = settled() if r == 0 else None
+    dist.barrier()
+    fn()
+    dist.barrier()  # every rank has its answer: the daemon has read and written it all
+    if r == 0:
+        after = settled()
+        got = (after[0] - before[0], after[1] - before[1])
+        if got != want:
+            raise AssertionError("%s: %d bytes from workers to the agent and %d back; want %s "
+                                 "(%s)" % (what, got[0], got[1], want,
+                                           os.environ["SUITE_TRANSPORT"]))
+    left = H.shm_names([os.getpid()])
+    assert not left, "%s: segment names left in /dev/shm: %s" % (what, left)
+    dist.barrier()
+
+
+def big_collectives(dist):
+    """Every kind with a payload over 64 KiB (the shared-memory path unless
+    PARAMSYNC_SHM=0), every element checked, and which way the bytes went."""
+    import numpy as np
+    r, n = dist.get_rank(), dist.get_world_size()
+
+    c = (1 << 20) + 3  # 4 MiB of float32, in place through the segment
+    x = data(r, c, "float32")
+    on_path(dist, "big all_reduce", lambda: dist.all_reduce(x), (n * 4 * c, n * 4 * c))
+    expect_eq(x, sum(data(k, c, "float32") for k in range(n)), "big all_reduce")
+    x = data(r, c, "float32", salt=1)  # a second round, in the same segment
+    on_path(dist, "big all_reduce MAX", lambda: dist.all_reduce(x, op=dist.ReduceOp.MAX),
+            (n * 4 * c, n * 4 * c))
+    expect_eq(x, np.maximum.reduce([data(k, c, "float32", 1) for k in range(n)]),
+              "big all_reduce MAX")
+
+    c = 100_003
+    x = data(r, c, "int64")
+    on_path(dist, "big reduce", lambda: dist.reduce(x, dst=1), (n * 8 * c, 8 * c))
+    expect_eq(x, sum(data(k, c, "int64") for k in range(n)) if r == 1 else data(r, c, "int64"),
+              "big reduce")
+
+    c = 150_001
+    x = data(r, c, "float64") if r == n - 1 else np.zeros(c, np.float64)
+    on_path(dist, "big broadcast", lambda: dist.broadcast(x, src=n - 1),
+            (8 * c, (n - 1) * 8 * c))
+    expect_eq(x, data(n - 1, c, "float64"), "big broadcast")
+
+    c = 40_001
+    outs = [np.full(c, -1, np.int32) for _ in range(n)]
+    on_path(dist, "big all_gather", lambda: dist.all_gather(outs, data(r, c, "int32")),
+            (n * 4 * c, n * n * 4 * c))
+    for k in range(n):
+        expect_eq(outs[k], data(k, c, "int32"), "big all_gather [%d]" % k)
+
+    c = 70_001
+    out = np.zeros(n * c, np.uint8)
+    mine = out[r * c:(r + 1) * c]  # the input is a view of the output
+    mine[:] = data(r, c, "uint8")
+    on_path(dist, "big all_gather_into_tensor", lambda: dist.all_gather_into_tensor(out, mine),
+            (n * c, n * n * c))
+    expect_eq(out, np.concatenate([data(k, c, "uint8") for k in range(n)]),
+              "big all_gather_into_tensor")
+
+    c = 30_000
+    lst = [np.zeros(c, np.float32) for _ in range(n)] if r == 0 else None
+    on_path(dist, "big gather", lambda: dist.gather(data(r, c, "float32"), lst, dst=0),
+            (n * 4 * c, n * 4 * c))
+    if r == 0:
+        for k in range(n):
+            expect_eq(lst[k], data(k, c, "float32"), "big gather [%d]" % k)
+
+    c = 50_001
+    lst = [data(k, c, "int16", salt=7) for k in range(n)] if r == 1 else None
+    x = np.zeros(c, np.int16)
+    on_path(dist, "big scatter", lambda: dist.scatter(x, lst, src=1), (n * 2 * c, n * 2 * c))
+    expect_eq(x, data(r, c, "int16", salt=7), "big scatter")
+
+    c = 30_001
+    ins = [data(r + 10 * k, c, "int32") for k in range(n)]
+    o = np.zeros(c, np.int32)
+    on_path(dist, "big reduce_scatter", lambda: dist.reduce_scatter(o, ins),
+            (n * n * 4 * c, n * 4 * c))
+    expect_eq(o, sum(data(k + 10 * r, c, "int32") for k in range(n)), "big reduce_scatter")
+
+    c = 20_000
+    inp = data(r, n * c, "float64")
+    o = np.zeros(c, np.float64)
+    on_path(dist, "big reduce_scatter_tensor",
+            lambda: dist.reduce_scatter_tensor(o, inp, op=dist.ReduceOp.MAX),
+            (n * n * 8 * c, n * 8 * c))
+    expect_eq(o, np.maximum.reduce([data(k, n * c, "float64") for k in range(n)])[
+        r * c:(r + 1) * c], "big reduce_scatter_tensor")
+
+    c = 10_000
+    ins = [data(r * n + j, c, "int64") for j in range(n)]
+    outs = [np.zeros(c, np.int64) for _ in range(n)]
+    on_path(dist, "big all_to_all", lambda: dist.all_to_all(outs, ins),
+            (n * n * 8 * c, n * n * 8 * c))
+    for j in range(n):
+        expect_eq(outs[j], data(j * n + r, c, "int64"), "big all_to_all [%d]" % j)
+
+    c = 20_000
+    inp = np.concatenate([data(r * n + j, c, "float32") for j in range(n)])
+    o = np.zeros(n * c, np.float32)
+    on_path(dist, "big all_to_all_single", lambda: dist.all_to_all_single(o, inp),
+            (n * n * 4 * c, n * n * 4 * c))
+    expect_eq(o, np.concatenate([data(j * n + r, c, "float32") for j in range(n)]),
+              "big all_to_all_single")
+
+    c = 500_000
+    x = data(0, c, "float32") if r == 0 else np.zeros(c, np.float32)
+
+    def send_recv():
+        if r == 0:
+            dist.send(x, dst=n - 1)
+        elif r == n - 1:
+            assert dist.recv(x, src=None) == 0
+    on_path(dist, "big send/recv", send_recv, (4 * c, 4 * c))
+    if r in (0, n - 1):
+        expect_eq(x, data(0, c, "float32"), "big send/recv")
+
+
 def ops_for(dtype):
     if dtype in FLOATS:
         return ["SUM", "PRODUCT", "MIN", "MAX", "AVG"]
@@ -126,6 +282,7 @@ def w_collectives():
     assert int(z) == n, z
     e = np.zeros(0, np.float32)
     dist.all_reduce(e)
+    big_collectives(dist)
     # broadcast from every root, multi-dimensional, and big.
     for root in range(n):
         x = np.full((2, 3), r * 10, np.int16)
@@ -244,6 +401,20 @@ def w_groups():
         x = np.array([3.5], np.float64)
         dist.all_reduce(x, group=g1)
         expect_eq(x, np.array([3.5]), "group of one")
+    # Big payloads in groups share the rank's one segment with the world's.
+    c = 65_536
+    x = data(r, c, "float32")
+    on_path(dist, "big all_reduce in [0, 2]",
+            lambda: dist.all_reduce(x, group=g02) if r in (0, 2) else None,
+            (2 * 4 * c, 2 * 4 * c))
+    expect_eq(x, data(0, c, "float32") + data(2, c, "float32") if r in (0, 2) else
+              data(r, c, "float32"), "big all_reduce in [0, 2]")
+    lst = [np.zeros(c, np.int32) for _ in range(4)]
+    on_path(dist, "big all_gather reversed",
+            lambda: dist.all_gather(lst, data(r, c, "int32"), group=g_rev),
+            (4 * 4 * c, 16 * 4 * c))
+    for k in range(4):
+        expect_eq(lst[k], data(3 - k, c, "int32"), "big all_gather reversed [%d]" % k)
     assert dist.get_process_group_ranks(g_rev) == [3, 2, 1, 0]
     assert dist.get_global_rank(g_rev, 0) == 3 and dist.get_group_rank(g_rev, 3) == 0
     # World collectives still line up after group traffic.
@@ -275,6 +446,18 @@ def w_async():
     expect_eq(b, np.array([1], np.int32), "async broadcast")
     expect_eq(np.concatenate(g), np.arange(n, dtype=np.int32) * 3, "async all_gather")
     assert wg.result() == g
+    # Big ones at once: one takes the segment, the others gRPC frames.
+    c = 100_003
+    xs = [data(r, c, "float64", salt=k) for k in range(4)]
+    works = [dist.all_reduce(x, async_op=True) for x in xs]
+    bc = data(r, c, "int32") if r == 0 else np.zeros(c, np.int32)
+    works.append(dist.broadcast(bc, src=0, async_op=True))
+    for w in reversed(works):
+        w.wait()
+    for k in range(4):
+        expect_eq(xs[k], sum(data(q, c, "float64", salt=k) for q in range(n)),
+                  "big async all_reduce %d" % k)
+    expect_eq(bc, data(0, c, "int32"), "big async broadcast")
     fut = dist.all_reduce(np.ones(3), async_op=True).get_future()
     fut.result(timeout=30)
     # A work whose collective fails raises from wait(), every time.
@@ -339,10 +522,14 @@ def w_p2p():
         expect_eq(y, np.array([5], np.int64), "tag 5")
     # A big message (many frames) and batch_isend_irecv.
     big = np.arange(3_000_000, dtype=np.float32) if r == 0 else np.zeros(3_000_000, np.float32)
-    if r == 0:
-        dist.send(big, dst=n - 1)
-    elif r == n - 1:
-        dist.recv(big, src=0)
+
+    def big_send():
+        if r == 0:
+            dist.send(big, dst=n - 1)
+        elif r == n - 1:
+            dist.recv(big, src=0)
+    on_path(dist, "big send/recv", big_send, (big.nbytes, big.nbytes))
+    if r == n - 1:
         expect_eq(big, np.arange(3_000_000, dtype=np.float32), "big send/recv")
     y = np.zeros(1, np.int32)
     ops = [dist.P2POp(dist.isend, np.array([r], np.int32), right),
@@ -382,6 +569,18 @@ def w_torch():
     row += r + 1
     dist.all_reduce(row)
     assert base[1].tolist() == [n * (n + 1) / 2] * 3 and base[0].tolist() == [0.0] * 3
+    # Big tensors (through the segment unless PARAMSYNC_SHM=0), bfloat16 too.
+    c = (1 << 18) + 1
+    for dt in (torch.float32, torch.bfloat16, torch.int64):
+        t = torch.from_numpy(data(r, c, "int64") % 64).to(dt)
+        on_path(dist, "big torch all_reduce %s" % dt, lambda: dist.all_reduce(t),
+                (n * t.element_size() * c, n * t.element_size() * c))
+        want = sum(torch.from_numpy(data(k, c, "int64") % 64) for k in range(n)).to(dt)
+        assert torch.equal(t, want), "big torch all_reduce %s" % dt
+    t = torch.from_numpy(data(1, c, "float32")) if r == 1 else torch.zeros(c)
+    on_path(dist, "big torch broadcast", lambda: dist.broadcast(t, src=1),
+            (4 * c, (n - 1) * 4 * c))
+    assert torch.equal(t, torch.from_numpy(data(1, c, "float32"))), "big torch broadcast"
     p = torch.ones(3, requires_grad=True)
     dist.all_reduce(p.data)
     dist.broadcast(p, src=0)
@@ -608,16 +807,94 @@ def w_init_methods():
     print("rank %d: %s init ok" % (r, mode))
 
 
+def w_shm_reuse():
+    """Ranks rewrite their arrays (and so their segment) right after each call returns,
+    while rank 0, on gRPC frames and late to every call, still reads what they sent: the
+    daemon must answer a rank only once nothing of its segment is left to read."""
+    import numpy as np
+    dist = _w_init()
+    r, n = dist.get_rank(), dist.get_world_size()
+    if r == 0:
+        os.environ["PARAMSYNC_SHM"] = "0"  # read on every call; nothing else runs yet
+    rounds, c = 4, (4 << 20) // 4 + 3  # 16 MiB of int32, odd
+    b = 4 * c
+    x = np.zeros(c, np.int32)
+
+    def late():
+        if r == 0:
+            time.sleep(0.2)
+
+    def sends():
+        for k in range(rounds):
+            if r != 0:
+                x[:] = data(r, c, "int32", salt=100 + k)
+                dist.send(x, dst=0, tag=k)
+                x[:] = -1  # at once: the daemon holds the answer, not this array
+                continue
+            for src in range(1, n):
+                late()
+                y = np.zeros(c, np.int32)
+                dist.recv(y, src=src, tag=k)
+                expect_eq(y, data(src, c, "int32", salt=100 + k), "send %d from %d" % (k, src))
+    # Senders through the segment, rank 0 on frames: nothing in from workers, all out.
+    on_path(dist, "sends", sends, (rounds * (n - 1) * b, rounds * (n - 1) * b),
+            shm=(0, rounds * (n - 1) * b))
+
+    def broadcasts():
+        for k in range(rounds):
+            x[:] = data(1, c, "int32", salt=200 + k) if r == 1 else -7
+            late()
+            dist.broadcast(x, src=1)
+            expect_eq(x, data(1, c, "int32", salt=200 + k), "broadcast %d" % k)
+    on_path(dist, "broadcasts", broadcasts, (rounds * b, rounds * (n - 1) * b),
+            shm=(0, rounds * b))
+
+    def reduces():
+        for k in range(rounds):
+            x[:] = data(r, c, "int32", salt=300 + k)
+            late()
+            dist.reduce(x, dst=0)
+            want = sum(data(q, c, "int32", salt=300 + k) for q in range(n)) if r == 0 else \
+                data(r, c, "int32", salt=300 + k)
+            expect_eq(x, want, "reduce %d" % k)
+    on_path(dist, "reduces", reduces, (rounds * n * b, rounds * b), shm=(rounds * b, rounds * b))
+
+    def all_reduces():
+        for k in range(rounds):
+            x[:] = data(r, c, "int32", salt=400 + k)
+            late()
+            dist.all_reduce(x)
+            expect_eq(x, sum(data(q, c, "int32", salt=400 + k) for q in range(n)),
+                      "all_reduce %d" % k)
+    on_path(dist, "all_reduces", all_reduces, (rounds * n * b, rounds * n * b),
+            shm=(rounds * b, rounds * b))
+
+    def gathers():
+        for k in range(rounds):
+            x[:] = data(r, c, "int32", salt=500 + k)
+            late()
+            lst = [np.zeros(c, np.int32) for _ in range(n)] if r == 0 else None
+            dist.gather(x, lst, dst=0)
+            for q in range(n if r == 0 else 0):
+                expect_eq(lst[q], data(q, c, "int32", salt=500 + k), "gather %d [%d]" % (k, q))
+    on_path(dist, "gathers", gathers, (rounds * n * b, rounds * n * b),
+            shm=(rounds * b, rounds * n * b))
+    dist.destroy_process_group()
+    print("rank %d: %d rounds of sends, broadcasts, reduces, all_reduces and gathers of "
+          "16 MiB checked" % (r, rounds))
+
+
 WORKERS = {
     "collectives": w_collectives, "groups": w_groups, "async": w_async, "p2p": w_p2p,
     "torch": w_torch, "local_errors": w_local_errors, "daemon_errors": w_daemon_errors,
     "timeout": w_timeout, "member_lost": w_member_lost, "init_methods": w_init_methods,
+    "shm_reuse": w_shm_reuse,
 }
 
 # ---------------------------------------------------------------------------------- driver
 
 NPROC = {"collectives": 3, "groups": 4, "async": 3, "p2p": 3, "torch": 3, "local_errors": 2,
-         "daemon_errors": 3, "timeout": 2, "member_lost": 2}
+         "daemon_errors": 3, "timeout": 2, "member_lost": 2, "shm_reuse": 3}
 
 
 def report(results, what):
@@ -633,11 +910,21 @@ def report(results, what):
     return not bad
 
 
-def run_job(py, daemon, scenario, n, expect_rc=None):
+def run_job(py, daemon, scenario, n, expect_rc=None, transport=None):
+    extra = {}
+    if transport:
+        # The workers check which way their bytes go from the daemon's /metrics.
+        extra = dict(SUITE_TRANSPORT=transport, SUITE_METRICS=daemon.metrics_url,
+                     PARAMSYNC_SHM="0" if transport == "grpc" else "1")
     env = [H.clean_env(PARAMSYNC_ADDR=daemon.addr, PARAMSYNC_JOB="suite-" + scenario,
-                       WORLD_SIZE=n, RANK=r) for r in range(n)]
+                       WORLD_SIZE=n, RANK=r, **extra) for r in range(n)]
     cmds = [[py, os.path.abspath(__file__), "--worker", scenario]] * n
-    res = run_workers_checked(cmds, env)
+    pids = []
+    res = H.run_workers(cmds, env, timeout=120, pids=pids)
+    left = H.shm_names(pids)
+    if left:
+        print("FAIL: segment names left in /dev/shm: %s" % left)
+        return False
     if expect_rc:
         ok = True
         for r, want in expect_rc.items():
@@ -649,10 +936,6 @@ def run_job(py, daemon, scenario, n, expect_rc=None):
     return report(res, scenario)
 
 
-def run_workers_checked(cmds, envs):
-    return H.run_workers(cmds, envs, timeout=120)
-
-
 def driver(a):
     py = a.python
     if not os.path.exists(py):
@@ -662,13 +945,13 @@ def driver(a):
             H.skip("torch is not importable (Debian python3-torch)")
     if a.scenario == "launcher":
         return launcher(a)
-    with H.Daemon(a.paramsyncd) as d:
+    with H.Daemon(a.paramsyncd, metrics=bool(a.transport)) as d:
         if a.scenario == "init_methods":
             ok = init_methods(py, d, a.paramsyncd)
         elif a.scenario == "member_lost":
             ok = run_job(py, d, "member_lost", 2, expect_rc={1: -signal.SIGKILL})
         else:
-            ok = run_job(py, d, a.scenario, NPROC[a.scenario])
+            ok = run_job(py, d, a.scenario, NPROC[a.scenario], transport=a.transport)
         if not ok:
             print("--- daemon log (tail)\n" + "\n".join(d.read_log().splitlines()[-40:]))
     if not ok:
@@ -766,6 +1049,9 @@ def main():
     p.add_argument("--worker", action="store_true")
     p.add_argument("--python", default=sys.executable)
     p.add_argument("--paramsyncd")
+    p.add_argument("--transport", choices=("grpc", "shm"),
+                   help="force PARAMSYNC_SHM=0 (grpc) or leave shared memory on (shm), and "
+                        "check from the daemon's /metrics that big payloads went that way")
     p.add_argument("scenario")
     a = p.parse_args()
     if a.worker:
