@@ -1,0 +1,151 @@
+#!/usr/bin/python3
+"""Python client: gRPC frames against the shared-memory segment, side by side.
+
+    /usr/bin/python3 bench/python_shm.py --paramsyncd BUILD/server/paramsyncd \
+        [--python VENV/bin/python] [--mib 64] [--np 2,4] [--iters 5]
+
+For each world size it starts one paramsyncd on a free loopback port (with
+/metrics), then runs the same job twice, PARAMSYNC_SHM=0 and shared memory
+on: float32 all_reduce and broadcast (root 0) of --mib MiB, one untimed call
+of each first. A call's time is the slowest rank's, from a barrier to its
+return; the table gives the median over --iters calls, and the bytes the
+daemon counted between workers and agent over the whole run (so the shm rows
+show that the payload did not travel as frames). Without --python, the
+checkout's client/python is used (its stubs: `python3 client/python/setup.py
+gen_proto`). Results are checked once per operation.
+"""
+import argparse
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CLIENT = os.path.join(os.path.dirname(HERE), "client", "python")
+
+
+def worker(mib, iters):
+    import numpy as np
+    import paramsync.distributed as dist
+    dist.init_process_group("paramsync")
+    r, n = dist.get_rank(), dist.get_world_size()
+    count = (mib << 20) // 4
+    x = np.ones(count, np.float32)
+    out = {}
+    for op in ("all_reduce", "broadcast"):
+        def call():
+            if op == "all_reduce":
+                dist.all_reduce(x)
+            else:
+                dist.broadcast(x, src=0)
+        x[:] = r + 1
+        dist.barrier()
+        call()  # untimed: the segment (or the channel's buffers) settle here
+        want = n * (n + 1) / 2 if op == "all_reduce" else 1.0
+        if not (x == want).all():
+            raise SystemExit("rank %d: %s gave %r, want %r" % (r, op, x[:4], want))
+        times = np.zeros(iters, np.float64)
+        for i in range(iters):
+            x[:] = 1.0
+            dist.barrier()
+            t0 = time.perf_counter()
+            call()
+            times[i] = time.perf_counter() - t0
+        dist.all_reduce(times, op=dist.ReduceOp.MAX)  # the slowest rank's time per call
+        out[op] = times.tolist()
+    if r == 0:
+        print("RESULT " + json.dumps(out), flush=True)
+    dist.destroy_process_group()
+
+
+def payload_bytes(url):
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        text = resp.read().decode()
+    total = 0
+    for m in re.finditer(r'^paramsync_payload_bytes_total\{direction="\w+",link="worker"\} (\d+)$',
+                         text, re.M):
+        total += int(m.group(1))
+    return total
+
+
+def run_job(a, addr, metrics, n, shm, job):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PARAMSYNC_ADDR", "PARAMSYNC_JOB", "RANK", "WORLD_SIZE", "PARAMSYNC_SHM")}
+    if not a.python:
+        env["PYTHONPATH"] = CLIENT + (":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.update(PARAMSYNC_ADDR=addr, PARAMSYNC_JOB=job, WORLD_SIZE=str(n),
+               PARAMSYNC_SHM="1" if shm else "0")
+    before = payload_bytes(metrics)
+    procs = [subprocess.Popen([a.python or sys.executable, os.path.abspath(__file__), "--worker",
+                               "--mib", str(a.mib), "--iters", str(a.iters)],
+                              env=dict(env, RANK=str(r)), stdout=subprocess.PIPE, text=True)
+             for r in range(n)]
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    if any(p.returncode != 0 for p in procs):
+        raise SystemExit("a worker failed (p=%d, shm=%s): %s" % (n, shm, outs))
+    line = next(ln for ln in outs[0].splitlines() if ln.startswith("RESULT "))
+    return json.loads(line[len("RESULT "):]), payload_bytes(metrics) - before
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--worker", action="store_true")
+    p.add_argument("--paramsyncd")
+    p.add_argument("--python")
+    p.add_argument("--mib", type=int, default=64)
+    p.add_argument("--np", default="2,4")
+    p.add_argument("--iters", type=int, default=5)
+    a = p.parse_args()
+    if a.worker:
+        return worker(a.mib, a.iters)
+    if not a.paramsyncd:
+        p.error("--paramsyncd is required")
+    rows = []
+    for n in [int(v) for v in a.np.split(",")]:
+        tmp = tempfile.mkdtemp(prefix="ps-bench-shm-")
+        announce, log = os.path.join(tmp, "addr"), open(os.path.join(tmp, "log"), "w+")
+        d = subprocess.Popen([a.paramsyncd, "--listen", "127.0.0.1:0", "--metrics-addr",
+                              "127.0.0.1:0", "--announce-file", announce], stderr=log,
+                             stdout=log)
+        try:
+            metrics = addr = None
+            for _ in range(300):
+                log.seek(0)
+                m = re.search(r"metrics on (http://\S+)", log.read())
+                if m and os.path.exists(announce) and open(announce).read().endswith("\n"):
+                    metrics, addr = m.group(1), open(announce).read().strip()
+                    break
+                time.sleep(0.05)
+            if not addr:
+                raise SystemExit("paramsyncd did not start")
+            res = {}
+            for shm in (False, True):
+                res[shm] = run_job(a, addr, metrics, n, shm, "bench-%d-%d" % (n, shm))
+        finally:
+            d.send_signal(signal.SIGTERM)
+            d.wait()
+        for op in ("all_reduce", "broadcast"):
+            g = statistics.median(res[False][0][op])
+            s = statistics.median(res[True][0][op])
+            rows.append((op, n, g, s, res[False][1], res[True][1]))
+    mib = a.mib
+    print("%d MiB float32, median of %d calls (slowest rank), python %s"
+          % (mib, a.iters, a.python or sys.executable))
+    print("| op | p | gRPC ms | shm ms | gRPC GiB/s | shm GiB/s | shm speed-up |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for op, n, g, s, _, _ in rows:
+        print("| %s | %d | %.1f | %.1f | %.2f | %.2f | %.1fx |"
+              % (op, n, g * 1e3, s * 1e3, mib / 1024 / g, mib / 1024 / s, g / s))
+    print("worker<->agent payload bytes over each whole run (gRPC / shm): " + ", ".join(
+        "p=%d %s %.0f MiB / %.0f MiB" % (n, op, gb / 2**20, sb / 2**20)
+        for op, n, _, _, gb, sb in rows if op == "all_reduce"))
+
+
+if __name__ == "__main__":
+    main()
