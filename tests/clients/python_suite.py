@@ -5,7 +5,7 @@
 
 Scenarios (each its own ctest test): collectives, groups, async, p2p, torch,
 local_errors, daemon_errors, timeout, member_lost, init_methods, launcher,
-shm_reuse. With --transport the workers run with PARAMSYNC_SHM=0 (grpc) or
+shm_reuse, shm_paths. With --transport the workers run with PARAMSYNC_SHM=0 (grpc) or
 shared memory on (shm) and check, from the daemon's /metrics, that their big
 payloads went that way; the driver checks that no segment name of theirs is
 left in /dev/shm.
@@ -884,11 +884,30 @@ def w_shm_reuse():
           "16 MiB checked" % (r, rounds))
 
 
+def w_shm_paths():
+    """Rounds of big all_reduce and broadcast, every element checked; which way their
+    bytes must go is the driver's to say (SUITE_TRANSPORT) or to check itself."""
+    import numpy as np
+    dist = _w_init()
+    r, n = dist.get_rank(), dist.get_world_size()
+    c = (1 << 18) + 5  # 1 MiB of float32
+    for k in range(3):
+        x = data(r, c, "float32", salt=k)
+        on_path(dist, "all_reduce %d" % k, lambda: dist.all_reduce(x), (n * 4 * c, n * 4 * c))
+        expect_eq(x, sum(data(q, c, "float32", salt=k) for q in range(n)), "all_reduce %d" % k)
+        y = data(0, c, "float32", salt=k) if r == 0 else np.zeros(c, np.float32)
+        on_path(dist, "broadcast %d" % k, lambda: dist.broadcast(y, src=0),
+                (4 * c, (n - 1) * 4 * c))
+        expect_eq(y, data(0, c, "float32", salt=k), "broadcast %d" % k)
+    dist.destroy_process_group()
+    print("rank %d: 3 rounds of 1 MiB all_reduce and broadcast checked" % r)
+
+
 WORKERS = {
     "collectives": w_collectives, "groups": w_groups, "async": w_async, "p2p": w_p2p,
     "torch": w_torch, "local_errors": w_local_errors, "daemon_errors": w_daemon_errors,
     "timeout": w_timeout, "member_lost": w_member_lost, "init_methods": w_init_methods,
-    "shm_reuse": w_shm_reuse,
+    "shm_reuse": w_shm_reuse, "shm_paths": w_shm_paths,
 }
 
 # ---------------------------------------------------------------------------------- driver
@@ -945,6 +964,8 @@ def driver(a):
             H.skip("torch is not importable (Debian python3-torch)")
     if a.scenario == "launcher":
         return launcher(a)
+    if a.scenario == "shm_paths":
+        return shm_paths(a)
     with H.Daemon(a.paramsyncd, metrics=bool(a.transport)) as d:
         if a.scenario == "init_methods":
             ok = init_methods(py, d, a.paramsyncd)
@@ -990,6 +1011,80 @@ def init_methods(py, d, binary):
     finally:
         d2.stop()
     return ok
+
+
+def non_loopback_ipv4():
+    """An IPv4 address of this host other than loopback, or None."""
+    import socket
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        s.connect(("192.0.2.1", 9))  # no packet is sent: this only picks a route
+        ip = s.getsockname()[0]
+    except OSError:
+        return None
+    finally:
+        s.close()
+    return None if ip.startswith("127.") else ip
+
+
+def shm_paths(a):
+    """When the client offers shared memory and when it must not, told apart by the
+    daemons' /metrics: a unix socket is local (segment); an address that is not
+    loopback is not (frames, with PARAMSYNC_SHM on); an agent that is not the job's
+    hub refuses the segment once, and that rank stays on frames for good while
+    its peer on the hub keeps the segment."""
+    py, me = a.python, os.path.abspath(__file__)
+    ok = True
+
+    def job(addrs, name, transport=None, metrics=None):
+        extra = dict(SUITE_TRANSPORT=transport, SUITE_METRICS=metrics) if transport else {}
+        envs = [H.clean_env(PARAMSYNC_ADDR=addrs[r], PARAMSYNC_JOB="paths-" + name,
+                            WORLD_SIZE=2, RANK=r, PARAMSYNC_SHM="1", **extra) for r in range(2)]
+        pids = []
+        good = report(H.run_workers([[py, me, "--worker", "shm_paths"]] * 2, envs, 120, pids),
+                      name)
+        left = H.shm_names(pids)
+        if left:
+            print("FAIL: %s: segment names left in /dev/shm: %s" % (name, left))
+        return good and not left
+
+    tmp = tempfile.mkdtemp(prefix="ps-shm-paths-")
+    with H.Daemon(a.paramsyncd, listen="unix:" + os.path.join(tmp, "sock"), metrics=True) as d:
+        if not d.addr.startswith("unix:"):
+            H.fail("the daemon announced %r for a unix socket" % d.addr)
+        ok = job([d.addr] * 2, "unix", "shm", d.metrics_url) and ok
+    ip = non_loopback_ipv4()
+    if ip:
+        with H.Daemon(a.paramsyncd, listen=ip + ":0", metrics=True) as d:
+            ok = job([d.addr] * 2, "not-local", "grpc", d.metrics_url) and ok
+    else:
+        print("note: this host has no address but loopback: the not-local case did not run")
+    # Split: rank 0 on agent 1 (the job's hub), rank 1 on agent 2.
+    coord = H.Daemon(a.paramsyncd, "--role", "coordinator")
+    agents = []
+    try:
+        coord.wait_ready()
+        for _ in range(2):
+            agents.append(H.Daemon(a.paramsyncd, "--role", "agent", "--coordinator", coord.addr,
+                                   metrics=True))
+            agents[-1].wait_ready()
+        ok = job([agents[0].addr, agents[1].addr], "split") and ok
+        c = (1 << 18) + 5
+        want = [(0, 0), (3 * 4 * c, 3 * 8 * c)]  # rank 1: all_reduce in+out, broadcast out
+        for i, ag in enumerate(agents):
+            got = H.payload_bytes(ag.metrics_url)
+            refusals = ag.read_log().count("shared memory not used")
+            if got != want[i] or refusals != i:
+                print("FAIL: split, agent %d: worker payload bytes %s, want %s; %d refusals of "
+                      "a segment logged, want %d\n%s" % (i + 1, got, want[i], refusals, i,
+                                                        ag.read_log()[-3000:]))
+                ok = False
+    finally:
+        for d in agents + [coord]:
+            d.stop()
+    if not ok:
+        H.fail("shm_paths")
+    print("PASS")
 
 
 def launcher(a):
