@@ -705,6 +705,21 @@ def w_daemon_errors():
             e = daemon_error(dist.recv, np.zeros(3, np.float32), src=0)
         assert e.code == grpc.StatusCode.FAILED_PRECONDITION, e
         assert "int64" in e.details and "float32" in e.details, e.details
+    # Big payloads (through shared memory unless PARAMSYNC_SHM=0): the same errors,
+    # and the next big collectives still get exact results.
+    c = 100_000
+    e = daemon_error(dist.all_reduce, data(r, c + r, "float32"))
+    assert e.code == grpc.StatusCode.FAILED_PRECONDITION and "count" in e.details, e
+    e = daemon_error(dist.broadcast, np.ones(c, np.float64 if r == 0 else np.int64), src=0)
+    assert e.code == grpc.StatusCode.FAILED_PRECONDITION and "dtype" in e.details, e
+    x = data(r, c, "float32")
+    on_path(dist, "big all_reduce after errors", lambda: dist.all_reduce(x),
+            (n * 4 * c, n * 4 * c))
+    expect_eq(x, sum(data(k, c, "float32") for k in range(n)), "big all_reduce after errors")
+    lst = [np.zeros(c, np.int32) for _ in range(n)]
+    dist.all_gather(lst, data(r, c, "int32"))
+    for k in range(n):
+        expect_eq(lst[k], data(k, c, "int32"), "big all_gather after errors [%d]" % k)
     # The job goes on after errors.
     x = np.array([1], np.int64)
     dist.all_reduce(x)
