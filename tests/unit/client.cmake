@@ -12,22 +12,20 @@ endif()
 
 set(ps_client_test_dir ${CMAKE_CURRENT_LIST_DIR})
 
-add_executable(test_client_device ${ps_client_test_dir}/test_client_device.c)
-target_include_directories(test_client_device PRIVATE ${PROJECT_SOURCE_DIR}/client
-                           ${PROJECT_SOURCE_DIR}/server/rpc)
-target_link_libraries(test_client_device PRIVATE paramsync_static paramsync_proto
-                      PkgConfig::CMOCKA)
-add_test(NAME unit.client_device COMMAND test_client_device)
-set_tests_properties(unit.client_device PROPERTIES LABELS unit TIMEOUT 60)
+# ps_client_unit_test(NAME SOURCES...): test_NAME from SOURCES, with the
+# client's internal headers, linked to libparamsync.a; ctest unit.NAME.
+function(ps_client_unit_test name)
+  add_executable(test_${name} ${ARGN})
+  target_include_directories(test_${name} PRIVATE ${PROJECT_SOURCE_DIR}/client
+                             ${PROJECT_SOURCE_DIR}/server/rpc)
+  target_link_libraries(test_${name} PRIVATE paramsync_static paramsync_proto PkgConfig::CMOCKA)
+  add_test(NAME unit.${name} COMMAND test_${name})
+  set_tests_properties(unit.${name} PROPERTIES LABELS unit TIMEOUT 60)
+endfunction()
 
+ps_client_unit_test(client_device ${ps_client_test_dir}/test_client_device.c)
 # device.c compiled again, without PS_HAVE_CUDA, next to the fake ps_gpu_*
 # functions of the test: the archive's own device.c and gpu objects are not
 # pulled in.
-add_executable(test_client_staging ${ps_client_test_dir}/test_client_staging.c
-               ${PROJECT_SOURCE_DIR}/client/device.c)
-target_include_directories(test_client_staging PRIVATE ${PROJECT_SOURCE_DIR}/client
-                           ${PROJECT_SOURCE_DIR}/server/rpc)
-target_link_libraries(test_client_staging PRIVATE paramsync_static paramsync_proto
-                      PkgConfig::CMOCKA)
-add_test(NAME unit.client_staging COMMAND test_client_staging)
-set_tests_properties(unit.client_staging PROPERTIES LABELS unit TIMEOUT 60)
+ps_client_unit_test(client_staging ${ps_client_test_dir}/test_client_staging.c
+                    ${PROJECT_SOURCE_DIR}/client/device.c)
