@@ -726,6 +726,46 @@ static void coll_unlink(job_t *j, coll_t *c)
         }
 }
 
+/* The widest window of a collective whose slots hold no heap memory. */
+#define PS_HUB_VIEW_WINDOW 64
+
+/* A collective that only moves bytes (every step has one contributor) and
+ * whose members all use shared memory holds nothing but views of their
+ * segments in its slots: it gets a wider window, so that several blocks,
+ * and so several senders and receivers, move at once (measured, 64 MiB
+ * busbw in three A/B pairs: all_to_all p=4 0.75/0.85/0.79 GB/s with 4
+ * steps in flight, 0.95/0.93/0.85 with up to 64; scatter p=4 3.13/2.95/2.38
+ * against 3.47/3.32/2.85; all_gather and broadcast within noise). Called
+ * under the lock once every member is there and before any has claimed a
+ * slot. */
+static void coll_widen(coll_t *c)
+{
+    if (c->failed || c->window >= PS_HUB_VIEW_WINDOW || c->nsteps <= c->window)
+        return;
+    if (!c->p2p && c->kind != K_BROADCAST && c->kind != K_ALL_GATHER && c->kind != K_GATHER &&
+        c->kind != K_SCATTER && c->kind != K_ALL_TO_ALL)
+        return;
+    for (int i = 0; i < c->n; i++)
+        if (!c->members[i] || !c->members[i]->shm)
+            return;
+    int w = c->nsteps < PS_HUB_VIEW_WINDOW ? (int)c->nsteps : PS_HUB_VIEW_WINDOW;
+    slot_t *slots = calloc((size_t)w, sizeof(slot_t));
+    if (!slots)
+        return; /* the narrow window still works */
+    for (int i = 0; i < c->window; i++)
+        if (c->slots[i].step != -1) { /* claimed after all: keep it */
+            free(slots);
+            return;
+        }
+    free(c->slots);
+    c->slots = slots;
+    c->window = w;
+    for (int i = 0; i < w; i++) {
+        c->slots[i].step = -1;
+        c->slots[i].last_done = i - w;
+    }
+}
+
 /* Claims the slot of step s, waiting until the step `window` earlier has
  * been consumed. Lock held. NULL when the collective failed. */
 static slot_t *slot_claim(coll_t *c, int64_t s)
@@ -1179,6 +1219,7 @@ static void mailbox_match(ps__hub_t *h, job_t *j, mailbox_t *mb)
         c->narrived = 2;
         c->next = j->colls;
         j->colls = c;
+        coll_widen(c);
         if (sh->dtype != rh->dtype || sh->count != rh->count)
             coll_fail(c, GRPC_STATUS_FAILED_PRECONDITION,
                       "send from rank %d to rank %d (group %u, tag %u): the sender has %" PRIu64
@@ -1541,6 +1582,7 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
         c->members[hd->rank] = m;
         c->narrived++;
         if (c->narrived == c->n) {
+            coll_widen(c);
             int64_t firstms = m->arrival_ms;
             for (int i = 0; i < c->n; i++)
                 if (c->members[i] && c->members[i]->arrival_ms < firstms)
