@@ -1707,6 +1707,21 @@ int ps__hub_create(const ps__config_t *cfg, ps__job_lookup_fn lookup, void *look
     return 0;
 }
 
+/* Drops the job's segments of `rank` (every rank when negative) from the
+ * agent's list; each goes once no collective uses it. Lock held. */
+static void shms_drop(ps__hub_t *h, const char *job, int rank)
+{
+    for (shm_map_t **p = &h->shms; *p;) {
+        shm_map_t *sm = *p;
+        if (strcmp(sm->job, job) == 0 && (rank < 0 || sm->rank == rank)) {
+            *p = sm->next;
+            shm_unref(sm);
+        } else {
+            p = &sm->next;
+        }
+    }
+}
+
 int ps__hub_shm_attach(ps__hub_t *h, const char *job, int rank, const char *name, uint64_t size,
                        uint64_t magic, char *reason, size_t rlen)
 {
@@ -1759,15 +1774,7 @@ int ps__hub_shm_attach(ps__hub_t *h, const char *job, int rank, const char *name
     pthread_mutex_lock(&h->lock);
     /* A rank has one segment at a time: a new one (the client grew it)
      * replaces the old, which goes once the collectives using it are done. */
-    for (shm_map_t **p = &h->shms; *p;) {
-        shm_map_t *old = *p;
-        if (old->rank == rank && strcmp(old->job, job) == 0) {
-            *p = old->next;
-            shm_unref(old);
-        } else {
-            p = &old->next;
-        }
-    }
+    shms_drop(h, job, rank);
     sm->next = h->shms;
     h->shms = sm;
     pthread_mutex_unlock(&h->lock);
@@ -1777,15 +1784,7 @@ int ps__hub_shm_attach(ps__hub_t *h, const char *job, int rank, const char *name
 void ps__hub_shm_release(ps__hub_t *h, const char *job, int rank)
 {
     pthread_mutex_lock(&h->lock);
-    for (shm_map_t **p = &h->shms; *p;) {
-        shm_map_t *sm = *p;
-        if (strcmp(sm->job, job) == 0 && (rank < 0 || sm->rank == rank)) {
-            *p = sm->next;
-            shm_unref(sm);
-        } else {
-            p = &sm->next;
-        }
-    }
+    shms_drop(h, job, rank);
     pthread_mutex_unlock(&h->lock);
 }
 
