@@ -27,6 +27,9 @@
 #include <paramsync/gpu.h>
 #include <paramsync/paramsync.h>
 
+/* The engine's conversions (round to nearest even), proven by tests/unit. */
+#include "ps_elementwise.h"
+
 #define SKIP 77
 #define MIB  (1u << 20)
 
@@ -230,41 +233,6 @@ static int64_t gen(ps_dtype_t dt, ps_op_t op, unsigned salt, int r, uint64_t i)
     }
 }
 
-static uint16_t f32_to_f16(float f)
-{
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    uint32_t sign = (x >> 16) & 0x8000, e = (x >> 23) & 0xff, mant = x & 0x7fffff;
-    if (e == 0xff)
-        return (uint16_t)(sign | 0x7c00 | (mant ? 0x200 : 0));
-    int32_t exp = (int32_t)e - 127 + 15;
-    if (exp >= 31)
-        return (uint16_t)(sign | 0x7c00);
-    if (exp <= 0) {
-        if (exp < -10)
-            return (uint16_t)sign;
-        mant |= 0x800000;
-        uint32_t shift = (uint32_t)(14 - exp), half = mant >> shift;
-        uint32_t rem = mant & ((1u << shift) - 1), mid = 1u << (shift - 1);
-        if (rem > mid || (rem == mid && (half & 1)))
-            half++;
-        return (uint16_t)(sign | half);
-    }
-    uint32_t half = sign | ((uint32_t)exp << 10) | (mant >> 13), rem = mant & 0x1fff;
-    if (rem > 0x1000 || (rem == 0x1000 && (half & 1)))
-        half++;
-    return (uint16_t)half;
-}
-
-static uint16_t f32_to_bf16(float f)
-{
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    if ((x & 0x7fffffff) > 0x7f800000)
-        return (uint16_t)((x >> 16) | 0x40);
-    return (uint16_t)((x + 0x7fff + ((x >> 16) & 1)) >> 16);
-}
-
 static void put_double(ps_dtype_t dt, void *buf, size_t i, double v)
 {
     switch (dt) {
@@ -275,10 +243,10 @@ static void put_double(ps_dtype_t dt, void *buf, size_t i, double v)
         ((double *)buf)[i] = v;
         break;
     case PS_FLOAT16:
-        ((uint16_t *)buf)[i] = f32_to_f16((float)v);
+        ((uint16_t *)buf)[i] = ps_f32_to_f16((float)v);
         break;
     case PS_BFLOAT16:
-        ((uint16_t *)buf)[i] = f32_to_bf16((float)v);
+        ((uint16_t *)buf)[i] = ps_f32_to_bf16((float)v);
         break;
     default:
         break;

@@ -10,6 +10,9 @@
 
 #include <paramsync/paramsync.h>
 
+/* The engine's conversions (round to nearest even), proven by tests/unit. */
+#include "ps_elementwise.h"
+
 /*
  * Every rank of a job draws the same sequence of collectives from a PRNG
  * seeded with (seed, job), so they agree without talking. Every element a
@@ -59,21 +62,6 @@ static const ps_dtype_t dtypes[] = {PS_INT32,   PS_INT64, PS_FLOAT32,
                                     PS_FLOAT64, PS_UINT8, PS_BFLOAT16};
 #define NDTYPES (sizeof(dtypes) / sizeof(dtypes[0]))
 
-static uint16_t to_bf16(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return (uint16_t)(u >> 16); /* exact for the small integers used here */
-}
-
-static float from_bf16(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 /* Stores v (an integer, or for AVG a multiple of 1/4) at element i. */
 static void put(ps_dtype_t t, void *buf, size_t i, double v)
 {
@@ -94,7 +82,7 @@ static void put(ps_dtype_t t, void *buf, size_t i, double v)
         ((uint8_t *)buf)[i] = (uint8_t)(int64_t)v; /* wraps, as the reduction does */
         break;
     case PS_BFLOAT16:
-        ((uint16_t *)buf)[i] = to_bf16((float)v);
+        ((uint16_t *)buf)[i] = ps_f32_to_bf16((float)v);
         break;
     default:
         abort();
@@ -117,7 +105,7 @@ static int same(ps_dtype_t t, const void *a, const void *b, size_t i)
     case PS_UINT8:
         return ((const uint8_t *)a)[i] == ((const uint8_t *)b)[i];
     case PS_BFLOAT16:
-        return from_bf16(((const uint16_t *)a)[i]) == from_bf16(((const uint16_t *)b)[i]);
+        return ps_bf16_to_f32(((const uint16_t *)a)[i]) == ps_bf16_to_f32(((const uint16_t *)b)[i]);
     default:
         abort();
     }
@@ -137,7 +125,7 @@ static double element(ps_dtype_t t, const void *buf, size_t i)
     case PS_UINT8:
         return ((const uint8_t *)buf)[i];
     case PS_BFLOAT16:
-        return from_bf16(((const uint16_t *)buf)[i]);
+        return ps_bf16_to_f32(((const uint16_t *)buf)[i]);
     default:
         abort();
     }
