@@ -175,6 +175,15 @@ def big_collectives(dist):
     expect_eq(out, np.concatenate([data(k, c, "uint8") for k in range(n)]),
               "big all_gather_into_tensor")
 
+    # In place: results land where input not yet sent lies (as frames the input
+    # must be copied first; through the segment it is already there).
+    c = 262_147
+    x = np.concatenate([data(r * n + k, c, "int32") for k in range(n)])
+    on_path(dist, "big all_to_all_single in place", lambda: dist.all_to_all_single(x, x),
+            (n * n * 4 * c, n * n * 4 * c))
+    expect_eq(x, np.concatenate([data(k * n + r, c, "int32") for k in range(n)]),
+              "big all_to_all_single in place")
+
     c = 30_000
     lst = [np.zeros(c, np.float32) for _ in range(n)] if r == 0 else None
     on_path(dist, "big gather", lambda: dist.gather(data(r, c, "float32"), lst, dst=0),
