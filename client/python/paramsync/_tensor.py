@@ -148,6 +148,14 @@ class Segments:
             pos += len(mv)
         self.total = pos
 
+    def copy(self):
+        """The same payload in memory of its own."""
+        c = Segments(())
+        c.mvs = [memoryview(bytearray(mv)) for mv in self.mvs]
+        c.starts = list(self.starts)
+        c.total = self.total
+        return c
+
     def chunks(self, size):
         """Yields the payload as bytes objects of `size` bytes (the last one shorter)."""
         pending = []

@@ -422,13 +422,16 @@ class _World:
         if self.failure is not None:
             raise ParamsyncError(str(self.failure), self.failure.code, self.failure.details)
 
-    def run(self, g, header, send, recv, name):
-        """One Collective call: streams `send` (Segments) and fills `recv`. Returns the result."""
+    def run(self, g, header, send, recv, name, copy_send=False):
+        """One Collective call: streams `send` (Segments) and fills `recv`. Returns the result.
+        copy_send: `send` shares memory with `recv`; copied first if it goes as frames."""
         chunk = _chunk_bytes()
         what = "%s (group %d, seq %d)" % (name, g.id, header.seq)
         header.chunk_bytes = chunk
         self.check()
         shm_off = self._shm_begin(header, send, recv)
+        if copy_send and shm_off is None:
+            send = send.copy()
 
         def requests():
             # With shared memory the header travels alone.
@@ -849,10 +852,11 @@ def _start(g, name, kind, *, send=(), recv=(), op=0, dtype=0, count=0, root=0, p
                                  dtype=dtype, count=count, root=root, peer=peer, rank=g.rank(),
                                  tag=tag, timeout_ms=w.timeout_ms, incarnation=w.incarnation)
     send_segs = T.Segments(send) if send else None
+    copy_send = isinstance(send, _Aliased)
     recv_segs = T.Segments(recv) if recv else None
 
     def run():
-        result = w.run(g, header, send_segs, recv_segs, name)
+        result = w.run(g, header, send_segs, recv_segs, name, copy_send)
         if source:
             src = result.source if result is not None else -1
             return g.ranks[src] if 0 <= src < g.size() else src
@@ -863,17 +867,15 @@ def _start(g, name, kind, *, send=(), recv=(), op=0, dtype=0, count=0, root=0, p
     return run()
 
 
+class _Aliased(list):
+    """Inputs that share memory with the call's outputs (see _snapshot)."""
+
+
 def _snapshot(inputs, outputs):
-    """Copies inputs that share memory with outputs, so that results cannot overwrite
-    bytes not yet sent."""
-    if not T.overlaps(inputs, outputs):
-        return inputs
-    import numpy as np
-    out = []
-    for b in inputs:
-        c = T.Buf(b.tensor, b.dtype, b.numel, np.array(b.arr, copy=True))
-        out.append(c)
-    return out
+    """Marks inputs that share memory with outputs. Sent as gRPC frames they are copied
+    first (World.run), so that results cannot overwrite bytes not yet sent; through shared
+    memory they are in the segment before any result exists, and are not copied."""
+    return _Aliased(inputs) if T.overlaps(inputs, outputs) else inputs
 
 
 def barrier(group=None, async_op=False, device_ids=None):
