@@ -211,7 +211,16 @@ static int agent_lookup(void *arg, const char *job, ps__job_info_t *info, char *
         memcpy(info->joined, resp->joined, resp->n_joined * sizeof(int));
         info->njoined = (int)resp->n_joined;
     }
-    if (!info->hub || !info->groups || !info->joined) {
+    /* An older coordinator sends no rank_agents: then every collective
+     * goes to the hub, as it did. */
+    int agents_ok = resp->n_rank_agents == (size_t)resp->world_size;
+    if (agents_ok && resp->world_size > 0 &&
+        (info->rank_agents = calloc((size_t)resp->world_size, sizeof(char *)))) {
+        for (int r = 0; r < resp->world_size; r++)
+            agents_ok &= (info->rank_agents[r] = strdup(resp->rank_agents[r])) != NULL;
+    }
+    if (!info->hub || !info->groups || !info->joined || (agents_ok && !info->rank_agents) ||
+        (info->rank_agents && !agents_ok)) {
         ps__job_info_clear(info);
         protobuf_c_message_free_unpacked(&resp->base, NULL);
         return PS_ENOMEM;
@@ -269,6 +278,20 @@ static char *route_get(ps__agent_t *a, const char *job, uint64_t inc, int *code,
     hub = strdup(info.hub);
     ps__job_info_clear(&info);
     return hub;
+}
+
+/* Opens a Ring call to another agent for the hub (ps__ring_open_fn). */
+static int agent_ring_open(void *arg, const char *address, const char *job, ps__rpc_call_t **out)
+{
+    ps__agent_t *a = arg;
+    ps__rpc_channel_t *ch = peer_channel(a, address);
+    if (!ch)
+        return PS_ENOMEM;
+    const char *token = ps__tokens_for(a->tokens, job);
+    char auth[600];
+    if (token)
+        snprintf(auth, sizeof(auth), "Bearer %s", token);
+    return ps__rpc_call_start_auth(ch, PS_M_AGENT_RING, 0, token ? auth : NULL, a->self, out);
 }
 
 /* ---- Worker service ---- */
@@ -484,6 +507,13 @@ static void worker_collective(ps__rpc_call_t *call, void *arg)
         grpc_byte_buffer_destroy(bb);
         return;
     }
+    /* An all_reduce over ranks of several agents is served here, for this
+     * agent's ranks, and combined with the other agents over Ring links. */
+    if (hd->kind == PARAMSYNC__V1__COLLECTIVE_KIND__ALL_REDUCE && ps__hub_is_ring(a->hub, hd)) {
+        grpc_byte_buffer_destroy(bb);
+        ps__hub_serve(a->hub, call, &first);
+        return;
+    }
     char *hub = route_get(a, hd->job, hd->incarnation, &code, &msg);
     if (!hub) {
         char m[512];
@@ -505,6 +535,32 @@ static void worker_collective(ps__rpc_call_t *call, void *arg)
     free(hub);
 }
 
+/* Agent.Ring: the previous agent of a collective's ring. */
+static void agent_ring(ps__rpc_call_t *call, void *arg)
+{
+    ps__agent_t *a = arg;
+    grpc_byte_buffer *bb = NULL;
+    ps__frame_t first;
+    if (ps__rpc_call_recv(call, &bb) < 0 || !bb) {
+        ps__rpc_call_send_status(call, GRPC_STATUS_INVALID_ARGUMENT, "missing first frame");
+        return;
+    }
+    memset(&first, 0, sizeof(first));
+    int rc = ps__frame_decode(bb, &first);
+    grpc_byte_buffer_destroy(bb);
+    if (rc < 0 || !first.meta->header || !*first.meta->header->job) {
+        ps__frame_clear(&first);
+        ps__rpc_call_send_status(call, GRPC_STATUS_INVALID_ARGUMENT,
+                                 "ring: the first frame must carry a header with a job id");
+        return;
+    }
+    if (auth_check(a, call, first.meta->header->job)) {
+        ps__frame_clear(&first);
+        return;
+    }
+    ps__hub_ring_serve(a->hub, call, &first);
+}
+
 int ps__agent_create(const ps__config_t *cfg, ps__rpc_server_t *srv, const char *self,
                      const char *coordinator, ps__agent_t **out)
 {
@@ -522,13 +578,14 @@ int ps__agent_create(const ps__config_t *cfg, ps__rpc_server_t *srv, const char 
         goto fail;
     if (cfg->tokens_file && (rc = ps__tokens_load(cfg->tokens_file, &a->tokens)) < 0)
         goto fail;
-    if ((rc = ps__hub_create(cfg, agent_lookup, a, &a->hub)) < 0)
+    if ((rc = ps__hub_create(cfg, self, agent_lookup, agent_ring_open, a, &a->hub)) < 0)
         goto fail;
     rc = ps__rpc_server_add_method(srv, PS_M_WORKER_JOIN, worker_join, a);
     rc = rc ? rc : ps__rpc_server_add_method(srv, PS_M_WORKER_LEAVE, worker_leave, a);
     rc = rc ? rc : ps__rpc_server_add_method(srv, PS_M_WORKER_NEW_GROUP, worker_new_group, a);
     rc = rc ? rc : ps__rpc_server_add_method(srv, PS_M_WORKER_COLLECTIVE, worker_collective, a);
     rc = rc ? rc : ps__rpc_server_add_method(srv, PS_M_WORKER_SHM_ATTACH, worker_shm_attach, a);
+    rc = rc ? rc : ps__rpc_server_add_method(srv, PS_M_AGENT_RING, agent_ring, a);
     if (rc)
         goto fail;
     *out = a;

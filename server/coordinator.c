@@ -692,6 +692,18 @@ static int do_describe(ps__coordinator_t *c, const ProtobufCMessage *rq, Protobu
     for (int r = 0; r < j->world_size && resp->joined; r++)
         if (j->members[r].state == M_JOINED)
             resp->joined[resp->n_joined++] = r;
+    resp->rank_agents = calloc((size_t)j->world_size, sizeof(char *));
+    for (int r = 0; r < j->world_size && resp->rank_agents; r++) {
+        resp->rank_agents[r] = strdup(j->members[r].agent ? j->members[r].agent : "");
+        if (!resp->rank_agents[r])
+            break;
+        resp->n_rank_agents++;
+    }
+    if (!resp->job || !resp->hub || !resp->groups || !resp->joined || !resp->rank_agents ||
+        (int)resp->n_rank_agents < j->world_size) {
+        snprintf(msg, msglen, "out of memory");
+        rc = PS_ENOMEM;
+    }
 out:
     pthread_mutex_unlock(&c->lock);
     return rc;
@@ -706,6 +718,9 @@ static void describe_clear(ProtobufCMessage *m)
     }
     free(r->groups);
     free(r->joined);
+    for (size_t i = 0; i < r->n_rank_agents; i++)
+        free(r->rank_agents[i]);
+    free(r->rank_agents);
     if (r->job != protobuf_c_empty_string)
         free(r->job);
     if (r->hub != protobuf_c_empty_string)

@@ -28,6 +28,7 @@ typedef struct ps__config {
     int max_groups;              /* groups per job */
     uint64_t max_inflight_bytes; /* hub memory for collectives in flight */
     int reduce_cuda;             /* reductions on the GPU (--reduce-device) */
+    int ring;                    /* multi-agent all_reduce over a ring of agents (--ring) */
 } ps__config_t;
 
 /* Method names. */
@@ -42,6 +43,7 @@ typedef struct ps__config {
 #define PS_M_COORD_NEW_GROUP    "/paramsync.v1.Coordinator/NewGroup"
 #define PS_M_COORD_DESCRIBE_JOB "/paramsync.v1.Coordinator/DescribeJob"
 #define PS_M_ADMIN_STATUS       "/paramsync.v1.Admin/Status"
+#define PS_M_AGENT_RING         "/paramsync.v1.Agent/Ring"
 
 /* ---- coordinator (coordinator.c) ---- */
 
@@ -92,6 +94,7 @@ typedef struct ps__job_info {
     char *hub;   /* the agent hosting the job's collectives */
     int *joined; /* job ranks that are members now */
     int njoined;
+    char **rank_agents; /* world_size entries: the agent of each job rank */
     int ngroups;
     struct {
         uint32_t id;
@@ -106,14 +109,30 @@ typedef int (*ps__job_lookup_fn)(void *arg, const char *job, ps__job_info_t *inf
 
 void ps__job_info_clear(ps__job_info_t *info);
 
-int ps__hub_create(const ps__config_t *cfg, ps__job_lookup_fn lookup, void *lookup_arg,
-                   ps__hub_t **out);
+/** Opens the Ring call of a collective to the agent at `address` (with the
+ * job's token when the agent has one): 0 or a negative error. */
+typedef int (*ps__ring_open_fn)(void *arg, const char *address, const char *job,
+                                ps__rpc_call_t **out);
+
+/** self: this agent's address as the coordinator knows it (rank_agents);
+ * ring_open dials other agents for collectives spanning several. */
+int ps__hub_create(const ps__config_t *cfg, const char *self, ps__job_lookup_fn lookup,
+                   ps__ring_open_fn ring_open, void *arg, ps__hub_t **out);
 void ps__hub_destroy(ps__hub_t *h);
 
 /** Serves one Collective call whose first frame (already decoded) is
  * `first`; the hub takes over `first` and ends the call with a status. */
 struct ps__frame;
 void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, struct ps__frame *first);
+
+/** 1 when this agent serves the collective of header `hd` for its own
+ * ranks, with the other agents of the group over Ring links (an all_reduce
+ * whose group spans several agents); 0 when it goes to the job's hub. */
+int ps__hub_is_ring(ps__hub_t *h, const Paramsync__V1__CollectiveHeader *hd);
+
+/** Serves one Ring call (from the previous agent of a collective's ring)
+ * whose first frame is `first`; ends the call with a status. */
+void ps__hub_ring_serve(ps__hub_t *h, ps__rpc_call_t *call, struct ps__frame *first);
 
 /** Maps a worker's shared segment (see ShmAttach in the proto). Returns 1
  * when attached, else 0 with the reason in `reason`. */

@@ -142,6 +142,8 @@ typedef struct slot {
     int need, have; /* contributions */
     int recv_need, recv_done;
     int computed;
+    int partial; /* ring: the local ranks' reduction is in `out` */
+    int rounds;  /* ring: pieces received from the previous agent */
     blob_t **in; /* per member */
     blob_t *out;
 } slot_t;
@@ -183,6 +185,20 @@ typedef int coll_kind_t;
 
 typedef struct job job_t;
 
+/* A collective served by several agents, each for its own ranks, combined
+ * around a ring of those agents (see ring_send_main). */
+typedef struct ring {
+    struct ps__hub *hub;
+    int nagents, pos;         /* agents in the ring, this one's position */
+    int group_size;           /* ranks in the group (AVG divides by it) */
+    char *next, *prev;        /* the next and previous agents' addresses */
+    ps__rpc_call_t *in, *out; /* the links from prev and to next, while open */
+    int in_seen;              /* the link from prev has arrived (it may be gone now) */
+    int out_busy;             /* the sender is in a send or finish: cancel `out` to fail */
+    int64_t timeout_ms;
+    pthread_t sender;
+} ring_t;
+
 typedef struct coll {
     job_t *job;
     uint32_t group;
@@ -209,6 +225,8 @@ typedef struct coll {
     uint64_t reserved;     /* bytes counted against --max-inflight-bytes */
     int cuda;              /* reduce on the GPU (--reduce-device) */
     uint64_t *budget;      /* the hub's inflight_bytes */
+    ring_t *ring;          /* NULL: this agent serves every rank (the job's hub) */
+    int threads;           /* ring threads still using it */
     struct coll *next;
 } coll_t;
 
@@ -247,7 +265,9 @@ struct job {
 
 struct ps__hub {
     const ps__config_t *cfg;
+    char *self;
     ps__job_lookup_fn lookup;
+    ps__ring_open_fn ring_open;
     void *lookup_arg;
     pthread_mutex_t lock;
     pthread_cond_t p2p_changed;
@@ -255,6 +275,7 @@ struct ps__hub {
     uint64_t inflight_bytes; /* reserved by the collectives in flight */
     shm_map_t *shms;         /* attached segments */
     int stopping;            /* draining: everything fails with UNAVAILABLE */
+    int senders;             /* ring senders running (destroy waits for them) */
 };
 
 static const char *kind_name(int k)
@@ -292,6 +313,9 @@ static struct timespec abs_ms(int64_t ms)
 
 void ps__job_info_clear(ps__job_info_t *info)
 {
+    for (int i = 0; info->rank_agents && i < info->world_size; i++)
+        free(info->rank_agents[i]);
+    free(info->rank_agents);
     for (int i = 0; i < info->ngroups; i++)
         free(info->groups[i].ranks);
     free(info->groups);
@@ -457,6 +481,12 @@ static void coll_fail(coll_t *c, int code, const char *fmt, ...)
     for (int i = 0; i < c->n; i++)
         if (c->members[i] && !c->members[i]->finished)
             ps__rpc_call_cancel(c->members[i]->call, code, c->message);
+    /* The previous agent learns why from the link's status; the next one
+     * from a failure frame the sender sends, unless it is stuck sending. */
+    if (c->ring && c->ring->in)
+        ps__rpc_call_cancel(c->ring->in, code, c->message);
+    if (c->ring && c->ring->out && c->ring->out_busy)
+        ps__rpc_call_cancel(c->ring->out, code, c->message);
     pthread_cond_broadcast(&c->cond);
 }
 
@@ -688,6 +718,11 @@ static void coll_free(coll_t *c)
     for (int w = 0; w < c->window; w++)
         slot_clear(&c->slots[w], c->n);
     pthread_cond_destroy(&c->cond);
+    if (c->ring) {
+        free(c->ring->next);
+        free(c->ring->prev);
+        free(c->ring);
+    }
     free(c->slots);
     free(c->members);
     free(c->ranks);
@@ -784,7 +819,8 @@ static slot_t *slot_claim(coll_t *c, int64_t s)
             sl->step = s;
             sl->len = p.len;
             sl->need = p.ncontrib;
-            sl->recv_need = step_nreceivers(c, &p);
+            /* In a ring the sender to the next agent is a receiver too. */
+            sl->recv_need = step_nreceivers(c, &p) + (c->ring != NULL);
             break;
         }
         pthread_cond_wait(&c->cond, c->lock);
@@ -887,19 +923,21 @@ static void stager_key_init(void)
  * engine (same bits by construction). */
 static int hub_reduce(coll_t *c, void *dst, const void **srcs, size_t count)
 {
+    /* A ring divides an average once, where the last piece is added. */
+    ps_op_t op = c->ring && c->op == PS_AVG ? PS_SUM : (ps_op_t)c->op;
     uint64_t bytes = (uint64_t)count * ps_dtype_size((ps_dtype_t)c->dtype) * (uint64_t)c->n;
     if (c->cuda && c->n <= PS_GPU_MAX_SRCS) {
         pthread_once(&stager_once, stager_key_init);
         ps_gpu_stager_t *st = pthread_getspecific(stager_key);
         if (!st && ps_gpu_stager_create(&st, 0, PS_GPU_MAX_SRCS, 0) == 0)
             pthread_setspecific(stager_key, st);
-        if (st && ps_gpu_reduce_host(st, (ps_op_t)c->op, (ps_dtype_t)c->dtype, dst, srcs,
+        if (st && ps_gpu_reduce_host(st, op, (ps_dtype_t)c->dtype, dst, srcs,
                                      (size_t)c->n, count) == 0) {
             ps__metrics_reduced(PS_M_DEV_CUDA, bytes);
             return 0;
         }
     }
-    int rc = ps_reduce_multi((ps_op_t)c->op, (ps_dtype_t)c->dtype, dst, srcs, (size_t)c->n, count);
+    int rc = ps_reduce_multi(op, (ps_dtype_t)c->dtype, dst, srcs, (size_t)c->n, count);
     ps__metrics_reduced(PS_M_DEV_CPU, bytes);
     return rc;
 }
@@ -966,7 +1004,10 @@ static void member_deposit(member_t *m)
                 }
                 sl->out = out;
             }
-            sl->computed = 1;
+            if (c->ring)
+                sl->partial = 1; /* the ring makes it the result */
+            else
+                sl->computed = 1;
             if (sl->recv_need == 0)
                 slot_consumed(c, sl);
             pthread_cond_broadcast(&c->cond);
@@ -1349,10 +1390,13 @@ static void check_missing_alive(ps__hub_t *h, coll_t *c)
         ps__job_info_clear(&info);
         return;
     }
-    for (int i = 0; i < c->n && !c->failed; i++) {
-        if (c->members[i])
+    /* In a ring the ranks of the other agents are waited for too. */
+    int nall = c->ring ? group_size(c->job, c->group) : c->n;
+    for (int i = 0; i < nall && !c->failed; i++) {
+        if (!c->ring && c->members[i])
             continue;
-        int jr = job_rank(&info, c->group, c->ranks[i]);
+        int grank = c->ring ? i : c->ranks[i];
+        int jr = job_rank(&info, c->group, grank);
         int alive = 0;
         for (int k = 0; k < info.njoined; k++)
             alive |= info.joined[k] == jr;
@@ -1361,7 +1405,7 @@ static void check_missing_alive(ps__hub_t *h, coll_t *c)
                       "%s (group %u, seq %" PRIu64 "): rank %d is no longer a member of job %s "
                       "(its process or connection died, or it left); the job must be formed "
                       "again",
-                      kind_name(c->kind), c->group, c->seq, c->ranks[i], c->job->name);
+                      kind_name(c->kind), c->group, c->seq, grank, c->job->name);
     }
     ps__job_info_clear(&info);
 }
@@ -1414,6 +1458,532 @@ static void wait_arrivals(ps__hub_t *h, coll_t *c, int64_t timeout_ms)
     }
 }
 
+/* ---- collectives spanning several agents: the ring ---- */
+
+/*
+ * An all_reduce whose group has ranks on several agents is served by each of
+ * those agents for its own ranks. Each step is reduced over the local ranks
+ * first (the step's `partial`); the agents then combine their partials
+ * around a ring, agents ordered by their first rank in the group: the step is
+ * cut into A pieces, A - 1 rounds pass a piece on and add the one received
+ * (reduce-scatter: agent a ends with piece a + 1 complete), A - 1 more pass
+ * the complete pieces on (all-gather). Each agent sends 2(A-1)/A of the
+ * tensor to the next one and receives as much from the previous one,
+ * whatever the number of agents; every piece is reduced once, by a fixed
+ * chain of agents, so every rank gets the same bits on every run. The link
+ * to the next agent is a Ring call (ring_send_main); the link from the
+ * previous one is served by ps__hub_ring_serve. Steps are pipelined: while
+ * step s goes round, later steps are reduced locally and enter the ring.
+ */
+
+typedef struct ring_plan {
+    int nagents, pos;
+    const char *next, *prev;
+    int nlocal;
+    int *local; /* group ranks served by this agent, ascending */
+} ring_plan_t;
+
+/* Works out the ring of the job's group: 1 when this agent is in a ring of
+ * two or more, 0 when the group's ranks are all on one agent (or the
+ * coordinator does not say where ranks are). Lock held; free plan->local. */
+static int ring_plan(const ps__hub_t *h, const job_t *j, uint32_t group, ring_plan_t *plan)
+{
+    memset(plan, 0, sizeof(*plan));
+    int n = group_size(j, group);
+    if (!h->cfg->ring || !j->info.rank_agents || n < 2)
+        return 0;
+    const char **agents = calloc((size_t)n, sizeof(char *));
+    plan->local = calloc((size_t)n, sizeof(int));
+    if (!agents || !plan->local) {
+        free(agents);
+        free(plan->local);
+        plan->local = NULL;
+        return 0;
+    }
+    plan->pos = -1;
+    for (int g = 0; g < n; g++) {
+        int jr = job_rank(&j->info, group, g);
+        const char *ag = jr >= 0 && jr < j->info.world_size ? j->info.rank_agents[jr] : "";
+        if (!*ag) {
+            plan->nagents = 0;
+            break;
+        }
+        int k = 0;
+        while (k < plan->nagents && strcmp(agents[k], ag) != 0)
+            k++;
+        if (k == plan->nagents)
+            agents[plan->nagents++] = ag;
+        if (strcmp(ag, h->self) == 0) {
+            plan->pos = k;
+            plan->local[plan->nlocal++] = g;
+        }
+    }
+    if (plan->nagents >= 2 && plan->pos >= 0) {
+        plan->next = agents[(plan->pos + 1) % plan->nagents];
+        plan->prev = agents[(plan->pos + plan->nagents - 1) % plan->nagents];
+    }
+    free(agents);
+    if (plan->nagents < 2 || plan->pos < 0) {
+        free(plan->local);
+        plan->local = NULL;
+        return 0;
+    }
+    return 1;
+}
+
+int ps__hub_is_ring(ps__hub_t *h, const header_t *hd)
+{
+    if (!h->cfg->ring || hd->kind != K_ALL_REDUCE)
+        return 0;
+    char msg[256];
+    int code, ring = 0;
+    pthread_mutex_lock(&h->lock);
+    job_t *j = h->stopping ? NULL : job_get(h, hd, &code, msg, sizeof(msg));
+    ring_plan_t plan;
+    if (j && ring_plan(h, j, hd->group, &plan)) {
+        for (int i = 0; i < plan.nlocal; i++)
+            ring |= plan.local[i] == hd->rank;
+        free(plan.local);
+    }
+    if (j)
+        job_release(j);
+    pthread_mutex_unlock(&h->lock);
+    return ring;
+}
+
+/* Bytes [off, off + len) of piece k of a step of len bytes cut into A. */
+static void ring_piece(const coll_t *c, size_t step_len, int k, size_t *off, size_t *len)
+{
+    size_t esize = ps_dtype_size((ps_dtype_t)c->dtype);
+    size_t elems = step_len / esize, a = (size_t)c->ring->nagents;
+    size_t from = elems * (size_t)k / a, to = elems * (size_t)(k + 1) / a;
+    *off = from * esize;
+    *len = (to - from) * esize;
+}
+
+/* The piece sent (or, with recv, received) in round r of a step. */
+static int ring_piece_of_round(const ring_t *rg, int r, int recv)
+{
+    int a = rg->nagents, x = rg->pos - recv;
+    int k = r < a - 1 ? x - r : x + 1 - (r - (a - 1));
+    return ((k % a) + a) % a;
+}
+
+/* Frees a collective once every rank that came has its answer and no ring
+ * thread uses it; a failed one leaves a tombstone, so that ranks coming
+ * later get the same answer at once. Lock held. */
+static void coll_retire(job_t *j, coll_t *c)
+{
+    if (c->threads > 0 || !(c->nfinished == c->n || (c->failed && c->nfinished == c->narrived)))
+        return;
+    if (c->nfinished < c->n)
+        tombstone_add(j, c);
+    coll_unlink(j, c);
+    coll_free(c);
+}
+
+/* The link to the next agent: opens it, then sends each step's pieces as
+ * soon as they are ready (its own partial in round 0, then what the
+ * receiver has just added or completed). Also keeps the deadline until the
+ * previous agent's link arrives, and checks meanwhile that the group's ranks
+ * on other agents are still members. */
+static void *ring_send_main(void *arg)
+{
+    coll_t *c = arg;
+    ring_t *rg = c->ring;
+    ps__hub_t *h = rg->hub;
+    job_t *j = c->job;
+    ps__rpc_call_t *out = NULL;
+    int rc = h->ring_open(h->lookup_arg, rg->next, j->name, &out);
+    if (rc == 0) {
+        header_t hd = PARAMSYNC__V1__COLLECTIVE_HEADER__INIT;
+        hd.job = j->name;
+        hd.group = c->group;
+        hd.seq = c->seq;
+        hd.kind = (Paramsync__V1__CollectiveKind)c->kind;
+        hd.op = (Paramsync__V1__ReduceOp)c->op;
+        hd.dtype = (Paramsync__V1__DType)c->dtype;
+        hd.count = c->count;
+        hd.rank = rg->pos;
+        hd.incarnation = j->info.incarnation;
+        hd.timeout_ms = (uint32_t)rg->timeout_ms;
+        grpc_byte_buffer *bb = ps__frame_encode(&hd, NULL, 0, NULL, 0, NULL, NULL);
+        rc = bb ? ps__rpc_call_send(out, bb) : PS_ENOMEM;
+        if (bb)
+            grpc_byte_buffer_destroy(bb);
+    }
+    pthread_mutex_lock(c->lock);
+    rg->out = out;
+    if (rc < 0 && !out)
+        coll_fail(c, GRPC_STATUS_UNAVAILABLE,
+                  "%s (group %u, seq %" PRIu64 "): cannot reach agent %s, the next in the ring: %s",
+                  kind_name(c->kind), c->group, c->seq, rg->next, ps_strerror(rc));
+    int64_t start = ps__now_ms(), checked = start;
+    int rounds = 2 * (rg->nagents - 1), broke = rc < 0;
+    uint64_t sent = 0;
+    for (int64_t s = 0; s < c->nsteps && !broke && !c->failed; s++) {
+        slot_t *sl = &c->slots[s % c->window];
+        for (int r = 0; r < rounds && !broke && !c->failed; r++) {
+            while (!c->failed && !(sl->step == s && (r == 0 ? sl->partial : sl->rounds >= r))) {
+                if (rg->in_seen) {
+                    pthread_cond_wait(&c->cond, c->lock);
+                    continue;
+                }
+                struct timespec slice = abs_ms(PS_HUB_LIVENESS_CHECK_MS);
+                pthread_cond_timedwait(&c->cond, c->lock, &slice);
+                int64_t now = ps__now_ms();
+                if (c->failed || rg->in_seen)
+                    continue;
+                if (now - start >= rg->timeout_ms)
+                    coll_fail(c, GRPC_STATUS_DEADLINE_EXCEEDED,
+                              "%s (group %u, seq %" PRIu64 "): the ranks on agent %s did not "
+                              "arrive within %lld ms",
+                              kind_name(c->kind), c->group, c->seq, rg->prev,
+                              (long long)rg->timeout_ms);
+                else if (now - checked >= PS_HUB_LIVENESS_CHECK_MS && !h->stopping) {
+                    checked = now;
+                    check_missing_alive(h, c);
+                }
+            }
+            if (c->failed)
+                break;
+            blob_t *b = sl->out;
+            blob_ref(b);
+            rg->out_busy = 1;
+            pthread_mutex_unlock(c->lock);
+            size_t off, len;
+            ring_piece(c, sl->len, ring_piece_of_round(rg, r, 0), &off, &len);
+            grpc_byte_buffer *bb =
+                ps__frame_encode(NULL, NULL, sent, b->data + off, len, blob_unref, b);
+            rc = bb ? ps__rpc_call_send(out, bb) : PS_ENOMEM;
+            if (bb)
+                grpc_byte_buffer_destroy(bb);
+            if (rc == 0) {
+                sent += len;
+                ps__metrics_bytes(PS_M_TX, PS_M_LINK_AGENT, len);
+            }
+            pthread_mutex_lock(c->lock);
+            rg->out_busy = 0;
+            broke = rc < 0;
+            if (!broke && r == rounds - 1 && sl->step == s && ++sl->recv_done == sl->recv_need)
+                slot_consumed(c, sl);
+        }
+    }
+    Paramsync__V1__CollectiveResult res = PARAMSYNC__V1__COLLECTIVE_RESULT__INIT;
+    char why[sizeof(c->message)];
+    int failed = c->failed;
+    res.code = c->code;
+    snprintf(why, sizeof(why), "%s", c->message);
+    rg->out_busy = 1;
+    pthread_mutex_unlock(c->lock);
+    char *msg = NULL;
+    if (out) {
+        if (failed && !broke) {
+            /* The next agent fails the collective with the same words. */
+            res.message = why;
+            grpc_byte_buffer *bb = ps__frame_encode(NULL, &res, sent, NULL, 0, NULL, NULL);
+            if (bb) {
+                ps__rpc_call_send(out, bb);
+                grpc_byte_buffer_destroy(bb);
+            }
+        }
+        ps__rpc_call_close_send(out);
+        rc = ps__rpc_call_finish(out, &msg);
+    }
+    pthread_mutex_lock(c->lock);
+    rg->out = NULL;
+    rg->out_busy = 0;
+    pthread_mutex_unlock(c->lock);
+    ps__rpc_call_destroy(out);
+    pthread_mutex_lock(c->lock);
+    if (out && rc < 0)
+        coll_fail(c, rc == -GRPC_STATUS_UNAVAILABLE ? GRPC_STATUS_UNAVAILABLE : -rc,
+                  "%s (group %u, seq %" PRIu64 "): the link to agent %s broke: %s",
+                  kind_name(c->kind), c->group, c->seq, rg->next, msg ? msg : ps_strerror(rc));
+    c->threads--;
+    coll_retire(j, c);
+    job_release(j);
+    h->senders--;
+    pthread_cond_broadcast(&h->p2p_changed);
+    pthread_mutex_unlock(&h->lock);
+    free(msg);
+    return NULL;
+}
+
+/* Makes c a ring collective and starts its link to the next agent. Lock held.
+ * 0, or -1 with the collective failed. */
+static int coll_ring_start(ps__hub_t *h, coll_t *c, const ring_plan_t *plan, int64_t timeout_ms)
+{
+    ring_t *rg = calloc(1, sizeof(*rg));
+    if (rg) {
+        rg->next = strdup(plan->next);
+        rg->prev = strdup(plan->prev);
+    }
+    c->ring = rg;
+    if (!rg || !rg->next || !rg->prev) {
+        coll_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", kind_name(c->kind));
+        return -1;
+    }
+    rg->hub = h;
+    rg->nagents = plan->nagents;
+    rg->pos = plan->pos;
+    rg->group_size = group_size(c->job, c->group);
+    rg->timeout_ms = timeout_ms;
+    for (int i = 0; i < c->n; i++)
+        c->ranks[i] = plan->local[i];
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    int rc = pthread_create(&rg->sender, &attr, ring_send_main, c);
+    pthread_attr_destroy(&attr);
+    if (rc != 0) {
+        coll_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: no thread for the ring",
+                  kind_name(c->kind));
+        return -1;
+    }
+    c->threads++;
+    c->job->refs++;
+    h->senders++;
+    return 0;
+}
+
+/* The member index of group rank `rank` in c, or -1 when another agent
+ * serves that rank. */
+static int coll_index(const coll_t *c, int rank)
+{
+    if (!c->ring)
+        return rank >= 0 && rank < c->n ? rank : -1;
+    for (int i = 0; i < c->n; i++)
+        if (c->ranks[i] == rank)
+            return i;
+    return -1;
+}
+
+/* Receives the pieces from the previous agent, adds them to this agent's
+ * partials (first A - 1 rounds) or takes them as the result (the others),
+ * and hands each step to the local ranks once its last piece is in. */
+static void ring_receive(coll_t *c, ps__rpc_call_t *call)
+{
+    ring_t *rg = c->ring;
+    int rounds = 2 * (rg->nagents - 1);
+    size_t esize = ps_dtype_size((ps_dtype_t)c->dtype);
+    uint8_t *tmp = malloc(c->step_bytes / (size_t)rg->nagents + esize);
+    uint64_t got = 0;
+    const char *pre = kind_name(c->kind);
+    if (!tmp) {
+        pthread_mutex_lock(c->lock);
+        coll_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", pre);
+        pthread_mutex_unlock(c->lock);
+    }
+    for (int64_t s = 0; s < c->nsteps && tmp; s++) {
+        slot_t *sl = &c->slots[s % c->window];
+        for (int r = 0; r < rounds; r++) {
+            grpc_byte_buffer *bb = NULL;
+            ps__frame_t f;
+            memset(&f, 0, sizeof(f));
+            int rc = ps__rpc_call_recv(call, &bb);
+            if (rc == 0 && bb)
+                rc = ps__frame_decode(bb, &f) < 0 ? PS_EINVAL : 0;
+            if (bb)
+                grpc_byte_buffer_destroy(bb);
+            pthread_mutex_lock(c->lock);
+            const Paramsync__V1__CollectiveResult *res = rc == 0 && bb ? f.meta->result : NULL;
+            size_t off = 0, len = 0;
+            if (c->failed) {
+                /* nothing more to do */
+            } else if (res && res->code != 0) {
+                coll_fail(c, res->code, "%s", res->message);
+            } else if (rc < 0 || !bb) {
+                coll_fail(c, GRPC_STATUS_ABORTED,
+                          "%s (group %u, seq %" PRIu64 "): the link from agent %s broke (it "
+                          "failed, or died)",
+                          pre, c->group, c->seq, rg->prev);
+            } else {
+                while (!c->failed && !(sl->step == s && sl->partial))
+                    pthread_cond_wait(&c->cond, c->lock);
+                if (!c->failed) {
+                    ring_piece(c, sl->len, ring_piece_of_round(rg, r, 1), &off, &len);
+                    if (res || f.meta->offset != got || f.data_len != len)
+                        coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
+                                  "%s (group %u, seq %" PRIu64 "): agent %s sent a piece of %zu "
+                                  "bytes at %" PRIu64 " where %zu at %" PRIu64 " belong",
+                                  pre, c->group, c->seq, rg->prev, f.data_len,
+                                  f.meta->offset, len, got);
+                }
+            }
+            int failed = c->failed;
+            uint8_t *dst = failed ? NULL : sl->out->data + off;
+            pthread_mutex_unlock(c->lock);
+            if (failed) {
+                ps__frame_clear(&f);
+                free(tmp);
+                return;
+            }
+            /* The slot cannot move on before this round is counted. */
+            if (r < rg->nagents - 1) {
+                ps__frame_copy_data(&f, 0, tmp, len);
+                rc = ps_reduce((ps_op_t)c->op, (ps_dtype_t)c->dtype, dst, tmp, len / esize);
+                if (rc == 0 && r == rg->nagents - 2 && c->op == PS_AVG)
+                    rc = ps_reduce_scale((ps_dtype_t)c->dtype, dst, len / esize,
+                                         (uint64_t)rg->group_size);
+                ps__metrics_reduced(PS_M_DEV_CPU, 2 * (uint64_t)len);
+            } else {
+                ps__frame_copy_data(&f, 0, dst, len);
+            }
+            ps__frame_clear(&f);
+            got += len;
+            ps__metrics_bytes(PS_M_RX, PS_M_LINK_AGENT, len);
+            pthread_mutex_lock(c->lock);
+            if (rc < 0)
+                coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT, "%s: reduction failed: %s", pre,
+                          ps_strerror(rc));
+            sl->rounds = r + 1;
+            if (r == rounds - 1)
+                sl->computed = 1;
+            pthread_cond_broadcast(&c->cond);
+            pthread_mutex_unlock(c->lock);
+        }
+    }
+    free(tmp);
+    /* The link ends with the last piece; a failure frame may still come. */
+    grpc_byte_buffer *bb = NULL;
+    int rc = ps__rpc_call_recv(call, &bb);
+    ps__frame_t f;
+    memset(&f, 0, sizeof(f));
+    if (bb && ps__frame_decode(bb, &f) < 0)
+        rc = PS_EINVAL;
+    pthread_mutex_lock(c->lock);
+    if (!c->failed && bb && f.meta && f.meta->result && f.meta->result->code != 0)
+        coll_fail(c, f.meta->result->code, "%s", f.meta->result->message);
+    else if (!c->failed && (rc < 0 || bb))
+        coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
+                  "%s (group %u, seq %" PRIu64 "): agent %s sent more than the collective holds",
+                  pre, c->group, c->seq, rg->prev);
+    pthread_mutex_unlock(c->lock);
+    ps__frame_clear(&f);
+    if (bb)
+        grpc_byte_buffer_destroy(bb);
+}
+
+void ps__hub_ring_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
+{
+    Paramsync__V1__Frame *meta = first->meta;
+    first->meta = NULL;
+    ps__frame_clear(first);
+    const header_t *hd = meta->header;
+    char msg[512];
+    int code = 0;
+    coll_t *c = NULL;
+    ring_plan_t plan;
+    memset(&plan, 0, sizeof(plan));
+    int64_t timeout = hd->timeout_ms ? (int64_t)hd->timeout_ms : h->cfg->timeout_ms;
+    pthread_mutex_lock(&h->lock);
+    job_t *j = NULL;
+    if (h->stopping) {
+        code = GRPC_STATUS_UNAVAILABLE;
+        snprintf(msg, sizeof(msg), "paramsyncd is shutting down (SIGTERM)");
+        goto done;
+    }
+    if (hd->kind != K_ALL_REDUCE) {
+        code = GRPC_STATUS_INVALID_ARGUMENT;
+        snprintf(msg, sizeof(msg), "ring: %s is not served by a ring of agents",
+                 kind_name(hd->kind));
+        goto done;
+    }
+    if (!(j = job_get(h, hd, &code, msg, sizeof(msg))))
+        goto done;
+    if (!ring_plan(h, j, hd->group, &plan) ||
+        hd->rank != (plan.pos + plan.nagents - 1) % plan.nagents) {
+        code = GRPC_STATUS_FAILED_PRECONDITION;
+        snprintf(msg, sizeof(msg),
+                 "%s (group %u, seq %" PRIu64 "): a ring link from position %d, but this agent "
+                 "(%s) is %s",
+                 kind_name(hd->kind), hd->group, hd->seq, hd->rank, h->self,
+                 plan.local ? "not next to it" : "not in the group's ring (--ring off here?)");
+        goto done;
+    }
+    for (coll_t *x = j->colls; x && !c; x = x->next)
+        if (!x->p2p && x->group == hd->group && x->seq == hd->seq)
+            c = x;
+    for (tombstone_t *t = j->tombstones; t && !c; t = t->next)
+        if (t->group == hd->group && t->seq == hd->seq) {
+            code = t->code;
+            snprintf(msg, sizeof(msg), "%s", t->message);
+            goto done;
+        }
+    if (!c) {
+        int over;
+        c = coll_new(h, j, hd, plan.nlocal, 0, &over);
+        if (!c) {
+            code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+            snprintf(msg, sizeof(msg), "%s (group %u, seq %" PRIu64 "): %s", kind_name(hd->kind),
+                     hd->group, hd->seq,
+                     over ? "this agent's collectives in flight already hold their limit of "
+                            "memory (--max-inflight-bytes); retry later"
+                          : "out of memory");
+            goto done;
+        }
+        c->next = j->colls;
+        j->colls = c;
+        coll_ring_start(h, c, &plan, timeout);
+    }
+    if (!c->ring && !c->failed)
+        coll_fail(c, GRPC_STATUS_FAILED_PRECONDITION,
+                  "collective seq %" PRIu64 " on group %u: ranks on agent %s called all_reduce "
+                  "but ranks here called %s",
+                  hd->seq, hd->group, plan.prev, kind_name(c->kind));
+    else if (!c->failed && ((int)hd->dtype != c->dtype || hd->count != c->count || (int)hd->op != c->op))
+        coll_fail(c, GRPC_STATUS_FAILED_PRECONDITION,
+                  "all_reduce (group %u, seq %" PRIu64 "): ranks on agent %s have %" PRIu64
+                  " %s elements and op %s, but ranks on agent %s have %" PRIu64 " %s and op %s",
+                  hd->group, hd->seq, plan.prev, hd->count, ps_dtype_name((ps_dtype_t)hd->dtype),
+                  ps_op_name((ps_op_t)hd->op), h->self, c->count,
+                  ps_dtype_name((ps_dtype_t)c->dtype), ps_op_name((ps_op_t)c->op));
+    if (c->ring && (c->ring->in_seen || c->failed)) {
+        if (!c->failed)
+            coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
+                      "all_reduce (group %u, seq %" PRIu64 "): a second ring link from agent %s",
+                      hd->group, hd->seq, plan.prev);
+        code = c->code;
+        snprintf(msg, sizeof(msg), "%s", c->message);
+        coll_retire(j, c);
+        c = NULL;
+        goto done;
+    }
+    if (c->failed) { /* the ring could not start */
+        code = c->code;
+        snprintf(msg, sizeof(msg), "%s", c->message);
+        coll_retire(j, c);
+        c = NULL;
+        goto done;
+    }
+    c->ring->in = call;
+    c->ring->in_seen = 1;
+    c->threads++;
+    pthread_cond_broadcast(&c->cond);
+    wait_arrivals(h, c, timeout);
+    pthread_mutex_unlock(&h->lock);
+
+    ring_receive(c, call);
+
+    pthread_mutex_lock(&h->lock);
+    c->ring->in = NULL;
+    code = c->failed ? c->code : 0;
+    snprintf(msg, sizeof(msg), "%s", c->failed ? c->message : "");
+    c->threads--;
+    coll_retire(j, c);
+    c = NULL;
+done:
+    free(plan.local);
+    if (j)
+        job_release(j);
+    pthread_mutex_unlock(&h->lock);
+    if (code)
+        PS_LOG(PS_LOG_WARN, "%s", msg);
+    ps__rpc_call_send_status(call, code, code ? msg : "");
+    protobuf_c_message_free_unpacked(&meta->base, NULL);
+}
+
 void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
 {
     char msg[512];
@@ -1421,6 +1991,8 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
     job_t *j = NULL;
     coll_t *c = NULL;
     member_t *m = NULL;
+    ring_plan_t plan;
+    memset(&plan, 0, sizeof(plan));
     const header_t *hd = first->meta ? first->meta->header : NULL;
     if (!hd) {
         ps__frame_clear(first);
@@ -1544,6 +2116,7 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
         }
         c = m->coll;
     } else {
+        int ring = hd->kind == K_ALL_REDUCE && ring_plan(h, j, hd->group, &plan);
         for (coll_t *x = j->colls; x && !c; x = x->next)
             if (!x->p2p && x->group == hd->group && x->seq == hd->seq)
                 c = x;
@@ -1555,7 +2128,7 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
             }
         if (!c) {
             int over;
-            c = coll_new(h, j, hd, n, 0, &over);
+            c = coll_new(h, j, hd, ring ? plan.nlocal : n, 0, &over);
             if (!c) {
                 code = GRPC_STATUS_RESOURCE_EXHAUSTED;
                 snprintf(msg, sizeof(msg),
@@ -1568,8 +2141,33 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
             }
             c->next = j->colls;
             j->colls = c;
+            if (ring)
+                coll_ring_start(h, c, &plan, timeout);
         }
-        if (c->members[hd->rank]) {
+        int idx = coll_index(c, hd->rank);
+        if (idx < 0 || (c->ring != NULL) != ring) {
+            /* A rank the ring has on another agent, or ranks that disagree
+             * on the kind (one kind runs in a ring, the other at the hub). */
+            if (idx >= 0 || !c->ring) {
+                if (!c->failed)
+                    coll_fail(c, GRPC_STATUS_FAILED_PRECONDITION,
+                              "collective seq %" PRIu64 " on group %u: rank %d called %s but "
+                              "other ranks called %s",
+                              hd->seq, hd->group, hd->rank, kind_name(hd->kind),
+                              kind_name(c->kind));
+                code = c->code;
+                snprintf(msg, sizeof(msg), "%s", c->message);
+            } else {
+                code = GRPC_STATUS_INVALID_ARGUMENT;
+                snprintf(msg, sizeof(msg),
+                         "%s (group %u, seq %" PRIu64 "): rank %d joined through another agent "
+                         "than this one (%s): call it there",
+                         kind_name(hd->kind), hd->group, hd->seq, hd->rank, h->self);
+            }
+            c = NULL;
+            goto fail_locked;
+        }
+        if (c->members[idx]) {
             /* Not this collective's member: answer this caller alone. */
             code = GRPC_STATUS_ALREADY_EXISTS;
             snprintf(msg, sizeof(msg), "%s (group %u, seq %" PRIu64 "): rank %d called it twice",
@@ -1578,8 +2176,8 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
             goto fail_locked;
         }
         m->coll = c;
-        m->index = hd->rank;
-        c->members[hd->rank] = m;
+        m->index = idx;
+        c->members[idx] = m;
         c->narrived++;
         if (c->narrived == c->n) {
             coll_widen(c);
@@ -1595,6 +2193,15 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
                 ref = c->members[i];
         if (ref && header_mismatch(c, ref, hd, hd->rank, msg, sizeof(msg)))
             coll_fail(c, GRPC_STATUS_FAILED_PRECONDITION, "%s", msg);
+        else if (!ref && c->ring &&
+                 ((int)hd->dtype != c->dtype || hd->count != c->count || (int)hd->op != c->op))
+            coll_fail(c, GRPC_STATUS_FAILED_PRECONDITION,
+                      "all_reduce (group %u, seq %" PRIu64 "): rank %d has %" PRIu64
+                      " %s elements and op %s, but ranks on agent %s have %" PRIu64 " %s and op %s",
+                      hd->group, hd->seq, hd->rank, hd->count,
+                      ps_dtype_name((ps_dtype_t)hd->dtype), ps_op_name((ps_op_t)hd->op),
+                      c->ring->prev, c->count, ps_dtype_name((ps_dtype_t)c->dtype),
+                      ps_op_name((ps_op_t)c->op));
         pthread_cond_broadcast(&c->cond);
         if (c->failed)
             ps__rpc_call_cancel(call, c->code, c->message);
@@ -1662,16 +2269,11 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
     ps__metrics_collective_done(m->first->header->kind, code,
                                 (double)(ps__now_ms() - m->arrival_ms) / 1e3);
     snprintf(msg, sizeof(msg), "%s", c->failed ? c->message : "");
-    /* A failed collective goes once every rank that came has its answer;
-     * a tombstone gives ranks that come later the same answer at once. */
-    if (++c->nfinished == c->n || (c->failed && c->nfinished == c->narrived)) {
-        if (c->nfinished < c->n)
-            tombstone_add(j, c);
-        coll_unlink(j, c);
-        coll_free(c);
-    }
+    c->nfinished++;
+    coll_retire(j, c);
     job_release(j);
     pthread_mutex_unlock(&h->lock);
+    free(plan.local);
     if (!status_sent)
         ps__rpc_call_send_status(call, code, msg);
     return;
@@ -1683,20 +2285,24 @@ fail_locked:
     if (j)
         job_release(j);
     pthread_mutex_unlock(&h->lock);
+    free(plan.local);
     PS_LOG(PS_LOG_WARN, "%s", msg);
     ps__rpc_call_send_status(call, code, msg);
     member_free(m);
 }
 
-int ps__hub_create(const ps__config_t *cfg, ps__job_lookup_fn lookup, void *lookup_arg,
-                   ps__hub_t **out)
+int ps__hub_create(const ps__config_t *cfg, const char *self, ps__job_lookup_fn lookup,
+                   ps__ring_open_fn ring_open, void *arg, ps__hub_t **out)
 {
     ps__hub_t *h = calloc(1, sizeof(*h));
-    if (!h)
+    if (!h || !(h->self = strdup(self))) {
+        free(h);
         return PS_ENOMEM;
+    }
     h->cfg = cfg;
     h->lookup = lookup;
-    h->lookup_arg = lookup_arg;
+    h->ring_open = ring_open;
+    h->lookup_arg = arg;
     pthread_mutex_init(&h->lock, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -1840,6 +2446,11 @@ void ps__hub_destroy(ps__hub_t *h)
 {
     if (!h)
         return;
+    /* Ring senders end once their collective has failed (ps__hub_drain). */
+    pthread_mutex_lock(&h->lock);
+    while (h->senders > 0)
+        pthread_cond_wait(&h->p2p_changed, &h->lock);
+    pthread_mutex_unlock(&h->lock);
     while (h->shms) {
         shm_map_t *sm = h->shms;
         h->shms = sm->next;
@@ -1852,6 +2463,7 @@ void ps__hub_destroy(ps__hub_t *h)
     }
     pthread_cond_destroy(&h->p2p_changed);
     pthread_mutex_destroy(&h->lock);
+    free(h->self);
     free(h);
 }
 
@@ -1914,7 +2526,7 @@ int ps__hub_status(ps__hub_t *h, const char *job, Paramsync__V1__StatusResponse 
             e->group = c->group;
             e->seq = c->seq;
             e->kind = c->p2p ? K_SEND : c->kind;
-            e->group_size = c->p2p ? group_size(j, c->group) : c->n;
+            e->group_size = c->p2p || c->ring ? group_size(j, c->group) : c->n;
             e->count = c->count;
             e->dtype = c->dtype;
             int64_t first = now;

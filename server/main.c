@@ -91,6 +91,10 @@ static void usage(FILE *out)
         "  --reduce-device DEV      cpu, cuda or auto (default): where agents reduce; auto\n"
         "                           takes a CUDA device when one is usable, cuda requires one\n"
         "                           [PARAMSYNC_REDUCE_DEVICE]\n"
+        "  --ring on|off            agents combine an all_reduce whose ranks span several\n"
+        "                           agents over a ring between them (on, default), or send it\n"
+        "                           all to the job's hub agent (off); the same on every agent\n"
+        "                           [PARAMSYNC_RING]\n"
         "  --log-level LEVEL        error, warn, info (default) or debug [PARAMSYNC_LOG_LEVEL]\n"
         "  --version                print the version and exit\n"
         "  -h, --help               print this help and exit\n"
@@ -273,6 +277,7 @@ int main(int argc, char **argv)
         O_MAX_INFLIGHT,
         O_REDUCE_DEVICE,
         O_HEALTH_LISTEN,
+        O_RING,
         O_COUNT,
         O_VERSION = 1000
     };
@@ -303,6 +308,7 @@ int main(int argc, char **argv)
         "PARAMSYNC_MAX_INFLIGHT_BYTES",
         "PARAMSYNC_REDUCE_DEVICE",
         "PARAMSYNC_HEALTH_LISTEN",
+        "PARAMSYNC_RING",
     };
     static const struct option opts[] = {
         {"role", required_argument, 0, O_ROLE},
@@ -331,6 +337,7 @@ int main(int argc, char **argv)
         {"max-inflight-bytes", required_argument, 0, O_MAX_INFLIGHT},
         {"reduce-device", required_argument, 0, O_REDUCE_DEVICE},
         {"health-listen", required_argument, 0, O_HEALTH_LISTEN},
+        {"ring", required_argument, 0, O_RING},
         {"version", no_argument, 0, O_VERSION},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
@@ -471,6 +478,11 @@ int main(int argc, char **argv)
         }
         cfg.step_bytes = (size_t)v;
     }
+    if (val[O_RING] && strcmp(val[O_RING], "on") != 0 && strcmp(val[O_RING], "off") != 0) {
+        fprintf(stderr, "paramsyncd: --ring must be on or off, not '%s'\n", val[O_RING]);
+        return 2;
+    }
+    cfg.ring = !val[O_RING] || strcmp(val[O_RING], "on") == 0;
     if (window) {
         if (parse_bytes(window, &v) < 0 || v < 1 || v > 64) {
             fprintf(stderr, "paramsyncd: --window must be 1 to 64, not '%s'\n", window);
