@@ -12,16 +12,19 @@
 
 /*
  * Over gRPC every payload byte is framed, copied into the transport and out
- * of it on both sides. When the agent runs on this host (and hosts the job's
- * collectives) the worker instead copies its input into a segment the agent
- * has mapped, sends only the header, and copies its output back when the
+ * of it on both sides. When the agent runs on this host (the one the worker
+ * joined through) the worker instead copies its input into a segment the
+ * agent has mapped, sends only the header, and copies its output back when the
  * result frame says it is there. The segment is offered once per size with
  * ShmAttach, which checks the agent really maps the same memory (magic
  * bytes); if it cannot, the comm stays on gRPC for good.
  *
- * PARAMSYNC_SHM=0 turns the path off; it is also off for agents that are
- * not on a loopback or unix-socket address, and for payloads under
- * PS__SHM_MIN_BYTES, where one gRPC message is cheaper than two copies.
+ * Whatever the agent's address (a node's agent is often reached at the
+ * node's own IP, or through a Kubernetes service), the segment is offered
+ * once: an agent on another host cannot open it, or sees other magic bytes,
+ * and says so, and the comm stays on gRPC. PARAMSYNC_SHM=0 turns the path
+ * off; payloads under PS__SHM_MIN_BYTES always go as frames, where one gRPC
+ * message is cheaper than two copies.
  */
 
 #define PS__SHM_MIN_BYTES (64u << 10)
@@ -34,16 +37,6 @@ struct ps__shm {
     int in_use;   /* one collective at a time uses the segment */
     int disabled; /* the agent cannot map our segments */
 };
-
-static int target_is_local(const char *t)
-{
-    if (strncmp(t, "unix:", 5) == 0)
-        return 1;
-    if (strncmp(t, "ipv4:", 5) == 0)
-        t += 5;
-    return strncmp(t, "127.", 4) == 0 || strncmp(t, "localhost:", 10) == 0 ||
-           strncmp(t, "[::1]:", 6) == 0;
-}
 
 static void segment_unmap(struct ps__shm *s)
 {
@@ -115,7 +108,7 @@ int ps__shm_begin(ps_comm_t *comm, ps__coll_t *c)
         in_place ? 0 : (c->in_bytes + PS__SHM_ALIGN - 1) / PS__SHM_ALIGN * PS__SHM_ALIGN;
     size_t need = in_place ? (c->in_bytes > c->out_bytes ? c->in_bytes : c->out_bytes)
                            : out_off + c->out_bytes;
-    if (c->in_bytes + c->out_bytes < PS__SHM_MIN_BYTES || !target_is_local(comm->target))
+    if (c->in_bytes + c->out_bytes < PS__SHM_MIN_BYTES)
         return 0;
     const char *env = getenv("PARAMSYNC_SHM");
     if (env && strcmp(env, "0") == 0)

@@ -403,9 +403,9 @@ static void worker_shm_attach(ps__rpc_call_t *call, void *arg)
     char *hub = route_get(a, req->job, 0, &code, &msg);
     if (!hub)
         snprintf(reason, sizeof(reason), "job %s: %s", req->job, msg ? msg : "unknown job");
-    else if (strcmp(hub, a->self) != 0)
-        snprintf(reason, sizeof(reason), "job %s's collectives run on agent %s, not this one",
-                 req->job, hub);
+    else if (strcmp(hub, a->self) != 0 && !ps__hub_rank_here(a->hub, req->job, req->rank))
+        snprintf(reason, sizeof(reason), "rank %d of job %s did not join through this agent",
+                 req->rank, req->job);
     else
         resp.attached = ps__hub_shm_attach(a->hub, req->job, req->rank, req->name, req->size,
                                            req->magic, reason, sizeof(reason));
@@ -428,6 +428,127 @@ static void worker_leave(ps__rpc_call_t *call, void *arg)
 static void worker_new_group(ps__rpc_call_t *call, void *arg)
 {
     forward_unary(arg, call, PS_M_COORD_NEW_GROUP, &paramsync__v1__new_group_request__descriptor);
+}
+
+/* The shared-memory side of a forwarded collective (collective_proxy_shm). */
+typedef struct shm_feed {
+    ps__rpc_call_t *down, *up;
+    ps__shm_io_t *io;
+    uint64_t from; /* input bytes already sent with the header */
+    size_t chunk;
+} shm_feed_t;
+
+/* Sends the rest of the worker's input from its segment, then watches the
+ * worker's stream: if it breaks, the hub's call is cancelled. */
+static void *shm_feed_main(void *arg)
+{
+    shm_feed_t *f = arg;
+    int rc = 0;
+    for (uint64_t off = f->from; off < f->io->in_total && rc == 0; off += f->chunk) {
+        uint64_t left = f->io->in_total - off;
+        size_t len = left < f->chunk ? (size_t)left : f->chunk;
+        grpc_byte_buffer *bb = ps__hub_shm_io_frame(f->io, NULL, off, len);
+        rc = bb ? ps__rpc_call_send(f->up, bb) : PS_ENOMEM;
+        if (bb)
+            grpc_byte_buffer_destroy(bb);
+        if (rc == 0)
+            ps__metrics_bytes(PS_M_TX, PS_M_LINK_AGENT, len);
+    }
+    if (rc == 0)
+        ps__rpc_call_close_send(f->up);
+    grpc_byte_buffer *bb = NULL;
+    if (ps__rpc_call_recv(f->down, &bb) < 0)
+        ps__rpc_call_cancel(f->up, GRPC_STATUS_CANCELLED, "the worker's stream broke");
+    if (bb)
+        grpc_byte_buffer_destroy(bb);
+    return NULL;
+}
+
+/* Forwards a collective of a worker whose payload is in its segment on this
+ * agent: the input goes to the hub as frames read in place, the output
+ * frames are copied into the segment, and the worker gets the result frame
+ * of the shared-memory path. */
+static void collective_proxy_shm(ps__agent_t *a, ps__rpc_call_t *down,
+                                 const Paramsync__V1__CollectiveHeader *hd, const char *hub)
+{
+    ps__shm_io_t io;
+    char m[512];
+    int code = ps__hub_shm_io_open(a->hub, hd, &io, m, sizeof(m));
+    if (code) {
+        ps__rpc_call_send_status(down, code, m);
+        return;
+    }
+    ps__rpc_call_t *up = NULL;
+    ps__rpc_channel_t *ch = peer_channel(a, hub);
+    char auth[600];
+    int have_auth = ps__rpc_call_metadata(down, "authorization", auth, sizeof(auth)) == 0;
+    int rc = ch ? ps__rpc_call_start_auth(ch, PS_M_WORKER_COLLECTIVE, 0, have_auth ? auth : NULL,
+                                          a->self, &up)
+                : PS_ENOMEM;
+    shm_feed_t feed = {down, up, &io, 0, hd->chunk_bytes ? hd->chunk_bytes : 1u << 20};
+    if (rc == 0) {
+        Paramsync__V1__CollectiveHeader fwd = *hd;
+        fwd.shm = (char *)"";
+        fwd.shm_out_offset = 0;
+        feed.from = io.in_total < feed.chunk ? io.in_total : feed.chunk;
+        grpc_byte_buffer *bb = ps__hub_shm_io_frame(&io, &fwd, 0, (size_t)feed.from);
+        rc = bb ? ps__rpc_call_send(up, bb) : PS_ENOMEM;
+        if (bb)
+            grpc_byte_buffer_destroy(bb);
+    }
+    pthread_t t;
+    int feeding = rc == 0 && pthread_create(&t, NULL, shm_feed_main, &feed) == 0;
+    Paramsync__V1__CollectiveResult res = PARAMSYNC__V1__COLLECTIVE_RESULT__INIT;
+    const char *bad = NULL;
+    while (feeding && !bad) {
+        grpc_byte_buffer *bb = NULL;
+        ps__frame_t f;
+        if (ps__rpc_call_recv(up, &bb) < 0 || !bb)
+            break;
+        if (ps__frame_decode(bb, &f) < 0) {
+            bad = "a malformed frame";
+        } else {
+            if (f.meta->result)
+                res.source = f.meta->result->source;
+            if (f.meta->offset > io.out_total || f.data_len > io.out_total - f.meta->offset)
+                bad = "more output than the collective has";
+            else
+                ps__frame_copy_data(&f, 0, io.out + f.meta->offset, f.data_len);
+            ps__metrics_bytes(PS_M_RX, PS_M_LINK_AGENT, f.data_len);
+        }
+        ps__frame_clear(&f);
+        grpc_byte_buffer_destroy(bb);
+    }
+    char *msg = NULL;
+    if (bad)
+        ps__rpc_call_cancel(up, GRPC_STATUS_INTERNAL, bad);
+    if (up)
+        rc = ps__rpc_call_finish(up, &msg);
+    if (rc == 0 && !bad) {
+        res.shm = io.out_total > 0;
+        res.bytes = res.shm ? io.out_total : 0;
+        grpc_byte_buffer *bb = ps__frame_encode(NULL, &res, 0, NULL, 0, NULL, NULL);
+        if (!bb || ps__rpc_call_send_last(down, bb, GRPC_STATUS_OK, "") < 0)
+            ps__rpc_call_send_status(down, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        if (bb)
+            grpc_byte_buffer_destroy(bb);
+    } else if (bad) {
+        snprintf(m, sizeof(m), "the agent hosting this job at %s sent %s", hub, bad);
+        ps__rpc_call_send_status(down, GRPC_STATUS_INTERNAL, m);
+    } else if (rc == -GRPC_STATUS_UNAVAILABLE || !up) {
+        snprintf(m, sizeof(m), "the agent hosting this job at %s is unreachable: %s", hub,
+                 msg ? msg : ps_strerror(rc));
+        ps__rpc_call_send_status(down, GRPC_STATUS_UNAVAILABLE, m);
+    } else {
+        ps__rpc_call_send_status(down, -rc, msg ? msg : "");
+    }
+    if (feeding) {
+        ps__rpc_call_cancel(up, GRPC_STATUS_CANCELLED, "done");
+        pthread_join(t, NULL);
+    }
+    ps__rpc_call_destroy(up);
+    ps__hub_shm_io_close(&io);
+    free(msg);
 }
 
 /* Forwards a collective whose hub is another agent, frames untouched. */
@@ -527,6 +648,10 @@ static void worker_collective(ps__rpc_call_t *call, void *arg)
     if (strcmp(hub, a->self) == 0) {
         grpc_byte_buffer_destroy(bb);
         ps__hub_serve(a->hub, call, &first);
+    } else if (hd->shm && *hd->shm) {
+        collective_proxy_shm(a, call, hd, hub);
+        ps__frame_clear(&first);
+        grpc_byte_buffer_destroy(bb);
     } else {
         ps__frame_clear(&first);
         collective_proxy(a, call, bb, hub);

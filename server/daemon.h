@@ -139,6 +139,31 @@ void ps__hub_ring_serve(ps__hub_t *h, ps__rpc_call_t *call, struct ps__frame *fi
 int ps__hub_shm_attach(ps__hub_t *h, const char *job, int rank, const char *name, uint64_t size,
                        uint64_t magic, char *reason, size_t rlen);
 
+/** Whether job rank `rank` of job joined through this agent. */
+int ps__hub_rank_here(ps__hub_t *h, const char *job, int rank);
+
+/** Where a worker's payload lies in its segment, for a collective this
+ * agent forwards to the job's hub (server/agent.c collective_proxy). */
+typedef struct ps__shm_io {
+    void *map; /* the segment, referenced until ps__hub_shm_io_close */
+    const uint8_t *in;
+    uint64_t in_total;
+    uint8_t *out;
+    uint64_t out_total;
+} ps__shm_io_t;
+
+/** Finds the segment the header names and checks it holds the payload.
+ * 0, or a gRPC status code with msg set. */
+int ps__hub_shm_io_open(ps__hub_t *h, const Paramsync__V1__CollectiveHeader *hd, ps__shm_io_t *io,
+                        char *msg, size_t len);
+
+/** A frame of input bytes [off, off + len), read in place from the segment,
+ * with header (may be NULL); NULL when out of memory. */
+grpc_byte_buffer *ps__hub_shm_io_frame(ps__shm_io_t *io, const Paramsync__V1__CollectiveHeader *hd,
+                                       uint64_t off, size_t len);
+
+void ps__hub_shm_io_close(ps__shm_io_t *io);
+
 /** Drops the segments of job's rank (every rank for rank < 0); collectives
  * still using one keep it mapped until they end. */
 void ps__hub_shm_release(ps__hub_t *h, const char *job, int rank);

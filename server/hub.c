@@ -144,6 +144,7 @@ typedef struct slot {
     int computed;
     int partial; /* ring: the local ranks' reduction is in `out` */
     int rounds;  /* ring: pieces received from the previous agent */
+    int sent;    /* ring: pieces sent to the next agent */
     blob_t **in; /* per member */
     blob_t *out;
 } slot_t;
@@ -187,16 +188,21 @@ typedef struct job job_t;
 
 /* A collective served by several agents, each for its own ranks, combined
  * around a ring of those agents (see ring_send_main). */
+typedef struct ring_frame {
+    ps__frame_t f;
+    struct ring_frame *next;
+} ring_frame_t;
+
 typedef struct ring {
     struct ps__hub *hub;
-    int nagents, pos;         /* agents in the ring, this one's position */
-    int group_size;           /* ranks in the group (AVG divides by it) */
-    char *next, *prev;        /* the next and previous agents' addresses */
-    ps__rpc_call_t *in, *out; /* the links from prev and to next, while open */
-    int in_seen;              /* the link from prev has arrived (it may be gone now) */
-    int out_busy;             /* the sender is in a send or finish: cancel `out` to fail */
+    ring_frame_t *q_head, *q_tail; /* pieces read from prev, not applied yet */
+    int nagents, pos;              /* agents in the ring, this one's position */
+    int group_size;                /* ranks in the group (AVG divides by it) */
+    char *next, *prev;             /* the next and previous agents' addresses */
+    ps__rpc_call_t *in, *out;      /* the links from prev and to next, while open */
+    int in_seen;                   /* the link from prev has arrived (it may be gone now) */
+    int out_busy;                  /* the sender is in a send or finish: cancel `out` to fail */
     int64_t timeout_ms;
-    pthread_t sender;
 } ring_t;
 
 typedef struct coll {
@@ -719,6 +725,12 @@ static void coll_free(coll_t *c)
         slot_clear(&c->slots[w], c->n);
     pthread_cond_destroy(&c->cond);
     if (c->ring) {
+        while (c->ring->q_head) {
+            ring_frame_t *q = c->ring->q_head;
+            c->ring->q_head = q->next;
+            ps__frame_clear(&q->f);
+            free(q);
+        }
         free(c->ring->next);
         free(c->ring->prev);
         free(c->ring);
@@ -931,8 +943,8 @@ static int hub_reduce(coll_t *c, void *dst, const void **srcs, size_t count)
         ps_gpu_stager_t *st = pthread_getspecific(stager_key);
         if (!st && ps_gpu_stager_create(&st, 0, PS_GPU_MAX_SRCS, 0) == 0)
             pthread_setspecific(stager_key, st);
-        if (st && ps_gpu_reduce_host(st, op, (ps_dtype_t)c->dtype, dst, srcs,
-                                     (size_t)c->n, count) == 0) {
+        if (st &&
+            ps_gpu_reduce_host(st, op, (ps_dtype_t)c->dtype, dst, srcs, (size_t)c->n, count) == 0) {
             ps__metrics_reduced(PS_M_DEV_CUDA, bytes);
             return 0;
         }
@@ -1449,7 +1461,7 @@ static void wait_arrivals(ps__hub_t *h, coll_t *c, int64_t timeout_ms)
             for (int i = 0; i < c->n && off < (int)sizeof(missing) - 12; i++)
                 if (!c->members[i])
                     off += snprintf(missing + off, sizeof(missing) - (size_t)off, "%s%d",
-                                    off ? ", " : "", i);
+                                    off ? ", " : "", c->ranks[i]);
             coll_fail(c, GRPC_STATUS_DEADLINE_EXCEEDED,
                       "%s (group %u, seq %" PRIu64 "): rank%s %s did not arrive within %lld ms",
                       kind_name(c->kind), c->group, c->seq, strchr(missing, ',') ? "s" : "",
@@ -1551,6 +1563,35 @@ int ps__hub_is_ring(ps__hub_t *h, const header_t *hd)
     return ring;
 }
 
+/* Whether the header of a rank (who: "rank 3") or of the previous agent's
+ * ranks agrees with the collective c; if not, says which field differs. */
+static int ring_mismatch(const coll_t *c, const header_t *hd, const char *who, const char *theirs,
+                         char *msg, size_t len)
+{
+    const char *f = NULL, *a = NULL, *b = NULL;
+    char na[32], nb[32];
+    if ((int)hd->dtype != c->dtype) {
+        f = "dtype";
+        a = ps_dtype_name((ps_dtype_t)hd->dtype);
+        b = ps_dtype_name((ps_dtype_t)c->dtype);
+    } else if (hd->count != c->count) {
+        f = "count";
+        snprintf(na, sizeof(na), "%" PRIu64, hd->count);
+        snprintf(nb, sizeof(nb), "%" PRIu64, c->count);
+        a = na;
+        b = nb;
+    } else if ((int)hd->op != c->op) {
+        f = "op";
+        a = ps_op_name((ps_op_t)hd->op);
+        b = ps_op_name((ps_op_t)c->op);
+    }
+    if (f)
+        snprintf(msg, len, "%s (group %u, seq %" PRIu64 "): %s %s %s %s but %s %s",
+                 kind_name(c->kind), c->group, c->seq, who,
+                 strncmp(who, "rank ", 5) == 0 ? "has" : "have", f, a, theirs, b);
+    return f != NULL;
+}
+
 /* Bytes [off, off + len) of piece k of a step of len bytes cut into A. */
 static void ring_piece(const coll_t *c, size_t step_len, int k, size_t *off, size_t *len)
 {
@@ -1575,6 +1616,11 @@ static int ring_piece_of_round(const ring_t *rg, int r, int recv)
 static void coll_retire(job_t *j, coll_t *c)
 {
     if (c->threads > 0 || !(c->nfinished == c->n || (c->failed && c->nfinished == c->narrived)))
+        return;
+    /* A ring collective with nothing to move can be done here before the
+     * previous agent's link comes: it stays until that link has been served,
+     * or the link would start it afresh. */
+    if (c->ring && !c->ring->in_seen && !c->failed)
         return;
     if (c->nfinished < c->n)
         tombstone_add(j, c);
@@ -1620,53 +1666,70 @@ static void *ring_send_main(void *arg)
                   kind_name(c->kind), c->group, c->seq, rg->next, ps_strerror(rc));
     int64_t start = ps__now_ms(), checked = start;
     int rounds = 2 * (rg->nagents - 1), broke = rc < 0;
-    uint64_t sent = 0;
-    for (int64_t s = 0; s < c->nsteps && !broke && !c->failed; s++) {
-        slot_t *sl = &c->slots[s % c->window];
-        for (int r = 0; r < rounds && !broke && !c->failed; r++) {
-            while (!c->failed && !(sl->step == s && (r == 0 ? sl->partial : sl->rounds >= r))) {
-                if (rg->in_seen) {
-                    pthread_cond_wait(&c->cond, c->lock);
-                    continue;
-                }
-                struct timespec slice = abs_ms(PS_HUB_LIVENESS_CHECK_MS);
-                pthread_cond_timedwait(&c->cond, c->lock, &slice);
-                int64_t now = ps__now_ms();
-                if (c->failed || rg->in_seen)
-                    continue;
-                if (now - start >= rg->timeout_ms)
-                    coll_fail(c, GRPC_STATUS_DEADLINE_EXCEEDED,
-                              "%s (group %u, seq %" PRIu64 "): the ranks on agent %s did not "
-                              "arrive within %lld ms",
-                              kind_name(c->kind), c->group, c->seq, rg->prev,
-                              (long long)rg->timeout_ms);
-                else if (now - checked >= PS_HUB_LIVENESS_CHECK_MS && !h->stopping) {
-                    checked = now;
-                    check_missing_alive(h, c);
-                }
+    /* Pieces go as soon as they are ready, whichever step they belong to, so
+     * the steps in the window go round the ring together; each frame's
+     * offset says which (step x rounds + round). */
+    int64_t lo = 0; /* steps below have been sent whole */
+    while (lo < c->nsteps && !broke && !c->failed) {
+        slot_t *sl = NULL;
+        int64_t s = lo;
+        int r = 0;
+        for (; s < lo + c->window && s < c->nsteps && !sl; s++) {
+            slot_t *x = &c->slots[s % c->window];
+            r = x->sent;
+            if (x->step == s && r < rounds && (r == 0 ? x->partial : x->rounds >= r))
+                sl = x;
+        }
+        s--;
+        if (!sl) {
+            if (rg->in_seen) {
+                pthread_cond_wait(&c->cond, c->lock);
+                continue;
             }
-            if (c->failed)
+            struct timespec slice = abs_ms(PS_HUB_LIVENESS_CHECK_MS);
+            pthread_cond_timedwait(&c->cond, c->lock, &slice);
+            int64_t now = ps__now_ms();
+            if (c->failed || rg->in_seen)
+                continue;
+            if (now - start >= rg->timeout_ms)
+                coll_fail(c, GRPC_STATUS_DEADLINE_EXCEEDED,
+                          "%s (group %u, seq %" PRIu64 "): the ranks on agent %s did not "
+                          "arrive within %lld ms",
+                          kind_name(c->kind), c->group, c->seq, rg->prev,
+                          (long long)rg->timeout_ms);
+            else if (now - checked >= PS_HUB_LIVENESS_CHECK_MS && !h->stopping) {
+                checked = now;
+                check_missing_alive(h, c);
+            }
+            continue;
+        }
+        sl->sent++;
+        blob_t *b = sl->out;
+        blob_ref(b);
+        rg->out_busy = 1;
+        pthread_mutex_unlock(c->lock);
+        size_t off, len;
+        ring_piece(c, sl->len, ring_piece_of_round(rg, r, 0), &off, &len);
+        grpc_byte_buffer *bb =
+            ps__frame_encode(NULL, NULL, (uint64_t)s * (uint64_t)rounds + (uint64_t)r,
+                             b->data + off, len, blob_unref, b);
+        rc = bb ? ps__rpc_call_send(out, bb) : PS_ENOMEM;
+        if (bb)
+            grpc_byte_buffer_destroy(bb);
+        if (rc == 0)
+            ps__metrics_bytes(PS_M_TX, PS_M_LINK_AGENT, len);
+        pthread_mutex_lock(c->lock);
+        rg->out_busy = 0;
+        broke = rc < 0;
+        if (!broke && r == rounds - 1 && ++sl->recv_done == sl->recv_need)
+            slot_consumed(c, sl);
+        /* A step is done once sent whole; its slot may be reused already. */
+        while (lo < c->nsteps) {
+            slot_t *x = &c->slots[lo % c->window];
+            if ((x->step == lo && x->sent == rounds) || (x->step != lo && x->last_done >= lo))
+                lo++;
+            else
                 break;
-            blob_t *b = sl->out;
-            blob_ref(b);
-            rg->out_busy = 1;
-            pthread_mutex_unlock(c->lock);
-            size_t off, len;
-            ring_piece(c, sl->len, ring_piece_of_round(rg, r, 0), &off, &len);
-            grpc_byte_buffer *bb =
-                ps__frame_encode(NULL, NULL, sent, b->data + off, len, blob_unref, b);
-            rc = bb ? ps__rpc_call_send(out, bb) : PS_ENOMEM;
-            if (bb)
-                grpc_byte_buffer_destroy(bb);
-            if (rc == 0) {
-                sent += len;
-                ps__metrics_bytes(PS_M_TX, PS_M_LINK_AGENT, len);
-            }
-            pthread_mutex_lock(c->lock);
-            rg->out_busy = 0;
-            broke = rc < 0;
-            if (!broke && r == rounds - 1 && sl->step == s && ++sl->recv_done == sl->recv_need)
-                slot_consumed(c, sl);
         }
     }
     Paramsync__V1__CollectiveResult res = PARAMSYNC__V1__COLLECTIVE_RESULT__INIT;
@@ -1681,7 +1744,7 @@ static void *ring_send_main(void *arg)
         if (failed && !broke) {
             /* The next agent fails the collective with the same words. */
             res.message = why;
-            grpc_byte_buffer *bb = ps__frame_encode(NULL, &res, sent, NULL, 0, NULL, NULL);
+            grpc_byte_buffer *bb = ps__frame_encode(NULL, &res, 0, NULL, 0, NULL, NULL);
             if (bb) {
                 ps__rpc_call_send(out, bb);
                 grpc_byte_buffer_destroy(bb);
@@ -1710,6 +1773,8 @@ static void *ring_send_main(void *arg)
     return NULL;
 }
 
+static void *ring_apply_main(void *arg);
+
 /* Makes c a ring collective and starts its link to the next agent. Lock held.
  * 0, or -1 with the collective failed. */
 static int coll_ring_start(ps__hub_t *h, coll_t *c, const ring_plan_t *plan, int64_t timeout_ms)
@@ -1734,16 +1799,23 @@ static int coll_ring_start(ps__hub_t *h, coll_t *c, const ring_plan_t *plan, int
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    int rc = pthread_create(&rg->sender, &attr, ring_send_main, c);
+    pthread_t t;
+    int started = 0;
+    void *(*mains[2])(void *) = {ring_send_main, ring_apply_main};
+    for (int i = 0; i < 2; i++) {
+        if (pthread_create(&t, &attr, mains[i], c) != 0)
+            break;
+        started++;
+        c->threads++;
+        c->job->refs++;
+        h->senders++;
+    }
     pthread_attr_destroy(&attr);
-    if (rc != 0) {
+    if (started < 2) {
         coll_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: no thread for the ring",
                   kind_name(c->kind));
         return -1;
     }
-    c->threads++;
-    c->job->refs++;
-    h->senders++;
     return 0;
 }
 
@@ -1759,110 +1831,161 @@ static int coll_index(const coll_t *c, int rank)
     return -1;
 }
 
-/* Receives the pieces from the previous agent, adds them to this agent's
- * partials (first A - 1 rounds) or takes them as the result (the others),
- * and hands each step to the local ranks once its last piece is in. */
+/* The link from the previous agent, read by the Ring call's handler thread:
+ * frames are queued as they come (so a failure frame is seen at once, even
+ * while the pieces before it wait for this agent's own ranks), and taken in
+ * order by ring_apply_main. Ends at the end of the stream or a failure. */
 static void ring_receive(coll_t *c, ps__rpc_call_t *call)
 {
     ring_t *rg = c->ring;
+    const char *pre = kind_name(c->kind);
+    uint64_t want = (uint64_t)c->nsteps * (uint64_t)(2 * (rg->nagents - 1)), got = 0;
+    for (;;) {
+        grpc_byte_buffer *bb = NULL;
+        ring_frame_t *q = calloc(1, sizeof(*q));
+        int rc = q ? ps__rpc_call_recv(call, &bb) : PS_ENOMEM;
+        if (rc == 0 && bb)
+            rc = ps__frame_decode(bb, &q->f) < 0 ? PS_EINVAL : 0;
+        if (bb)
+            grpc_byte_buffer_destroy(bb);
+        pthread_mutex_lock(c->lock);
+        const Paramsync__V1__CollectiveResult *res = rc == 0 && bb ? q->f.meta->result : NULL;
+        int end = 1;
+        if (c->failed) {
+            /* nothing more to read */
+        } else if (res && res->code != 0) {
+            coll_fail(c, res->code, "%s", res->message);
+        } else if (rc == PS_ENOMEM) {
+            coll_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", pre);
+        } else if (rc < 0 && rc != PS_EINVAL) {
+            coll_fail(c, GRPC_STATUS_ABORTED,
+                      "%s (group %u, seq %" PRIu64 "): the link from agent %s broke (it failed, "
+                      "or died)",
+                      pre, c->group, c->seq, rg->prev);
+        } else if (rc < 0 || res || (bb && got == want) || (!bb && got < want)) {
+            coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
+                      "%s (group %u, seq %" PRIu64 "): agent %s sent %s", pre, c->group, c->seq,
+                      rg->prev,
+                      rc < 0 ? "a malformed frame"
+                      : !bb  ? "fewer pieces than the collective has"
+                      : res  ? "a result where a piece belongs"
+                             : "more pieces than the collective has");
+        } else if (bb) {
+            *(rg->q_tail ? &rg->q_tail->next : &rg->q_head) = q;
+            rg->q_tail = q;
+            q = NULL;
+            got++;
+            end = 0;
+            pthread_cond_broadcast(&c->cond);
+        }
+        pthread_mutex_unlock(c->lock);
+        if (q) {
+            ps__frame_clear(&q->f);
+            free(q);
+        }
+        if (end)
+            return;
+    }
+}
+
+/* Takes the queued pieces in order: adds them to this agent's partials in
+ * the first A - 1 rounds of a step, takes them as the result in the others
+ * (the sender passes each on), and hands a step to the local ranks once its
+ * last piece is in. First waits, with the collective's deadline, for this
+ * agent's ranks. */
+static void *ring_apply_main(void *arg)
+{
+    coll_t *c = arg;
+    ring_t *rg = c->ring;
+    ps__hub_t *h = rg->hub;
+    job_t *j = c->job;
     int rounds = 2 * (rg->nagents - 1);
     size_t esize = ps_dtype_size((ps_dtype_t)c->dtype);
-    uint8_t *tmp = malloc(c->step_bytes / (size_t)rg->nagents + esize);
-    uint64_t got = 0;
     const char *pre = kind_name(c->kind);
-    if (!tmp) {
-        pthread_mutex_lock(c->lock);
+    uint8_t *tmp = malloc(c->step_bytes / (size_t)rg->nagents + esize);
+    pthread_mutex_lock(c->lock);
+    if (!tmp)
         coll_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", pre);
-        pthread_mutex_unlock(c->lock);
-    }
-    for (int64_t s = 0; s < c->nsteps && tmp; s++) {
-        slot_t *sl = &c->slots[s % c->window];
-        for (int r = 0; r < rounds; r++) {
-            grpc_byte_buffer *bb = NULL;
-            ps__frame_t f;
-            memset(&f, 0, sizeof(f));
-            int rc = ps__rpc_call_recv(call, &bb);
-            if (rc == 0 && bb)
-                rc = ps__frame_decode(bb, &f) < 0 ? PS_EINVAL : 0;
-            if (bb)
-                grpc_byte_buffer_destroy(bb);
-            pthread_mutex_lock(c->lock);
-            const Paramsync__V1__CollectiveResult *res = rc == 0 && bb ? f.meta->result : NULL;
-            size_t off = 0, len = 0;
-            if (c->failed) {
-                /* nothing more to do */
-            } else if (res && res->code != 0) {
-                coll_fail(c, res->code, "%s", res->message);
-            } else if (rc < 0 || !bb) {
-                coll_fail(c, GRPC_STATUS_ABORTED,
-                          "%s (group %u, seq %" PRIu64 "): the link from agent %s broke (it "
-                          "failed, or died)",
-                          pre, c->group, c->seq, rg->prev);
+    wait_arrivals(h, c, rg->timeout_ms);
+    /* Pieces come in the order the previous agent could send them: take the
+     * first whose step is here with its partial and whose round is next. */
+    for (uint64_t left = (uint64_t)c->nsteps * (uint64_t)rounds; left > 0 && !c->failed;) {
+        ring_frame_t *q = NULL, **link = &rg->q_head, *prev = NULL;
+        slot_t *sl = NULL;
+        int64_t s = 0;
+        int r = 0;
+        for (; *link && !q; prev = *link, link = &(*link)->next) {
+            uint64_t tag = (*link)->f.meta->offset;
+            s = (int64_t)(tag / (uint64_t)rounds);
+            r = (int)(tag % (uint64_t)rounds);
+            slot_t *x = &c->slots[s % c->window];
+            if (s >= c->nsteps) {
+                coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
+                          "%s (group %u, seq %" PRIu64 "): agent %s sent a piece of step %" PRId64
+                          " of %" PRId64,
+                          pre, c->group, c->seq, rg->prev, s, c->nsteps);
+                break;
+            }
+            if (x->step == s && x->partial && x->rounds == r) {
+                q = *link;
+                sl = x;
+                *link = q->next;
+                if (rg->q_tail == q)
+                    rg->q_tail = prev;
+            }
+        }
+        if (c->failed)
+            break;
+        if (!q) {
+            pthread_cond_wait(&c->cond, c->lock);
+            continue;
+        }
+        left--;
+        {
+            size_t off, len;
+            ring_piece(c, sl->len, ring_piece_of_round(rg, r, 1), &off, &len);
+            int rc = 0;
+            if (q->f.data_len != len) {
+                coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
+                          "%s (group %u, seq %" PRIu64 "): agent %s sent %zu bytes for a piece "
+                          "of %zu",
+                          pre, c->group, c->seq, rg->prev, q->f.data_len, len);
             } else {
-                while (!c->failed && !(sl->step == s && sl->partial))
-                    pthread_cond_wait(&c->cond, c->lock);
-                if (!c->failed) {
-                    ring_piece(c, sl->len, ring_piece_of_round(rg, r, 1), &off, &len);
-                    if (res || f.meta->offset != got || f.data_len != len)
-                        coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
-                                  "%s (group %u, seq %" PRIu64 "): agent %s sent a piece of %zu "
-                                  "bytes at %" PRIu64 " where %zu at %" PRIu64 " belong",
-                                  pre, c->group, c->seq, rg->prev, f.data_len,
-                                  f.meta->offset, len, got);
+                /* The slot cannot move on before this round is counted. */
+                uint8_t *dst = sl->out->data + off;
+                pthread_mutex_unlock(c->lock);
+                if (r < rg->nagents - 1) {
+                    ps__frame_copy_data(&q->f, 0, tmp, len);
+                    rc = ps_reduce((ps_op_t)c->op, (ps_dtype_t)c->dtype, dst, tmp, len / esize);
+                    if (rc == 0 && r == rg->nagents - 2 && c->op == PS_AVG)
+                        rc = ps_reduce_scale((ps_dtype_t)c->dtype, dst, len / esize,
+                                             (uint64_t)rg->group_size);
+                    ps__metrics_reduced(PS_M_DEV_CPU, 2 * (uint64_t)len);
+                } else {
+                    ps__frame_copy_data(&q->f, 0, dst, len);
                 }
+                ps__metrics_bytes(PS_M_RX, PS_M_LINK_AGENT, len);
+                pthread_mutex_lock(c->lock);
+                if (rc < 0)
+                    coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT, "%s: reduction failed: %s", pre,
+                              ps_strerror(rc));
+                sl->rounds = r + 1;
+                if (r == rounds - 1)
+                    sl->computed = 1;
+                pthread_cond_broadcast(&c->cond);
             }
-            int failed = c->failed;
-            uint8_t *dst = failed ? NULL : sl->out->data + off;
-            pthread_mutex_unlock(c->lock);
-            if (failed) {
-                ps__frame_clear(&f);
-                free(tmp);
-                return;
-            }
-            /* The slot cannot move on before this round is counted. */
-            if (r < rg->nagents - 1) {
-                ps__frame_copy_data(&f, 0, tmp, len);
-                rc = ps_reduce((ps_op_t)c->op, (ps_dtype_t)c->dtype, dst, tmp, len / esize);
-                if (rc == 0 && r == rg->nagents - 2 && c->op == PS_AVG)
-                    rc = ps_reduce_scale((ps_dtype_t)c->dtype, dst, len / esize,
-                                         (uint64_t)rg->group_size);
-                ps__metrics_reduced(PS_M_DEV_CPU, 2 * (uint64_t)len);
-            } else {
-                ps__frame_copy_data(&f, 0, dst, len);
-            }
-            ps__frame_clear(&f);
-            got += len;
-            ps__metrics_bytes(PS_M_RX, PS_M_LINK_AGENT, len);
-            pthread_mutex_lock(c->lock);
-            if (rc < 0)
-                coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT, "%s: reduction failed: %s", pre,
-                          ps_strerror(rc));
-            sl->rounds = r + 1;
-            if (r == rounds - 1)
-                sl->computed = 1;
-            pthread_cond_broadcast(&c->cond);
-            pthread_mutex_unlock(c->lock);
+            ps__frame_clear(&q->f);
+            free(q);
         }
     }
     free(tmp);
-    /* The link ends with the last piece; a failure frame may still come. */
-    grpc_byte_buffer *bb = NULL;
-    int rc = ps__rpc_call_recv(call, &bb);
-    ps__frame_t f;
-    memset(&f, 0, sizeof(f));
-    if (bb && ps__frame_decode(bb, &f) < 0)
-        rc = PS_EINVAL;
-    pthread_mutex_lock(c->lock);
-    if (!c->failed && bb && f.meta && f.meta->result && f.meta->result->code != 0)
-        coll_fail(c, f.meta->result->code, "%s", f.meta->result->message);
-    else if (!c->failed && (rc < 0 || bb))
-        coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
-                  "%s (group %u, seq %" PRIu64 "): agent %s sent more than the collective holds",
-                  pre, c->group, c->seq, rg->prev);
-    pthread_mutex_unlock(c->lock);
-    ps__frame_clear(&f);
-    if (bb)
-        grpc_byte_buffer_destroy(bb);
+    c->threads--;
+    coll_retire(j, c);
+    job_release(j);
+    h->senders--;
+    pthread_cond_broadcast(&h->p2p_changed);
+    pthread_mutex_unlock(&h->lock);
+    return NULL;
 }
 
 void ps__hub_ring_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
@@ -1932,13 +2055,13 @@ void ps__hub_ring_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
                   "collective seq %" PRIu64 " on group %u: ranks on agent %s called all_reduce "
                   "but ranks here called %s",
                   hd->seq, hd->group, plan.prev, kind_name(c->kind));
-    else if (!c->failed && ((int)hd->dtype != c->dtype || hd->count != c->count || (int)hd->op != c->op))
-        coll_fail(c, GRPC_STATUS_FAILED_PRECONDITION,
-                  "all_reduce (group %u, seq %" PRIu64 "): ranks on agent %s have %" PRIu64
-                  " %s elements and op %s, but ranks on agent %s have %" PRIu64 " %s and op %s",
-                  hd->group, hd->seq, plan.prev, hd->count, ps_dtype_name((ps_dtype_t)hd->dtype),
-                  ps_op_name((ps_op_t)hd->op), h->self, c->count,
-                  ps_dtype_name((ps_dtype_t)c->dtype), ps_op_name((ps_op_t)c->op));
+    else if (!c->failed) {
+        char who[300], theirs[300];
+        snprintf(who, sizeof(who), "the ranks on agent %s", plan.prev);
+        snprintf(theirs, sizeof(theirs), "the ranks on agent %s have", h->self);
+        if (ring_mismatch(c, hd, who, theirs, msg, sizeof(msg)))
+            coll_fail(c, GRPC_STATUS_FAILED_PRECONDITION, "%s", msg);
+    }
     if (c->ring && (c->ring->in_seen || c->failed)) {
         if (!c->failed)
             coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
@@ -1961,7 +2084,6 @@ void ps__hub_ring_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
     c->ring->in_seen = 1;
     c->threads++;
     pthread_cond_broadcast(&c->cond);
-    wait_arrivals(h, c, timeout);
     pthread_mutex_unlock(&h->lock);
 
     ring_receive(c, call);
@@ -2148,7 +2270,7 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
         if (idx < 0 || (c->ring != NULL) != ring) {
             /* A rank the ring has on another agent, or ranks that disagree
              * on the kind (one kind runs in a ring, the other at the hub). */
-            if (idx >= 0 || !c->ring) {
+            if (idx >= 0 || !c->ring || (int)hd->kind != c->kind) {
                 if (!c->failed)
                     coll_fail(c, GRPC_STATUS_FAILED_PRECONDITION,
                               "collective seq %" PRIu64 " on group %u: rank %d called %s but "
@@ -2193,15 +2315,13 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
                 ref = c->members[i];
         if (ref && header_mismatch(c, ref, hd, hd->rank, msg, sizeof(msg)))
             coll_fail(c, GRPC_STATUS_FAILED_PRECONDITION, "%s", msg);
-        else if (!ref && c->ring &&
-                 ((int)hd->dtype != c->dtype || hd->count != c->count || (int)hd->op != c->op))
-            coll_fail(c, GRPC_STATUS_FAILED_PRECONDITION,
-                      "all_reduce (group %u, seq %" PRIu64 "): rank %d has %" PRIu64
-                      " %s elements and op %s, but ranks on agent %s have %" PRIu64 " %s and op %s",
-                      hd->group, hd->seq, hd->rank, hd->count,
-                      ps_dtype_name((ps_dtype_t)hd->dtype), ps_op_name((ps_op_t)hd->op),
-                      c->ring->prev, c->count, ps_dtype_name((ps_dtype_t)c->dtype),
-                      ps_op_name((ps_op_t)c->op));
+        else if (!ref && c->ring) {
+            char who[32], theirs[300];
+            snprintf(who, sizeof(who), "rank %d", hd->rank);
+            snprintf(theirs, sizeof(theirs), "the ranks on agent %s have", c->ring->prev);
+            if (ring_mismatch(c, hd, who, theirs, msg, sizeof(msg)))
+                coll_fail(c, GRPC_STATUS_FAILED_PRECONDITION, "%s", msg);
+        }
         pthread_cond_broadcast(&c->cond);
         if (c->failed)
             ps__rpc_call_cancel(call, c->code, c->message);
@@ -2385,6 +2505,102 @@ int ps__hub_shm_attach(ps__hub_t *h, const char *job, int rank, const char *name
     h->shms = sm;
     pthread_mutex_unlock(&h->lock);
     return 1;
+}
+
+int ps__hub_rank_here(ps__hub_t *h, const char *job, int rank)
+{
+    header_t hd = PARAMSYNC__V1__COLLECTIVE_HEADER__INIT;
+    hd.job = (char *)job;
+    char msg[256];
+    int code, here = 0;
+    pthread_mutex_lock(&h->lock);
+    job_t *j = job_get(h, &hd, &code, msg, sizeof(msg));
+    if (j) {
+        here = j->info.rank_agents && rank >= 0 && rank < j->info.world_size &&
+               strcmp(j->info.rank_agents[rank], h->self) == 0;
+        job_release(j);
+    }
+    pthread_mutex_unlock(&h->lock);
+    return here;
+}
+
+static void shm_frame_release(void *arg)
+{
+    shm_unref(arg);
+}
+
+int ps__hub_shm_io_open(ps__hub_t *h, const header_t *hd, ps__shm_io_t *io, char *msg, size_t len)
+{
+    memset(io, 0, sizeof(*io));
+    int code = 0;
+    pthread_mutex_lock(&h->lock);
+    job_t *j = job_get(h, hd, &code, msg, len);
+    int n = j ? group_size(j, hd->group) : -1;
+    if (j && (code = header_check(h->cfg, hd, n, msg, len)) == 0) {
+        shm_map_t *map = NULL;
+        for (shm_map_t *sm = h->shms; sm && !map; sm = sm->next)
+            if (strcmp(sm->name, hd->shm) == 0 && strcmp(sm->job, hd->job) == 0)
+                map = sm;
+        if (!map) {
+            code = GRPC_STATUS_INVALID_ARGUMENT;
+            snprintf(msg, len,
+                     "%s (group %u): rank %d: its shared-memory segment is not attached to this "
+                     "agent (ShmAttach first)",
+                     kind_name(hd->kind), hd->group, hd->rank);
+        } else {
+            /* The payload sizes of the member, as the hub will see them. */
+            coll_t c;
+            memset(&c, 0, sizeof(c));
+            c.kind = hd->kind == K_SEND || hd->kind == K_RECV ? K_SEND : (coll_kind_t)hd->kind;
+            c.root = hd->root;
+            c.n = n;
+            c.block = hd->count * ps_dtype_size((ps_dtype_t)hd->dtype);
+            member_totals(&c,
+                          hd->kind == K_SEND   ? 0
+                          : hd->kind == K_RECV ? 1
+                                               : hd->rank,
+                          &io->in_total, &io->out_total);
+            uint64_t out = hd->shm_out_offset;
+            int in_place = (hd->kind == K_ALL_REDUCE || hd->kind == K_REDUCE) && out == 0;
+            if ((!in_place && io->in_total > out) || io->in_total > map->size || out > map->size ||
+                io->out_total > map->size - out) {
+                code = GRPC_STATUS_INVALID_ARGUMENT;
+                snprintf(msg, len,
+                         "%s (group %u): rank %d's shared segment (%zu bytes, output at %" PRIu64
+                         ") cannot hold %" PRIu64 " input and %" PRIu64 " output bytes",
+                         kind_name(hd->kind), hd->group, hd->rank, map->size, out, io->in_total,
+                         io->out_total);
+            } else {
+                pthread_mutex_lock(&blob_lock);
+                map->refs++;
+                pthread_mutex_unlock(&blob_lock);
+                io->map = map;
+                io->in = map->base;
+                io->out = map->base + out;
+            }
+        }
+    }
+    if (j)
+        job_release(j);
+    pthread_mutex_unlock(&h->lock);
+    return code;
+}
+
+grpc_byte_buffer *ps__hub_shm_io_frame(ps__shm_io_t *io, const header_t *hd, uint64_t off,
+                                       size_t len)
+{
+    shm_map_t *map = io->map;
+    pthread_mutex_lock(&blob_lock);
+    map->refs++;
+    pthread_mutex_unlock(&blob_lock);
+    return ps__frame_encode(hd, NULL, off, io->in + off, len, shm_frame_release, map);
+}
+
+void ps__hub_shm_io_close(ps__shm_io_t *io)
+{
+    if (io->map)
+        shm_unref(io->map);
+    memset(io, 0, sizeof(*io));
 }
 
 void ps__hub_shm_release(ps__hub_t *h, const char *job, int rank)

@@ -91,10 +91,11 @@ static void usage(FILE *out)
         "  --reduce-device DEV      cpu, cuda or auto (default): where agents reduce; auto\n"
         "                           takes a CUDA device when one is usable, cuda requires one\n"
         "                           [PARAMSYNC_REDUCE_DEVICE]\n"
-        "  --ring on|off            agents combine an all_reduce whose ranks span several\n"
-        "                           agents over a ring between them (on, default), or send it\n"
-        "                           all to the job's hub agent (off); the same on every agent\n"
-        "                           [PARAMSYNC_RING]\n"
+        "  --ring on|off            on: an all_reduce whose ranks span several agents is\n"
+        "                           reduced at each agent for its ranks, then around a ring of\n"
+        "                           those agents; off (default): every collective goes to the\n"
+        "                           job's hub agent. Set it alike on every agent\n"
+        "                           [PARAMSYNC_RING] (docs/PERFORMANCE.md: when each is faster)\n"
         "  --log-level LEVEL        error, warn, info (default) or debug [PARAMSYNC_LOG_LEVEL]\n"
         "  --version                print the version and exit\n"
         "  -h, --help               print this help and exit\n"
@@ -482,7 +483,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "paramsyncd: --ring must be on or off, not '%s'\n", val[O_RING]);
         return 2;
     }
-    cfg.ring = !val[O_RING] || strcmp(val[O_RING], "on") == 0;
+    cfg.ring = val[O_RING] && strcmp(val[O_RING], "on") == 0;
     if (window) {
         if (parse_bytes(window, &v) < 0 || v < 1 || v > 64) {
             fprintf(stderr, "paramsyncd: --window must be 1 to 64, not '%s'\n", window);

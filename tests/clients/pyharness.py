@@ -30,7 +30,7 @@ class Daemon:
     With metrics=True it serves /metrics on a free loopback port too (metrics_url)."""
 
     def __init__(self, binary, *extra, listen="127.0.0.1:0", announce=None, env=None,
-                 metrics=False):
+                 metrics=False, wrap=()):
         self.tmp = tempfile.mkdtemp(prefix="ps-client-test-")
         self.announce = announce or os.path.join(self.tmp, "addr")
         self.log_path = os.path.join(self.tmp, "paramsyncd.log")
@@ -41,7 +41,8 @@ class Daemon:
                 "--announce-file", self.announce]
         if listen is not None:
             args += ["--listen", listen]
-        self.proc = subprocess.Popen(args + list(extra), stdout=self.log, stderr=self.log,
+        self.proc = subprocess.Popen(list(wrap) + args + list(extra), stdout=self.log,
+                                     stderr=self.log,
                                      stdin=subprocess.DEVNULL, env=env)
         self.addr = None
 

@@ -6,7 +6,7 @@
 #   job "offset": 3 ranks on h3, h2, h1 (rank 0, hence the hub, on h3, away
 #                 from the coordinator).
 # Every worker (netns-worker) checks every result exactly.
-#   suite.sh PARAMSYNCD NETNS_WORKER
+#   suite.sh PARAMSYNCD NETNS_WORKER [DAEMON_ARGS...]   (e.g. --ring on)
 # Exits 0 when every rank passed, 1 otherwise, 77 (SKIPPED) where network
 # namespaces cannot be made.
 set -euo pipefail
@@ -48,8 +48,8 @@ if [ "${1:-}" = "--inner" ]; then
     exit 0
 fi
 
-[ $# -eq 2 ] || {
-    echo "usage: $0 PARAMSYNCD NETNS_WORKER" >&2
+[ $# -ge 2 ] || {
+    echo "usage: $0 PARAMSYNCD NETNS_WORKER [DAEMON_ARGS...]" >&2
     exit 2
 }
 paramsyncd=$1
@@ -63,4 +63,4 @@ elif [ $rc -ne 0 ]; then
     echo "hosts.sh check failed: $why"
     exit 1
 fi
-exec "$hosts" run 4 --paramsyncd "$paramsyncd" --metrics-addr off -- "$0" --inner "$worker"
+exec "$hosts" run 4 --paramsyncd "$paramsyncd" --metrics-addr off "${@:3}" -- "$0" --inner "$worker"

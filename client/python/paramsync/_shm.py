@@ -1,17 +1,19 @@
 """The shared-memory path: payloads of local workers go through a POSIX segment the agent maps.
 
 Over gRPC every payload byte is framed, copied into the transport and out of
-it on both sides. When the agent runs on this host (and hosts the job's
-collectives) the worker instead copies its input into a segment the agent
+it on both sides. When the agent runs on this host (the one the worker
+joined through) the worker instead copies its input into a segment the agent
 has mapped, sends only the header, and copies its output back when the
 result frame says it is there. The rules are client/shm.c's, so a Python
 rank behaves like a C one: the segment is offered once per size with
 Worker.ShmAttach, which checks that the agent really maps the same memory
 (magic bytes); if it cannot, the process group stays on gRPC for good.
 
-PARAMSYNC_SHM=0 turns the path off; it is also off for agents that are not
-on a loopback or unix-socket address, and for payloads under MIN_BYTES,
-where one gRPC message is cheaper than two copies.
+Whatever the agent's address (a node's agent is often reached at the node's
+own IP), the segment is offered once: an agent on another host cannot open
+it, or sees other magic bytes, and says so. PARAMSYNC_SHM=0 turns the path
+off; payloads under MIN_BYTES always go as frames, where one gRPC message is
+cheaper than two copies.
 
 Nothing here looks at elements: bytes in, bytes out.
 """
@@ -52,16 +54,6 @@ except ImportError:  # pragma: no cover - CPython on Linux always has it
 
     def _shm_unlink(name):
         os.unlink("/dev/shm" + name)
-
-
-def target_is_local(addr):
-    """True when the daemon address is on this host: unix:, 127.x, localhost, [::1]
-    (client/shm.c's rule)."""
-    if addr.startswith("unix:"):
-        return True
-    if addr.startswith("ipv4:"):
-        addr = addr[5:]
-    return addr.startswith(("127.", "localhost:", "[::1]:"))
 
 
 def enabled():

@@ -280,7 +280,7 @@ class _World:
         self.crashed = False
         # One shared-memory segment for all of this rank's groups: the agent
         # keeps one per (job, rank), and a new one replaces the old.
-        self.shm = _shm.Segment(self._shm_attach) if _shm.target_is_local(addr) else None
+        self.shm = _shm.Segment(self._shm_attach)
 
     # -- membership --------------------------------------------------------
 
