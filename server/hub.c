@@ -626,7 +626,8 @@ static void member_totals(const coll_t *c, int i, uint64_t *in, uint64_t *out)
 /* A new collective; NULL with *over set when it would take the agent past
  * --max-inflight-bytes (the memory its window can hold, reserved up front),
  * NULL with *over clear when out of memory. Lock held. */
-static coll_t *coll_new(ps__hub_t *h, job_t *j, const header_t *hd, int n, int p2p, int *over)
+static coll_t *coll_new(ps__hub_t *h, job_t *j, const header_t *hd, int n, int p2p, size_t step,
+                        int *over)
 {
     *over = 0;
     coll_t *c = calloc(1, sizeof(*c));
@@ -658,7 +659,7 @@ static coll_t *coll_new(ps__hub_t *h, job_t *j, const header_t *hd, int n, int p
     size_t esize = ps_dtype_size((ps_dtype_t)hd->dtype);
     c->block = hd->count * (esize ? esize : 1);
     /* Steps hold whole elements, so reductions never split one. */
-    size_t sb = h->cfg->step_bytes;
+    size_t sb = step ? step : h->cfg->step_bytes;
     if (esize)
         sb -= sb % esize;
     c->step_bytes = sb ? sb : esize;
@@ -1255,7 +1256,7 @@ static void mailbox_match(ps__hub_t *h, job_t *j, mailbox_t *mb)
         mb->next_send_seq[s->first->header->rank]++;
         const header_t *sh = s->first->header;
         int over;
-        coll_t *c = coll_new(h, j, sh, 2, 1, &over);
+        coll_t *c = coll_new(h, j, sh, 2, 1, 0, &over);
         if (!c) {
             /* Neither side can go on: both fail alike. */
             s->refused = r->refused = over ? 1 : 2;
@@ -1541,6 +1542,18 @@ static int ring_plan(const ps__hub_t *h, const job_t *j, uint32_t group, ring_pl
         return 0;
     }
     return 1;
+}
+
+/* A ring moves a step in A pieces: its steps are A times --step-bytes (up to
+ * a frame's limit), so that each piece is about a step of the hub's. Fewer,
+ * larger messages: 64 MiB all_reduce over 4 agents on loopback, every rank
+ * on shared memory, 0.36 GB/s busbw with 1 MiB steps against 0.62 with 4 MiB
+ * (the hub: 0.65 and 0.54). */
+static size_t ring_step(const ps__hub_t *h, const ring_plan_t *plan)
+{
+    uint64_t sb = (uint64_t)h->cfg->step_bytes * (uint64_t)plan->nagents;
+    uint64_t max = PS_FRAME_MAX_DATA - 4096;
+    return (size_t)(sb < max ? sb : max);
 }
 
 int ps__hub_is_ring(ps__hub_t *h, const header_t *hd)
@@ -2036,7 +2049,7 @@ void ps__hub_ring_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
         }
     if (!c) {
         int over;
-        c = coll_new(h, j, hd, plan.nlocal, 0, &over);
+        c = coll_new(h, j, hd, plan.nlocal, 0, ring_step(h, &plan), &over);
         if (!c) {
             code = GRPC_STATUS_RESOURCE_EXHAUSTED;
             snprintf(msg, sizeof(msg), "%s (group %u, seq %" PRIu64 "): %s", kind_name(hd->kind),
@@ -2250,7 +2263,8 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
             }
         if (!c) {
             int over;
-            c = coll_new(h, j, hd, ring ? plan.nlocal : n, 0, &over);
+            c = coll_new(h, j, hd, ring ? plan.nlocal : n, 0, ring ? ring_step(h, &plan) : 0,
+                         &over);
             if (!c) {
                 code = GRPC_STATUS_RESOURCE_EXHAUSTED;
                 snprintf(msg, sizeof(msg),
