@@ -430,6 +430,19 @@ static void worker_new_group(ps__rpc_call_t *call, void *arg)
     forward_unary(arg, call, PS_M_COORD_NEW_GROUP, &paramsync__v1__new_group_request__descriptor);
 }
 
+/* Starts the forwarded Collective call to the hub agent, with the worker's
+ * token: 0 or a negative error. */
+static int hub_call_start(ps__agent_t *a, ps__rpc_call_t *down, const char *hub,
+                          ps__rpc_call_t **up)
+{
+    ps__rpc_channel_t *ch = peer_channel(a, hub);
+    char auth[600];
+    int have_auth = ps__rpc_call_metadata(down, "authorization", auth, sizeof(auth)) == 0;
+    return ch ? ps__rpc_call_start_auth(ch, PS_M_WORKER_COLLECTIVE, 0, have_auth ? auth : NULL,
+                                        a->self, up)
+              : PS_ENOMEM;
+}
+
 /* The shared-memory side of a forwarded collective (collective_proxy_shm). */
 typedef struct shm_feed {
     ps__rpc_call_t *down, *up;
@@ -479,12 +492,7 @@ static void collective_proxy_shm(ps__agent_t *a, ps__rpc_call_t *down,
         return;
     }
     ps__rpc_call_t *up = NULL;
-    ps__rpc_channel_t *ch = peer_channel(a, hub);
-    char auth[600];
-    int have_auth = ps__rpc_call_metadata(down, "authorization", auth, sizeof(auth)) == 0;
-    int rc = ch ? ps__rpc_call_start_auth(ch, PS_M_WORKER_COLLECTIVE, 0, have_auth ? auth : NULL,
-                                          a->self, &up)
-                : PS_ENOMEM;
+    int rc = hub_call_start(a, down, hub, &up);
     shm_feed_t feed = {down, up, &io, 0, hd->chunk_bytes ? hd->chunk_bytes : 1u << 20};
     if (rc == 0) {
         Paramsync__V1__CollectiveHeader fwd = *hd;
@@ -558,12 +566,7 @@ static void collective_proxy(ps__agent_t *a, ps__rpc_call_t *down, grpc_byte_buf
     ps__rpc_call_t *up = NULL;
     char *msg = NULL;
     pthread_t t;
-    ps__rpc_channel_t *ch = peer_channel(a, hub);
-    char auth[600];
-    int have_auth = ps__rpc_call_metadata(down, "authorization", auth, sizeof(auth)) == 0;
-    int rc = ch ? ps__rpc_call_start_auth(ch, PS_M_WORKER_COLLECTIVE, 0, have_auth ? auth : NULL,
-                                          a->self, &up)
-                : PS_ENOMEM;
+    int rc = hub_call_start(a, down, hub, &up);
     if (rc == 0) {
         count_frame(first, 1); /* before the send, which empties the buffer */
         rc = ps__rpc_call_send(up, first);

@@ -1471,6 +1471,42 @@ static void wait_arrivals(ps__hub_t *h, coll_t *c, int64_t timeout_ms)
     }
 }
 
+/* Finds the collective (group, seq) of hd in job j, or makes it with n
+ * members and steps of `step` bytes (0: --step-bytes); *made says which.
+ * 0, or a gRPC code with msg: the tombstone's answer for a collective that
+ * has failed already, or RESOURCE_EXHAUSTED. Lock held. */
+static int coll_get(ps__hub_t *h, job_t *j, const header_t *hd, int n, size_t step, coll_t **out,
+                    int *made, char *msg, size_t len)
+{
+    coll_t *c = NULL;
+    *made = 0;
+    for (coll_t *x = j->colls; x && !c; x = x->next)
+        if (!x->p2p && x->group == hd->group && x->seq == hd->seq)
+            c = x;
+    for (tombstone_t *t = j->tombstones; t && !c; t = t->next)
+        if (t->group == hd->group && t->seq == hd->seq) {
+            snprintf(msg, len, "%s", t->message);
+            return t->code;
+        }
+    if (!c) {
+        int over;
+        c = coll_new(h, j, hd, n, 0, step, &over);
+        if (!c) {
+            snprintf(msg, len, "%s (group %u, seq %" PRIu64 "): %s", kind_name(hd->kind), hd->group,
+                     hd->seq,
+                     over ? "this agent's collectives in flight already hold their limit of "
+                            "memory (--max-inflight-bytes); retry later"
+                          : "out of memory");
+            return GRPC_STATUS_RESOURCE_EXHAUSTED;
+        }
+        c->next = j->colls;
+        j->colls = c;
+        *made = 1;
+    }
+    *out = c;
+    return 0;
+}
+
 /* ---- collectives spanning several agents: the ring ---- */
 
 /*
@@ -1641,6 +1677,18 @@ static void coll_retire(job_t *j, coll_t *c)
     coll_free(c);
 }
 
+/* The end of a ring thread (sender or applier), lock held: the collective
+ * may go now, and ps__hub_destroy may stop waiting. Unlocks. */
+static void ring_thread_exit(ps__hub_t *h, job_t *j, coll_t *c)
+{
+    c->threads--;
+    coll_retire(j, c);
+    job_release(j);
+    h->senders--;
+    pthread_cond_broadcast(&h->p2p_changed);
+    pthread_mutex_unlock(&h->lock);
+}
+
 /* The link to the next agent: opens it, then sends each step's pieces as
  * soon as they are ready (its own partial in round 0, then what the
  * receiver has just added or completed). Also keeps the deadline until the
@@ -1776,12 +1824,7 @@ static void *ring_send_main(void *arg)
         coll_fail(c, rc == -GRPC_STATUS_UNAVAILABLE ? GRPC_STATUS_UNAVAILABLE : -rc,
                   "%s (group %u, seq %" PRIu64 "): the link to agent %s broke: %s",
                   kind_name(c->kind), c->group, c->seq, rg->next, msg ? msg : ps_strerror(rc));
-    c->threads--;
-    coll_retire(j, c);
-    job_release(j);
-    h->senders--;
-    pthread_cond_broadcast(&h->p2p_changed);
-    pthread_mutex_unlock(&h->lock);
+    ring_thread_exit(h, j, c);
     free(msg);
     return NULL;
 }
@@ -1992,12 +2035,7 @@ static void *ring_apply_main(void *arg)
         }
     }
     free(tmp);
-    c->threads--;
-    coll_retire(j, c);
-    job_release(j);
-    h->senders--;
-    pthread_cond_broadcast(&h->p2p_changed);
-    pthread_mutex_unlock(&h->lock);
+    ring_thread_exit(h, j, c);
     return NULL;
 }
 
@@ -2038,31 +2076,12 @@ void ps__hub_ring_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
                  plan.local ? "not next to it" : "not in the group's ring (--ring off here?)");
         goto done;
     }
-    for (coll_t *x = j->colls; x && !c; x = x->next)
-        if (!x->p2p && x->group == hd->group && x->seq == hd->seq)
-            c = x;
-    for (tombstone_t *t = j->tombstones; t && !c; t = t->next)
-        if (t->group == hd->group && t->seq == hd->seq) {
-            code = t->code;
-            snprintf(msg, sizeof(msg), "%s", t->message);
-            goto done;
-        }
-    if (!c) {
-        int over;
-        c = coll_new(h, j, hd, plan.nlocal, 0, ring_step(h, &plan), &over);
-        if (!c) {
-            code = GRPC_STATUS_RESOURCE_EXHAUSTED;
-            snprintf(msg, sizeof(msg), "%s (group %u, seq %" PRIu64 "): %s", kind_name(hd->kind),
-                     hd->group, hd->seq,
-                     over ? "this agent's collectives in flight already hold their limit of "
-                            "memory (--max-inflight-bytes); retry later"
-                          : "out of memory");
-            goto done;
-        }
-        c->next = j->colls;
-        j->colls = c;
+    int made;
+    if ((code = coll_get(h, j, hd, plan.nlocal, ring_step(h, &plan), &c, &made, msg,
+                         sizeof(msg))) != 0)
+        goto done;
+    if (made)
         coll_ring_start(h, c, &plan, timeout);
-    }
     if (!c->ring && !c->failed)
         coll_fail(c, GRPC_STATUS_FAILED_PRECONDITION,
                   "collective seq %" PRIu64 " on group %u: ranks on agent %s called all_reduce "
@@ -2251,35 +2270,14 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
         }
         c = m->coll;
     } else {
-        int ring = hd->kind == K_ALL_REDUCE && ring_plan(h, j, hd->group, &plan);
-        for (coll_t *x = j->colls; x && !c; x = x->next)
-            if (!x->p2p && x->group == hd->group && x->seq == hd->seq)
-                c = x;
-        for (tombstone_t *t = j->tombstones; t && !c; t = t->next)
-            if (t->group == hd->group && t->seq == hd->seq) {
-                code = t->code;
-                snprintf(msg, sizeof(msg), "%s", t->message);
-                goto fail_locked;
-            }
-        if (!c) {
-            int over;
-            c = coll_new(h, j, hd, ring ? plan.nlocal : n, 0, ring ? ring_step(h, &plan) : 0,
-                         &over);
-            if (!c) {
-                code = GRPC_STATUS_RESOURCE_EXHAUSTED;
-                snprintf(msg, sizeof(msg),
-                         over ? "%s (group %u, seq %" PRIu64 "): this agent's collectives in "
-                                "flight already hold their limit of memory "
-                                "(--max-inflight-bytes); retry later"
-                              : "%s (group %u, seq %" PRIu64 "): out of memory",
-                         kind_name(hd->kind), hd->group, hd->seq);
-                goto fail_locked;
-            }
-            c->next = j->colls;
-            j->colls = c;
-            if (ring)
-                coll_ring_start(h, c, &plan, timeout);
+        int ring = hd->kind == K_ALL_REDUCE && ring_plan(h, j, hd->group, &plan), made;
+        if ((code = coll_get(h, j, hd, ring ? plan.nlocal : n, ring ? ring_step(h, &plan) : 0, &c,
+                             &made, msg, sizeof(msg))) != 0) {
+            c = NULL;
+            goto fail_locked;
         }
+        if (made && ring)
+            coll_ring_start(h, c, &plan, timeout);
         int idx = coll_index(c, hd->rank);
         if (idx < 0 || (c->ring != NULL) != ring) {
             /* A rank the ring has on another agent, or ranks that disagree
