@@ -29,6 +29,7 @@ typedef struct ps__config {
     uint64_t max_inflight_bytes; /* hub memory for collectives in flight */
     int reduce_cuda;             /* reductions on the GPU (--reduce-device) */
     int ring;                    /* multi-agent all_reduce over a ring of agents (--ring) */
+    uint64_t ring_min_bytes;     /* smaller all_reduces go to the hub (--ring-min-bytes) */
 } ps__config_t;
 
 /* Method names. */

@@ -1592,9 +1592,18 @@ static size_t ring_step(const ps__hub_t *h, const ring_plan_t *plan)
     return (size_t)(sb < max ? sb : max);
 }
 
+/* Whether a collective of this header goes round a ring of agents (when
+ * its group spans several): all_reduce of --ring-min-bytes or more. */
+static int ring_wanted(const ps__hub_t *h, const header_t *hd)
+{
+    uint64_t esize = ps_dtype_size((ps_dtype_t)hd->dtype);
+    return h->cfg->ring && hd->kind == K_ALL_REDUCE && esize &&
+           hd->count >= (h->cfg->ring_min_bytes + esize - 1) / esize;
+}
+
 int ps__hub_is_ring(ps__hub_t *h, const header_t *hd)
 {
-    if (!h->cfg->ring || hd->kind != K_ALL_REDUCE)
+    if (!ring_wanted(h, hd))
         return 0;
     char msg[256];
     int code, ring = 0;
@@ -1689,6 +1698,45 @@ static void ring_thread_exit(ps__hub_t *h, job_t *j, coll_t *c)
     pthread_mutex_unlock(&h->lock);
 }
 
+/* Fails c for the way the link to the next agent ended (rc < 0): with the
+ * next agent's own words when it failed the collective, else as a broken
+ * link. Lock held. */
+static void ring_link_failed(coll_t *c, int rc, const char *msg)
+{
+    if (rc < 0 && msg && *msg && rc != -GRPC_STATUS_UNAVAILABLE && rc != -GRPC_STATUS_CANCELLED)
+        coll_fail(c, -rc, "%s", msg);
+    else if (rc < 0)
+        coll_fail(c, rc == -GRPC_STATUS_UNAVAILABLE ? GRPC_STATUS_UNAVAILABLE : -rc,
+                  "%s (group %u, seq %" PRIu64 "): the link to agent %s broke: %s",
+                  kind_name(c->kind), c->group, c->seq, c->ring->next,
+                  msg && *msg ? msg : ps_strerror(rc));
+}
+
+/* Waits for the end of the link to the next agent while the sender works:
+ * the next agent may end it early (a mismatch found there, its ranks gone),
+ * which must fail the collective here at once, not when the sender next
+ * sends or finishes. */
+typedef struct ring_watch {
+    coll_t *c;
+    ps__rpc_call_t *out;
+} ring_watch_t;
+
+static void *ring_watch_main(void *arg)
+{
+    ring_watch_t *w = arg;
+    grpc_byte_buffer *bb = NULL;
+    ps__rpc_call_recv(w->out, &bb); /* the next agent sends only its status */
+    if (bb)
+        grpc_byte_buffer_destroy(bb);
+    char *msg = NULL;
+    int rc = ps__rpc_call_finish(w->out, &msg);
+    pthread_mutex_lock(w->c->lock);
+    ring_link_failed(w->c, rc, msg);
+    pthread_mutex_unlock(w->c->lock);
+    free(msg);
+    return NULL;
+}
+
 /* The link to the next agent: opens it, then sends each step's pieces as
  * soon as they are ready (its own partial in round 0, then what the
  * receiver has just added or completed). Also keeps the deadline until the
@@ -1719,6 +1767,9 @@ static void *ring_send_main(void *arg)
         if (bb)
             grpc_byte_buffer_destroy(bb);
     }
+    ring_watch_t watch = {c, out};
+    pthread_t watcher;
+    int watching = rc == 0 && pthread_create(&watcher, NULL, ring_watch_main, &watch) == 0;
     pthread_mutex_lock(c->lock);
     rg->out = out;
     if (rc < 0 && !out)
@@ -1812,7 +1863,10 @@ static void *ring_send_main(void *arg)
             }
         }
         ps__rpc_call_close_send(out);
-        rc = ps__rpc_call_finish(out, &msg);
+        if (watching)
+            pthread_join(watcher, NULL);
+        else
+            rc = ps__rpc_call_finish(out, &msg);
     }
     pthread_mutex_lock(c->lock);
     rg->out = NULL;
@@ -1820,10 +1874,8 @@ static void *ring_send_main(void *arg)
     pthread_mutex_unlock(c->lock);
     ps__rpc_call_destroy(out);
     pthread_mutex_lock(c->lock);
-    if (out && rc < 0)
-        coll_fail(c, rc == -GRPC_STATUS_UNAVAILABLE ? GRPC_STATUS_UNAVAILABLE : -rc,
-                  "%s (group %u, seq %" PRIu64 "): the link to agent %s broke: %s",
-                  kind_name(c->kind), c->group, c->seq, rg->next, msg ? msg : ps_strerror(rc));
+    if (out && !watching)
+        ring_link_failed(c, rc, msg);
     ring_thread_exit(h, j, c);
     free(msg);
     return NULL;
@@ -2066,14 +2118,15 @@ void ps__hub_ring_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
     }
     if (!(j = job_get(h, hd, &code, msg, sizeof(msg))))
         goto done;
-    if (!ring_plan(h, j, hd->group, &plan) ||
+    if (!ring_wanted(h, hd) || !ring_plan(h, j, hd->group, &plan) ||
         hd->rank != (plan.pos + plan.nagents - 1) % plan.nagents) {
         code = GRPC_STATUS_FAILED_PRECONDITION;
         snprintf(msg, sizeof(msg),
                  "%s (group %u, seq %" PRIu64 "): a ring link from position %d, but this agent "
                  "(%s) is %s",
                  kind_name(hd->kind), hd->group, hd->seq, hd->rank, h->self,
-                 plan.local ? "not next to it" : "not in the group's ring (--ring off here?)");
+                 plan.local ? "not next to it"
+                            : "not in a ring for it (--ring or --ring-min-bytes differ here?)");
         goto done;
     }
     int made;
@@ -2082,17 +2135,24 @@ void ps__hub_ring_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
         goto done;
     if (made)
         coll_ring_start(h, c, &plan, timeout);
-    if (!c->ring && !c->failed)
+    if (!c->ring && !c->failed && (int)hd->kind != c->kind) {
         coll_fail(c, GRPC_STATUS_FAILED_PRECONDITION,
                   "collective seq %" PRIu64 " on group %u: ranks on agent %s called all_reduce "
                   "but ranks here called %s",
                   hd->seq, hd->group, plan.prev, kind_name(c->kind));
-    else if (!c->failed) {
+    } else if (!c->failed) {
+        /* A different size can also mean ring here, hub there. */
         char who[300], theirs[300];
         snprintf(who, sizeof(who), "the ranks on agent %s", plan.prev);
         snprintf(theirs, sizeof(theirs), "the ranks on agent %s have", h->self);
         if (ring_mismatch(c, hd, who, theirs, msg, sizeof(msg)))
             coll_fail(c, GRPC_STATUS_FAILED_PRECONDITION, "%s", msg);
+        else if (!c->ring)
+            coll_fail(c, GRPC_STATUS_FAILED_PRECONDITION,
+                      "all_reduce (group %u, seq %" PRIu64 "): agent %s runs it in a ring and "
+                      "this one (%s) at the hub: set --ring and --ring-min-bytes alike on "
+                      "every agent",
+                      hd->group, hd->seq, plan.prev, h->self);
     }
     if (c->ring && (c->ring->in_seen || c->failed)) {
         if (!c->failed)
@@ -2270,7 +2330,7 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
         }
         c = m->coll;
     } else {
-        int ring = hd->kind == K_ALL_REDUCE && ring_plan(h, j, hd->group, &plan), made;
+        int ring = ring_wanted(h, hd) && ring_plan(h, j, hd->group, &plan), made;
         if ((code = coll_get(h, j, hd, ring ? plan.nlocal : n, ring ? ring_step(h, &plan) : 0, &c,
                              &made, msg, sizeof(msg))) != 0) {
             c = NULL;
@@ -2282,13 +2342,29 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
         if (idx < 0 || (c->ring != NULL) != ring) {
             /* A rank the ring has on another agent, or ranks that disagree
              * on the kind (one kind runs in a ring, the other at the hub). */
-            if (idx >= 0 || !c->ring || (int)hd->kind != c->kind) {
+            char who[32];
+            snprintf(who, sizeof(who), "rank %d", hd->rank);
+            if ((int)hd->kind != c->kind) {
                 if (!c->failed)
                     coll_fail(c, GRPC_STATUS_FAILED_PRECONDITION,
                               "collective seq %" PRIu64 " on group %u: rank %d called %s but "
                               "other ranks called %s",
                               hd->seq, hd->group, hd->rank, kind_name(hd->kind),
                               kind_name(c->kind));
+                code = c->code;
+                snprintf(msg, sizeof(msg), "%s", c->message);
+            } else if (ring_mismatch(c, hd, who, "other ranks have", msg, sizeof(msg)) ||
+                       idx >= 0) {
+                /* One size runs in a ring, the other at the hub; or the
+                 * agents' settings differ (same size, other mode). */
+                if (!ring_mismatch(c, hd, who, "other ranks have", msg, sizeof(msg)))
+                    snprintf(msg, sizeof(msg),
+                             "all_reduce (group %u, seq %" PRIu64 "): agents disagree on whether "
+                             "it runs in a ring: set --ring and --ring-min-bytes alike on every "
+                             "agent",
+                             hd->group, hd->seq);
+                if (!c->failed)
+                    coll_fail(c, GRPC_STATUS_FAILED_PRECONDITION, "%s", msg);
                 code = c->code;
                 snprintf(msg, sizeof(msg), "%s", c->message);
             } else {

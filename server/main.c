@@ -96,6 +96,9 @@ static void usage(FILE *out)
         "                           those agents; off (default): every collective goes to the\n"
         "                           job's hub agent. Set it alike on every agent\n"
         "                           [PARAMSYNC_RING] (docs/PERFORMANCE.md: when each is faster)\n"
+        "  --ring-min-bytes N       with --ring on, smaller all_reduces still go to the hub,\n"
+        "                           where they take fewer hops [PARAMSYNC_RING_MIN_BYTES]\n"
+        "                           (default 1M)\n"
         "  --log-level LEVEL        error, warn, info (default) or debug [PARAMSYNC_LOG_LEVEL]\n"
         "  --version                print the version and exit\n"
         "  -h, --help               print this help and exit\n"
@@ -248,6 +251,7 @@ int main(int argc, char **argv)
         .max_world_size = 65536,
         .max_groups = 4096,
         .max_inflight_bytes = 4ull << 30,
+        .ring_min_bytes = 1u << 20,
     };
     /* Every option is a string first, from the environment, then the command
      * line; each is parsed and checked once below. */
@@ -279,6 +283,7 @@ int main(int argc, char **argv)
         O_REDUCE_DEVICE,
         O_HEALTH_LISTEN,
         O_RING,
+        O_RING_MIN,
         O_COUNT,
         O_VERSION = 1000
     };
@@ -310,6 +315,7 @@ int main(int argc, char **argv)
         "PARAMSYNC_REDUCE_DEVICE",
         "PARAMSYNC_HEALTH_LISTEN",
         "PARAMSYNC_RING",
+        "PARAMSYNC_RING_MIN_BYTES",
     };
     static const struct option opts[] = {
         {"role", required_argument, 0, O_ROLE},
@@ -339,6 +345,7 @@ int main(int argc, char **argv)
         {"reduce-device", required_argument, 0, O_REDUCE_DEVICE},
         {"health-listen", required_argument, 0, O_HEALTH_LISTEN},
         {"ring", required_argument, 0, O_RING},
+        {"ring-min-bytes", required_argument, 0, O_RING_MIN},
         {"version", no_argument, 0, O_VERSION},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
@@ -484,6 +491,14 @@ int main(int argc, char **argv)
         return 2;
     }
     cfg.ring = val[O_RING] && strcmp(val[O_RING], "on") == 0;
+    if (val[O_RING_MIN]) {
+        if (parse_bytes(val[O_RING_MIN], &v) < 0) {
+            fprintf(stderr, "paramsyncd: --ring-min-bytes must be a byte count, not '%s'\n",
+                    val[O_RING_MIN]);
+            return 2;
+        }
+        cfg.ring_min_bytes = v;
+    }
     if (window) {
         if (parse_bytes(window, &v) < 0 || v < 1 || v > 64) {
             fprintf(stderr, "paramsyncd: --window must be 1 to 64, not '%s'\n", window);
