@@ -205,6 +205,8 @@ int ps__coll_run(ps__coll_t *c)
     int rc;
     memset(&st, 0, sizeof(st));
 
+    if (ps__doorbell_run(comm, c, &rc, &msg))
+        goto done;
     rc = ps__rpc_call_start(comm->channel, PS__METHOD_COLLECTIVE,
                             comm->timeout_ms + PS__DEADLINE_GRACE_MS, &call);
     if (rc < 0) {

@@ -111,7 +111,8 @@ struct ps_comm {
     ps_error_fn error_fn;
     void *error_arg;
 
-    struct ps__shm *shm; /* the shared-memory segment (shm.c), or NULL */
+    struct ps__shm *shm;           /* the shared-memory segment (shm.c), or NULL */
+    struct ps__doorbell *doorbell; /* the doorbell segment (shm.c), or NULL */
 
     /* One pinned staging buffer kept between calls on device buffers (device.c;
      * guarded by lock): page-locking memory costs far more than the copy. */
@@ -156,7 +157,12 @@ int ps__shm_begin(ps_comm_t *comm, ps__coll_t *c);
 /** Releases the segment after c (no-op when c did not use it). */
 void ps__shm_end(ps_comm_t *comm, ps__coll_t *c);
 
-/** Unmaps the comm's segment (finalize). */
+/** Runs c through the doorbell segment when it can (the agent hosts the job,
+ * input and output fit, the doorbell is free): returns 1 with *rc and
+ * *msg (malloc'd, on error) set, or 0 when c must go as a gRPC call. */
+int ps__doorbell_run(ps_comm_t *comm, ps__coll_t *c, int *rc, char **msg);
+
+/** Unmaps the comm's segments (finalize). */
 void ps__shm_free(ps_comm_t *comm);
 
 /* ---- errors (comm.c) ---- */

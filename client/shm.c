@@ -6,9 +6,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/futex.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "paramsync/v1/doorbell.h"
 
 /*
  * Over gRPC every payload byte is framed, copied into the transport and out
@@ -47,9 +51,10 @@ static void segment_unmap(struct ps__shm *s)
     }
 }
 
-/* Creates a segment of size bytes and offers it to the agent. 0 when the
- * agent attached it; a negative code otherwise (the segment is gone). */
-static int segment_create(ps_comm_t *comm, struct ps__shm *s, size_t size)
+/* Creates a segment of size bytes and offers it to the agent, as a payload
+ * segment or a doorbell. 0 when the agent attached it; a negative code
+ * otherwise (the segment is gone). */
+static int segment_create(ps_comm_t *comm, struct ps__shm *s, size_t size, int doorbell)
 {
     static unsigned counter;
     struct timespec ts;
@@ -78,6 +83,7 @@ static int segment_create(ps_comm_t *comm, struct ps__shm *s, size_t size)
     req.name = s->name;
     req.size = size;
     req.magic = magic;
+    req.doorbell = doorbell;
     rc = ps__rpc_unary(comm->channel, PS__METHOD_SHM_ATTACH, &req.base,
                        &paramsync__v1__shm_attach_response__descriptor, (ProtobufCMessage **)&resp,
                        PS__CONTROL_TIMEOUT_MS, NULL);
@@ -130,7 +136,7 @@ int ps__shm_begin(ps_comm_t *comm, ps__coll_t *c)
         while (size < need)
             size *= 2;
         segment_unmap(s);
-        int rc = segment_create(comm, s, size);
+        int rc = segment_create(comm, s, size, 0);
         if (rc < 0) {
             pthread_mutex_lock(&comm->lock);
             s->in_use = 0;
@@ -159,8 +165,134 @@ void ps__shm_end(ps_comm_t *comm, ps__coll_t *c)
     c->hdr.shm = (char *)protobuf_c_empty_string;
 }
 
+/*
+ * The doorbell (proto/paramsync/v1/doorbell.h): when the agent hosts the
+ * job, a collective whose input and output fit in a page goes without a gRPC
+ * call: the header and input into a second, small segment, a futex wake, a
+ * futex wait for the answer. A gRPC call costs several thread hand-offs in
+ * gRPC's core on both sides; this costs two wake-ups. One collective at a
+ * time uses it (a concurrent one takes a call); a request abandoned (the job
+ * broke while it waited) retires the doorbell, since the agent may still
+ * answer into it.
+ */
+
+struct ps__doorbell {
+    struct ps__shm seg;
+    ps_doorbell_ctl_t *ctl;
+    int in_use;
+    int disabled;
+};
+
+static long futex_op(uint32_t *word, int op, uint32_t val, const struct timespec *timeout)
+{
+    return syscall(SYS_futex, word, op, val, timeout, NULL, 0);
+}
+
+int ps__doorbell_run(ps_comm_t *comm, ps__coll_t *c, int *rc, char **msg)
+{
+    if (c->in_bytes > PS_DOORBELL_PAYLOAD || c->out_bytes > PS_DOORBELL_PAYLOAD)
+        return 0;
+    const char *env = getenv("PARAMSYNC_SHM");
+    if (env && strcmp(env, "0") == 0)
+        return 0;
+    pthread_mutex_lock(&comm->lock);
+    struct ps__doorbell *d = comm->doorbell;
+    if (!d && (d = calloc(1, sizeof(*d))))
+        comm->doorbell = d;
+    if (!d || d->disabled || d->in_use || comm->broken || comm->finalizing) {
+        pthread_mutex_unlock(&comm->lock);
+        return 0;
+    }
+    d->in_use = 1;
+    pthread_mutex_unlock(&comm->lock);
+
+    if (!d->seg.base) {
+        int err = segment_create(comm, &d->seg, PS_DOORBELL_SIZE, 1);
+        if (err < 0) {
+            pthread_mutex_lock(&comm->lock);
+            d->in_use = 0;
+            /* Refused (not the job's hub, another host, an older agent) or
+             * failed: calls it is, for good. */
+            d->disabled = 1;
+            pthread_mutex_unlock(&comm->lock);
+            return 0;
+        }
+        d->ctl = (ps_doorbell_ctl_t *)(void *)(d->seg.base + PS_DOORBELL_CTL);
+    }
+    ps_doorbell_ctl_t *ctl = d->ctl;
+    c->hdr.shm = d->seg.name;
+    c->hdr.shm_out_offset = PS_DOORBELL_OUT;
+    size_t hl = protobuf_c_message_get_packed_size(&c->hdr.base);
+    if (hl > PS_DOORBELL_HEADER || __atomic_load_n(&ctl->closed, __ATOMIC_ACQUIRE)) {
+        c->hdr.shm = (char *)protobuf_c_empty_string;
+        c->hdr.shm_out_offset = 0;
+        pthread_mutex_lock(&comm->lock);
+        d->in_use = 0;
+        d->disabled |= ctl->closed != 0;
+        pthread_mutex_unlock(&comm->lock);
+        return 0;
+    }
+    protobuf_c_message_pack(&c->hdr.base, ctl->header);
+    ctl->header_len = (uint32_t)hl;
+    c->hdr.shm = (char *)protobuf_c_empty_string;
+    c->hdr.shm_out_offset = 0;
+    if (c->in_bytes)
+        memcpy(d->seg.base, c->in, c->in_bytes);
+    uint32_t req = __atomic_load_n(&ctl->req, __ATOMIC_RELAXED) + 1;
+    __atomic_store_n(&ctl->req, req, __ATOMIC_RELEASE);
+    futex_op(&ctl->req, FUTEX_WAKE, 1, NULL);
+
+    for (;;) {
+        uint32_t r = __atomic_load_n(&ctl->resp, __ATOMIC_ACQUIRE);
+        if (r == req)
+            break;
+        /* Short waits: a job that breaks meanwhile (a peer lost, the agent
+         * gone) is noticed on the next turn. */
+        struct timespec slice = {0, 50 * 1000 * 1000};
+        futex_op(&ctl->resp, FUTEX_WAIT, r, &slice);
+        if (__atomic_load_n(&ctl->resp, __ATOMIC_ACQUIRE) == req)
+            break;
+        pthread_mutex_lock(&comm->lock);
+        int broken = comm->broken, gone = comm->join_ended;
+        char *why = broken && comm->broken_msg ? strdup(comm->broken_msg) : NULL;
+        if (broken || gone || __atomic_load_n(&ctl->closed, __ATOMIC_ACQUIRE))
+            d->disabled = 1; /* abandoned: the agent may still answer into it */
+        pthread_mutex_unlock(&comm->lock);
+        if (d->disabled) {
+            *rc = broken ? broken : PS_EUNAVAIL;
+            *msg = why ? why
+                       : strdup(gone ? "lost the membership stream to the agent"
+                                     : "the agent closed the doorbell (it is stopping)");
+            return 1;
+        }
+        free(why);
+    }
+    int code = ctl->code;
+    if (code != 0) {
+        *rc = code > 0 ? -code : PS_EUNKNOWN;
+        *msg = strndup(ctl->message, sizeof(ctl->message) - 1);
+    } else if (c->out_bytes && !ctl->shm) {
+        *rc = PS_EINTERNAL;
+        *msg = strdup("the agent answered the doorbell without the output");
+    } else {
+        if (c->out_bytes)
+            memcpy(c->out, d->seg.base + PS_DOORBELL_OUT, c->out_bytes);
+        c->source = ctl->source;
+        *rc = 0;
+    }
+    pthread_mutex_lock(&comm->lock);
+    d->in_use = 0;
+    pthread_mutex_unlock(&comm->lock);
+    return 1;
+}
+
 void ps__shm_free(ps_comm_t *comm)
 {
+    if (comm->doorbell) {
+        segment_unmap(&comm->doorbell->seg);
+        free(comm->doorbell);
+        comm->doorbell = NULL;
+    }
     if (!comm->shm)
         return;
     segment_unmap(comm->shm);

@@ -406,9 +406,13 @@ static void worker_shm_attach(ps__rpc_call_t *call, void *arg)
     else if (strcmp(hub, a->self) != 0 && !ps__hub_rank_here(a->hub, req->job, req->rank))
         snprintf(reason, sizeof(reason), "rank %d of job %s did not join through this agent",
                  req->rank, req->job);
+    else if (req->doorbell && strcmp(hub, a->self) != 0)
+        snprintf(reason, sizeof(reason),
+                 "job %s's collectives run on agent %s: a doorbell is only for its hub", req->job,
+                 hub);
     else
         resp.attached = ps__hub_shm_attach(a->hub, req->job, req->rank, req->name, req->size,
-                                           req->magic, reason, sizeof(reason));
+                                           req->magic, req->doorbell, reason, sizeof(reason));
     if (!resp.attached)
         PS_LOG(PS_LOG_INFO, "job %s: rank %d's shared memory not used: %s", req->job, req->rank,
                reason);

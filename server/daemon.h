@@ -135,10 +135,12 @@ int ps__hub_is_ring(ps__hub_t *h, const Paramsync__V1__CollectiveHeader *hd);
  * whose first frame is `first`; ends the call with a status. */
 void ps__hub_ring_serve(ps__hub_t *h, ps__rpc_call_t *call, struct ps__frame *first);
 
-/** Maps a worker's shared segment (see ShmAttach in the proto). Returns 1
- * when attached, else 0 with the reason in `reason`. */
+/** Maps a worker's shared segment (see ShmAttach in the proto), a payload
+ * segment or (doorbell) a doorbell segment, whose requests a thread of the
+ * hub then serves. Returns 1 when attached, else 0 with the reason in
+ * `reason`. */
 int ps__hub_shm_attach(ps__hub_t *h, const char *job, int rank, const char *name, uint64_t size,
-                       uint64_t magic, char *reason, size_t rlen);
+                       uint64_t magic, int doorbell, char *reason, size_t rlen);
 
 /** Whether job rank `rank` of job joined through this agent. */
 int ps__hub_rank_here(ps__hub_t *h, const char *job, int rank);

@@ -8,8 +8,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/futex.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -19,6 +21,7 @@
 #include <paramsync/reduce.h>
 
 #include "daemon.h"
+#include "paramsync/v1/doorbell.h"
 #include "log.h"
 #include "metrics.h"
 #include "rpc/frame.h"
@@ -50,7 +53,10 @@ typedef struct shm_map {
     char *name, *job;
     int rank;
     uint8_t *base;
-    size_t size;
+    size_t size;    /* bytes payloads may use */
+    size_t map_len; /* bytes mapped */
+    int doorbell;   /* a doorbell segment (doorbell_main serves it) */
+    int closing;    /* doorbell: dropped, its thread is to end */
     int refs;
     int views;
     struct shm_map *next;
@@ -75,7 +81,7 @@ static void shm_unref(shm_map_t *m)
     int last = --m->refs == 0;
     pthread_mutex_unlock(&blob_lock);
     if (last) {
-        munmap(m->base, m->size);
+        munmap(m->base, m->map_len);
         free(m->name);
         free(m->job);
         free(m);
@@ -2022,11 +2028,10 @@ static void *ring_apply_main(void *arg)
         slot_t *sl = NULL;
         int64_t s = 0;
         int r = 0;
-        for (; *link && !q; prev = *link, link = &(*link)->next) {
+        for (; *link; prev = *link, link = &(*link)->next) {
             uint64_t tag = (*link)->f.meta->offset;
             s = (int64_t)(tag / (uint64_t)rounds);
             r = (int)(tag % (uint64_t)rounds);
-            slot_t *x = &c->slots[s % c->window];
             if (s >= c->nsteps) {
                 coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
                           "%s (group %u, seq %" PRIu64 "): agent %s sent a piece of step %" PRId64
@@ -2034,12 +2039,14 @@ static void *ring_apply_main(void *arg)
                           pre, c->group, c->seq, rg->prev, s, c->nsteps);
                 break;
             }
+            slot_t *x = &c->slots[s % c->window];
             if (x->step == s && x->partial && x->rounds == r) {
                 q = *link;
                 sl = x;
                 *link = q->next;
                 if (rg->q_tail == q)
                     rg->q_tail = prev;
+                break;
             }
         }
         if (c->failed)
@@ -2521,14 +2528,38 @@ int ps__hub_create(const ps__config_t *cfg, const char *self, ps__job_lookup_fn 
     return 0;
 }
 
+static long futex_op(uint32_t *word, int op, uint32_t val, const struct timespec *timeout)
+{
+    return syscall(SYS_futex, word, op, val, timeout, NULL, 0);
+}
+
+static ps_doorbell_ctl_t *doorbell_ctl(const shm_map_t *m)
+{
+    return (ps_doorbell_ctl_t *)(void *)(m->base + PS_DOORBELL_CTL);
+}
+
+/* Tells a doorbell segment's thread, and its worker, that it is closed. */
+static void doorbell_close(shm_map_t *m)
+{
+    __atomic_store_n(&m->closing, 1, __ATOMIC_RELEASE);
+    ps_doorbell_ctl_t *ctl = doorbell_ctl(m);
+    __atomic_store_n(&ctl->closed, 1, __ATOMIC_RELEASE);
+    futex_op(&ctl->req, FUTEX_WAKE, INT32_MAX, NULL);
+    futex_op(&ctl->resp, FUTEX_WAKE, INT32_MAX, NULL);
+}
+
 /* Drops the job's segments of `rank` (every rank when negative) from the
- * agent's list; each goes once no collective uses it. Lock held. */
-static void shms_drop(ps__hub_t *h, const char *job, int rank)
+ * agent's list, doorbells or payload segments or (kind < 0) both; each goes
+ * once no collective uses it. Lock held. */
+static void shms_drop(ps__hub_t *h, const char *job, int rank, int kind)
 {
     for (shm_map_t **p = &h->shms; *p;) {
         shm_map_t *sm = *p;
-        if (strcmp(sm->job, job) == 0 && (rank < 0 || sm->rank == rank)) {
+        if (strcmp(sm->job, job) == 0 && (rank < 0 || sm->rank == rank) &&
+            (kind < 0 || sm->doorbell == kind)) {
             *p = sm->next;
+            if (sm->doorbell)
+                doorbell_close(sm);
             shm_unref(sm);
         } else {
             p = &sm->next;
@@ -2536,12 +2567,109 @@ static void shms_drop(ps__hub_t *h, const char *job, int rank)
     }
 }
 
+/* Answers one request rung on a doorbell: serves it as a Collective call
+ * whose first frame is the packed header, through a local call. */
+static void doorbell_serve(ps__hub_t *h, shm_map_t *map)
+{
+    ps_doorbell_ctl_t *ctl = doorbell_ctl(map);
+    uint32_t len = ctl->header_len;
+    header_t *hd = len <= PS_DOORBELL_HEADER
+                       ? paramsync__v1__collective_header__unpack(NULL, len, ctl->header)
+                       : NULL;
+    int code = GRPC_STATUS_INVALID_ARGUMENT;
+    char *msg = NULL;
+    grpc_byte_buffer *bb = NULL;
+    Paramsync__V1__Frame *meta = malloc(sizeof(*meta));
+    ps__rpc_call_t *call = NULL;
+    if (!hd || !meta) {
+        msg = strdup(hd ? "out of memory" : "a malformed header on the doorbell");
+        code = hd ? GRPC_STATUS_RESOURCE_EXHAUSTED : code;
+    } else if (strcmp(hd->job, map->job) != 0 || strcmp(hd->shm, map->name) != 0) {
+        msg = strdup("a doorbell request must name the segment's own job and the segment");
+    } else if (ps__rpc_call_local(&call) < 0) {
+        msg = strdup("out of memory");
+        code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+    } else {
+        paramsync__v1__frame__init(meta);
+        meta->header = hd;
+        ps__frame_t first;
+        memset(&first, 0, sizeof(first));
+        first.meta = meta;
+        meta = NULL; /* the hub takes the frame, header and all */
+        hd = NULL;
+        ps__hub_serve(h, call, &first);
+        code = ps__rpc_call_local_outcome(call, &msg, &bb);
+    }
+    ctl->source = -1;
+    ctl->shm = 0;
+    ps__frame_t f;
+    memset(&f, 0, sizeof(f));
+    if (bb && ps__frame_decode(bb, &f) == 0 && f.meta->result) {
+        ctl->source = f.meta->result->source;
+        ctl->shm = f.meta->result->shm;
+    }
+    ps__frame_clear(&f);
+    size_t n = msg ? strlen(msg) : 0;
+    if (n >= sizeof(ctl->message))
+        n = sizeof(ctl->message) - 1;
+    memcpy(ctl->message, msg ? msg : "", n);
+    ctl->message[n] = 0;
+    ctl->message_len = (uint32_t)n;
+    ctl->code = code;
+    if (bb)
+        grpc_byte_buffer_destroy(bb);
+    free(msg);
+    free(meta);
+    if (hd)
+        protobuf_c_message_free_unpacked(&hd->base, NULL);
+    ps__rpc_call_destroy(call);
+}
+
+/* One thread per doorbell segment: waits for the worker's requests and
+ * answers each, until the segment is dropped (the worker left) or the agent
+ * stops. */
+typedef struct doorbell_arg {
+    ps__hub_t *h;
+    shm_map_t *map; /* referenced by the thread */
+} doorbell_arg_t;
+
+static void *doorbell_main(void *arg)
+{
+    doorbell_arg_t *d = arg;
+    ps__hub_t *h = d->h;
+    shm_map_t *map = d->map;
+    free(d);
+    ps_doorbell_ctl_t *ctl = doorbell_ctl(map);
+    /* The words were zeroed at attach; the worker may ring before this
+     * thread runs, so request 1 is the first to serve whatever req says now. */
+    uint32_t seen = 0;
+    while (!__atomic_load_n(&map->closing, __ATOMIC_ACQUIRE)) {
+        uint32_t req = __atomic_load_n(&ctl->req, __ATOMIC_ACQUIRE);
+        if (req == seen) {
+            /* Woken by a ring or by doorbell_close; the timeout is a backstop. */
+            struct timespec slice = {1, 0};
+            futex_op(&ctl->req, FUTEX_WAIT, seen, &slice);
+            continue;
+        }
+        seen = req;
+        doorbell_serve(h, map);
+        __atomic_store_n(&ctl->resp, req, __ATOMIC_RELEASE);
+        futex_op(&ctl->resp, FUTEX_WAKE, INT32_MAX, NULL);
+    }
+    shm_unref(map);
+    pthread_mutex_lock(&h->lock);
+    h->senders--;
+    pthread_cond_broadcast(&h->p2p_changed);
+    pthread_mutex_unlock(&h->lock);
+    return NULL;
+}
+
 int ps__hub_shm_attach(ps__hub_t *h, const char *job, int rank, const char *name, uint64_t size,
-                       uint64_t magic, char *reason, size_t rlen)
+                       uint64_t magic, int doorbell, char *reason, size_t rlen)
 {
     /* Names are POSIX shm names: one leading slash, no other. */
     if (!name || name[0] != '/' || strchr(name + 1, '/') || strlen(name) > 200 || size < 8 ||
-        size > h->cfg->max_tensor_bytes * 2 + 4096) {
+        size > h->cfg->max_tensor_bytes * 2 + 4096 || (doorbell && size != PS_DOORBELL_SIZE)) {
         snprintf(reason, rlen, "bad segment name or size");
         return 0;
     }
@@ -2583,15 +2711,53 @@ int ps__hub_shm_attach(ps__hub_t *h, const char *job, int rank, const char *name
     }
     sm->rank = rank;
     sm->base = base;
-    sm->size = size;
+    sm->map_len = size;
+    /* Payloads may not reach a doorbell's control words. */
+    sm->size = doorbell ? PS_DOORBELL_CTL : size;
+    sm->doorbell = doorbell;
     sm->refs = 1;
+    doorbell_arg_t *d = NULL;
+    if (doorbell) {
+        memset(doorbell_ctl(sm), 0, sizeof(ps_doorbell_ctl_t));
+        d = malloc(sizeof(*d));
+    }
     pthread_mutex_lock(&h->lock);
-    /* A rank has one segment at a time: a new one (the client grew it)
-     * replaces the old, which goes once the collectives using it are done. */
-    shms_drop(h, job, rank);
+    /* A rank has one segment of each kind at a time: a new one (the client
+     * grew it) replaces the old, which goes once the collectives using it
+     * are done. */
+    shms_drop(h, job, rank, doorbell);
     sm->next = h->shms;
     h->shms = sm;
+    pthread_t t;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    int ok = !doorbell || (d && !h->stopping);
+    if (ok && doorbell) {
+        d->h = h;
+        d->map = sm;
+        pthread_mutex_lock(&blob_lock);
+        sm->refs++; /* the thread's */
+        pthread_mutex_unlock(&blob_lock);
+        if (pthread_create(&t, &attr, doorbell_main, d) == 0) {
+            h->senders++;
+            d = NULL;
+        } else {
+            pthread_mutex_lock(&blob_lock);
+            sm->refs--;
+            pthread_mutex_unlock(&blob_lock);
+            ok = 0;
+        }
+    }
+    pthread_attr_destroy(&attr);
+    free(d);
+    if (!ok) {
+        shms_drop(h, job, rank, doorbell);
+        snprintf(reason, rlen, "%s", h->stopping ? "the agent is stopping" : "no thread");
+    }
     pthread_mutex_unlock(&h->lock);
+    if (!ok)
+        return 0;
     return 1;
 }
 
@@ -2694,7 +2860,7 @@ void ps__hub_shm_io_close(ps__shm_io_t *io)
 void ps__hub_shm_release(ps__hub_t *h, const char *job, int rank)
 {
     pthread_mutex_lock(&h->lock);
-    shms_drop(h, job, rank);
+    shms_drop(h, job, rank, -1);
     pthread_mutex_unlock(&h->lock);
 }
 
@@ -2738,6 +2904,9 @@ void ps__hub_drain(ps__hub_t *h)
 {
     pthread_mutex_lock(&h->lock);
     h->stopping = 1;
+    for (shm_map_t *sm = h->shms; sm; sm = sm->next)
+        if (sm->doorbell)
+            doorbell_close(sm);
     for (job_t *j = h->jobs; j; j = j->next)
         for (coll_t *c = j->colls; c; c = c->next)
             coll_fail(c, GRPC_STATUS_UNAVAILABLE,
@@ -2750,8 +2919,12 @@ void ps__hub_destroy(ps__hub_t *h)
 {
     if (!h)
         return;
-    /* Ring senders end once their collective has failed (ps__hub_drain). */
+    /* Ring senders end once their collective has failed, doorbell threads
+     * once their segment is closed (ps__hub_drain). */
     pthread_mutex_lock(&h->lock);
+    for (shm_map_t *sm = h->shms; sm; sm = sm->next)
+        if (sm->doorbell)
+            doorbell_close(sm);
     while (h->senders > 0)
         pthread_cond_wait(&h->p2p_changed, &h->lock);
     pthread_mutex_unlock(&h->lock);

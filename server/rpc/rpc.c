@@ -45,6 +45,10 @@ struct ps__rpc_call {
     ps__rpc_channel_t *channel;     /* client: for its metadata */
     /* Tags: distinct addresses inside the call. */
     char tag_start, tag_status, tag_send, tag_recv, tag_close;
+    /* A local call (ps__rpc_call_local): no gRPC call behind it; what is
+     * sent on it is kept for ps__rpc_call_local_outcome. */
+    int local;
+    grpc_byte_buffer *local_first; /* the first message sent */
     /* server bookkeeping */
     struct ps__rpc_server *server;
     struct ps__rpc_call *next_active, *prev_active;
@@ -234,6 +238,8 @@ static void call_free(ps__rpc_call_t *c)
     grpc_metadata_array_destroy(&c->md_trailing);
     grpc_metadata_array_destroy(&c->md_request);
     grpc_slice_unref(c->status_details);
+    if (c->local_first)
+        grpc_byte_buffer_destroy(c->local_first);
     if (c->peer)
         gpr_free(c->peer);
     pthread_mutex_destroy(&c->lock);
@@ -358,6 +364,62 @@ int ps__rpc_server_listen(ps__rpc_server_t *s, const char *addr, int *port)
 int ps__rpc_server_listen_plain(ps__rpc_server_t *s, const char *addr, int *port)
 {
     return server_listen(s, addr, port, 1);
+}
+
+/* ---------------------------------------------------------------- local calls */
+
+int ps__rpc_call_local(ps__rpc_call_t **out)
+{
+    ps__rpc_call_t *c = calloc(1, sizeof(*c));
+    if (!c)
+        return PS_ENOMEM;
+    c->local = 1;
+    c->is_server = 1;
+    c->method = "local";
+    c->status_details = grpc_empty_slice();
+    pthread_mutex_init(&c->lock, NULL);
+    *out = c;
+    return 0;
+}
+
+/* What a local call got: a message (kept if it is the first) and/or its
+ * status (the first one wins, as with gRPC). */
+static int local_take(ps__rpc_call_t *c, grpc_byte_buffer *msg, int has_status, int code,
+                      const char *message)
+{
+    pthread_mutex_lock(&c->lock);
+    int rc = 0;
+    if (c->status_sent) {
+        rc = PS_EINVAL;
+    } else {
+        if (msg && !c->local_first)
+            c->local_first = grpc_byte_buffer_copy(msg);
+        if (has_status) {
+            c->status_sent = 1;
+            c->status_code = code;
+            grpc_slice_unref(c->status_details);
+            c->status_details = grpc_slice_from_copied_string(message ? message : "");
+        }
+    }
+    pthread_mutex_unlock(&c->lock);
+    return rc;
+}
+
+int ps__rpc_call_local_outcome(ps__rpc_call_t *c, char **message, grpc_byte_buffer **first)
+{
+    pthread_mutex_lock(&c->lock);
+    int code = c->status_sent ? c->status_code : GRPC_STATUS_INTERNAL;
+    size_t n = GRPC_SLICE_LENGTH(c->status_details);
+    char *m = malloc(n + 1);
+    if (m) {
+        memcpy(m, GRPC_SLICE_START_PTR(c->status_details), n);
+        m[n] = 0;
+    }
+    *message = m;
+    *first = c->local_first;
+    c->local_first = NULL;
+    pthread_mutex_unlock(&c->lock);
+    return code;
 }
 
 int ps__rpc_call_metadata(const ps__rpc_call_t *c, const char *key, char *buf, size_t len)
@@ -717,6 +779,8 @@ const char *ps__rpc_call_method(const ps__rpc_call_t *c)
 
 const char *ps__rpc_call_peer(ps__rpc_call_t *c)
 {
+    if (c->local)
+        return "local";
     pthread_mutex_lock(&c->lock);
     if (!c->peer)
         c->peer = grpc_call_get_peer(c->call);
@@ -772,6 +836,8 @@ static int send_status_batch(ps__rpc_call_t *c, grpc_byte_buffer *msg, int code,
 
 int ps__rpc_call_peer_cancelled(ps__rpc_call_t *c, int64_t wait_ms)
 {
+    if (c->local)
+        return 0; /* the worker's liveness is its Join stream's business */
     if (!c->close_seen) {
         gpr_timespec dl =
             gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(wait_ms, GPR_TIMESPAN));
@@ -785,11 +851,15 @@ int ps__rpc_call_peer_cancelled(ps__rpc_call_t *c, int64_t wait_ms)
 
 int ps__rpc_call_send_status(ps__rpc_call_t *c, int code, const char *message)
 {
+    if (c->local)
+        return local_take(c, NULL, 1, code, message);
     return send_status_batch(c, NULL, code, message);
 }
 
 int ps__rpc_call_send_last(ps__rpc_call_t *c, grpc_byte_buffer *msg, int code, const char *message)
 {
+    if (c->local)
+        return local_take(c, msg, 1, code, message);
     if (c->is_server)
         return send_status_batch(c, msg, code, message);
     grpc_op ops[2];
@@ -1005,6 +1075,8 @@ void ps__rpc_call_destroy(ps__rpc_call_t *c)
 
 int ps__rpc_call_send(ps__rpc_call_t *c, grpc_byte_buffer *msg)
 {
+    if (c->local)
+        return local_take(c, msg, 0, 0, NULL);
     grpc_op ops[2];
     size_t n = 0;
     memset(ops, 0, sizeof(ops));
@@ -1029,6 +1101,10 @@ int ps__rpc_call_send(ps__rpc_call_t *c, grpc_byte_buffer *msg)
 
 int ps__rpc_call_recv(ps__rpc_call_t *c, grpc_byte_buffer **msg)
 {
+    if (c->local) { /* a local call's request is all in its first frame */
+        *msg = NULL;
+        return 0;
+    }
     grpc_byte_buffer *bb = NULL;
     grpc_op op;
     memset(&op, 0, sizeof(op));
@@ -1047,6 +1123,10 @@ int ps__rpc_call_recv(ps__rpc_call_t *c, grpc_byte_buffer **msg)
 
 void ps__rpc_call_cancel(ps__rpc_call_t *c, int code, const char *message)
 {
+    if (c->local) {
+        local_take(c, NULL, 1, code, message);
+        return;
+    }
     grpc_call_cancel_with_status(c->call, (grpc_status_code)code, message ? message : "", NULL);
 }
 

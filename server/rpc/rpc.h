@@ -172,6 +172,18 @@ int ps__rpc_call_send_last(ps__rpc_call_t *call, grpc_byte_buffer *msg, int code
 /** Cancels the call with a status; thread-safe, idempotent. */
 void ps__rpc_call_cancel(ps__rpc_call_t *call, int code, const char *message);
 
+/** A server-side call with no gRPC call behind it, for requests that come
+ * another way (a shared-memory doorbell): receiving gives the end of the
+ * stream, what is sent is kept, cancelling or ending it records the status,
+ * it has no metadata and its peer never cancels. Free with
+ * ps__rpc_call_destroy. 0 or PS_ENOMEM. */
+int ps__rpc_call_local(ps__rpc_call_t **out);
+
+/** The status a local call was ended with (INTERNAL if none) and its
+ * message (malloc'd), and the first message sent on it (NULL if none; the
+ * caller destroys it). */
+int ps__rpc_call_local_outcome(ps__rpc_call_t *call, char **message, grpc_byte_buffer **first);
+
 /* ---- protobuf-c messages ---- */
 
 /** Packs a protobuf-c message into a new byte buffer (NULL on ENOMEM). */

@@ -1,0 +1,46 @@
+/* The doorbell segment: small collectives of a worker whose agent hosts its job, without a gRPC call.
+ */
+#ifndef PARAMSYNC_V1_DOORBELL_H
+#define PARAMSYNC_V1_DOORBELL_H
+
+#include <stdint.h>
+
+/*
+ * Part of the wire contract, like paramsync.proto. A worker whose agent runs
+ * on its host and hosts its job's collectives may offer the agent a second
+ * POSIX segment of PS_DOORBELL_SIZE bytes (ShmAttach with doorbell = true).
+ * A collective whose input and output each fit in PS_DOORBELL_PAYLOAD bytes
+ * then goes as follows, instead of as a Collective call:
+ *
+ *   worker: input at offset 0; the packed CollectiveHeader (shm = this
+ *           segment's name, shm_out_offset = PS_DOORBELL_OUT) in `header`;
+ *           then req += 1 (release) and FUTEX_WAKE on req.
+ *   agent:  serves it as if a Collective call had brought that header,
+ *           output at PS_DOORBELL_OUT; fills code, message, source; then
+ *           resp = req (release) and FUTEX_WAKE on resp.
+ *
+ * One request at a time per segment. `closed`, set by the agent, says it
+ * serves no more requests here (the worker goes back to gRPC calls). The
+ * words are shared between processes: futexes without FUTEX_PRIVATE_FLAG.
+ */
+
+#define PS_DOORBELL_SIZE    8192u
+#define PS_DOORBELL_PAYLOAD 2048u /* the most input, and the most output, bytes */
+#define PS_DOORBELL_OUT     2048u /* offset of the output */
+#define PS_DOORBELL_CTL     4096u /* offset of the ps_doorbell_ctl_t */
+#define PS_DOORBELL_HEADER  1024u /* the largest packed header */
+
+typedef struct ps_doorbell_ctl {
+    uint32_t req;    /* futex: requests the worker has rung */
+    uint32_t resp;   /* futex: the last request answered */
+    uint32_t closed; /* the agent serves no more requests */
+    uint32_t header_len;
+    uint8_t header[PS_DOORBELL_HEADER];
+    int32_t code;   /* the answer: a gRPC status code */
+    int32_t source; /* RECV: the sender's rank */
+    uint32_t shm;   /* CollectiveResult.shm: the output is at PS_DOORBELL_OUT */
+    uint32_t message_len;
+    char message[2048];
+} ps_doorbell_ctl_t;
+
+#endif
