@@ -1,5 +1,4 @@
-/* The doorbell segment: small collectives of a worker whose agent hosts its job, without a gRPC call.
- */
+/* The doorbell segment: small collectives of a worker on its job's hub agent, without a call. */
 #ifndef PARAMSYNC_V1_DOORBELL_H
 #define PARAMSYNC_V1_DOORBELL_H
 
@@ -30,7 +29,7 @@
 #define PS_DOORBELL_CTL     4096u /* offset of the ps_doorbell_ctl_t */
 #define PS_DOORBELL_HEADER  1024u /* the largest packed header */
 
-typedef struct ps_doorbell_ctl {
+    typedef struct ps_doorbell_ctl {
     uint32_t req;    /* futex: requests the worker has rung */
     uint32_t resp;   /* futex: the last request answered */
     uint32_t closed; /* the agent serves no more requests */
