@@ -29,7 +29,7 @@
 #define PS_DOORBELL_CTL     4096u /* offset of the ps_doorbell_ctl_t */
 #define PS_DOORBELL_HEADER  1024u /* the largest packed header */
 
-    typedef struct ps_doorbell_ctl {
+typedef struct ps_doorbell_ctl {
     uint32_t req;    /* futex: requests the worker has rung */
     uint32_t resp;   /* futex: the last request answered */
     uint32_t closed; /* the agent serves no more requests */
