@@ -669,6 +669,90 @@ static int sc_barrier(ctx_t *cx)
     return 0;
 }
 
+/* Whether this process maps a doorbell segment: an 8 KiB mapping of its own
+ * /dev/shm/paramsync.PID.* name (unlinked by the agent, so "(deleted)"). */
+static int doorbell_mapped(void)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    char line[512], pre[64];
+    int found = 0;
+    snprintf(pre, sizeof(pre), "/dev/shm/paramsync.%d.", (int)getpid());
+    while (f && fgets(line, sizeof(line), f)) {
+        unsigned long lo, hi;
+        if (strstr(line, pre) && sscanf(line, "%lx-%lx", &lo, &hi) == 2 && hi - lo == 8192)
+            found = 1;
+    }
+    if (f)
+        fclose(f);
+    return found;
+}
+
+/* Small collectives of every kind, many times, each result checked: with
+ * shared memory on they take the doorbell (and the scenario checks that it
+ * is mapped), with an async all_reduce in flight now and then, so that a
+ * blocking call also finds the doorbell busy and takes a gRPC call. */
+static int sc_doorbell(ctx_t *cx)
+{
+    ps_comm_t *comm = cx->comm;
+    int n = cx->size, me = cx->rank;
+    const char *shm = getenv("PARAMSYNC_SHM");
+    int want = !(shm && strcmp(shm, "0") == 0);
+    CHECK_OK(ps_barrier(comm, NULL));
+    CHECK(doorbell_mapped() == want, "doorbell segment %s, expected %s with PARAMSYNC_SHM=%s",
+          doorbell_mapped() ? "mapped" : "not mapped", want ? "mapped" : "none",
+          shm ? shm : "(unset)");
+    int64_t *gathered = xmalloc((size_t)n * 2 * sizeof(int64_t));
+    int ret = 0;
+    for (int round = 0; round < 150 && !ret; round++) {
+        int64_t big[300], mine = me + round;
+        ps_work_t *w = NULL;
+        if (round % 10 == 0) {
+            for (int i = 0; i < 300; i++)
+                big[i] = me * 1000 + i;
+            CHECK_OK(ps_iall_reduce(comm, big, 300, PS_INT64, PS_SUM, NULL, &w));
+        }
+        CHECK_OK(ps_barrier(comm, NULL));
+        CHECK_OK(ps_all_reduce(comm, &mine, 1, PS_INT64, PS_SUM, NULL));
+        int64_t want_sum = (int64_t)n * (n - 1) / 2 + (int64_t)n * round;
+        CHECK(mine == want_sum, "round %d: all_reduce gave %lld, want %lld", round, (long long)mine,
+              (long long)want_sum);
+        int root = round % n;
+        int64_t b[2] = {me == root ? round : -1, me == root ? -round : -1};
+        CHECK_OK(ps_broadcast(comm, b, 2, PS_INT64, root, NULL));
+        CHECK(b[0] == round && b[1] == -round, "round %d: broadcast from %d gave %lld, %lld", round,
+              root, (long long)b[0], (long long)b[1]);
+        int64_t in2[2] = {me, round};
+        CHECK_OK(ps_all_gather(comm, gathered, in2, 2, PS_INT64, NULL));
+        for (int r = 0; r < n; r++)
+            CHECK(gathered[2 * r] == r && gathered[2 * r + 1] == round,
+                  "round %d: all_gather block %d is %lld, %lld", round, r,
+                  (long long)gathered[2 * r], (long long)gathered[2 * r + 1]);
+        if (n >= 2 && me < n - n % 2) {
+            int peer = me % 2 == 0 ? me + 1 : me - 1, src = -1;
+            int32_t v = me * 100 + round, got = -1;
+            if (me % 2 == 0) {
+                CHECK_OK(ps_send(comm, &v, 1, PS_INT32, peer, round, NULL));
+                CHECK_OK(ps_recv(comm, &got, 1, PS_INT32, peer, round, NULL, &src));
+            } else {
+                CHECK_OK(ps_recv(comm, &got, 1, PS_INT32, peer, round, NULL, &src));
+                CHECK_OK(ps_send(comm, &v, 1, PS_INT32, peer, round, NULL));
+            }
+            CHECK(got == peer * 100 + round && src == peer,
+                  "round %d: recv from %d gave %d (source %d)", round, peer, got, src);
+        }
+        if (w) {
+            CHECK_OK(ps_work_wait(w));
+            for (int i = 0; i < 300 && !ret; i++)
+                if (big[i] != (int64_t)n * (n - 1) / 2 * 1000 + (int64_t)n * i)
+                    ret = fail("round %d: iall_reduce element %d is %lld", round, i,
+                               (long long)big[i]);
+            ps_work_free(w);
+        }
+    }
+    free(gathered);
+    return ret;
+}
+
 /* Pairs (0,1), (2,3), ...: the even rank sends, the odd one receives and
  * sends back; then a ring with isend/irecv so that every rank sends and
  * receives at once. */
@@ -1592,6 +1676,7 @@ static const scenario_t scenarios[] = {
     {"all_to_all", sc_all_to_all, 1, 0},
     {"barrier", sc_barrier, 1, 0},
     {"send_recv", sc_send_recv, 1, 0},
+    {"doorbell", sc_doorbell, 1, 0},
     {"shm_reuse", sc_shm_reuse, 1, 30000},
     {"collectives", sc_collectives, 1, 0},
     {"collectives_light", sc_collectives, 1, 0},
