@@ -42,6 +42,13 @@ struct ps__shm {
     int disabled; /* the agent cannot map our segments */
 };
 
+/* PARAMSYNC_SHM=0: neither segment; read on every collective. */
+static int shm_off(void)
+{
+    const char *env = getenv("PARAMSYNC_SHM");
+    return env && strcmp(env, "0") == 0;
+}
+
 static void segment_unmap(struct ps__shm *s)
 {
     if (s->base) {
@@ -116,8 +123,7 @@ int ps__shm_begin(ps_comm_t *comm, ps__coll_t *c)
                            : out_off + c->out_bytes;
     if (c->in_bytes + c->out_bytes < PS__SHM_MIN_BYTES)
         return 0;
-    const char *env = getenv("PARAMSYNC_SHM");
-    if (env && strcmp(env, "0") == 0)
+    if (shm_off())
         return 0;
     pthread_mutex_lock(&comm->lock);
     struct ps__shm *s = comm->shm;
@@ -192,8 +198,7 @@ int ps__doorbell_run(ps_comm_t *comm, ps__coll_t *c, int *rc, char **msg)
 {
     if (c->in_bytes > PS_DOORBELL_PAYLOAD || c->out_bytes > PS_DOORBELL_PAYLOAD)
         return 0;
-    const char *env = getenv("PARAMSYNC_SHM");
-    if (env && strcmp(env, "0") == 0)
+    if (shm_off())
         return 0;
     pthread_mutex_lock(&comm->lock);
     struct ps__doorbell *d = comm->doorbell;
