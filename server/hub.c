@@ -1971,17 +1971,24 @@ static void ring_receive(coll_t *c, ps__rpc_call_t *call)
             coll_fail(c, res->code, "%s", res->message);
         } else if (rc == PS_ENOMEM) {
             coll_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", pre);
-        } else if (rc < 0 && rc != PS_EINVAL) {
+        } else if ((rc < 0 && rc != PS_EINVAL) || (!bb && got < want)) {
+            /* Broken, or ended early: gRPC shows a cancelled stream as an
+             * end too. The previous agent cancels the link when the
+             * collective fails there, and says why on the link it reads
+             * (cancelled by us in coll_fail) and so on round the ring: give
+             * those words a moment to arrive before these. */
+            struct timespec grace = abs_ms(1000);
+            while (!c->failed && pthread_cond_timedwait(&c->cond, c->lock, &grace) != ETIMEDOUT)
+                ;
             coll_fail(c, GRPC_STATUS_ABORTED,
-                      "%s (group %u, seq %" PRIu64 "): the link from agent %s broke (it failed, "
+                      "%s (group %u, seq %" PRIu64 "): the link from agent %s %s (it failed, "
                       "or died)",
-                      pre, c->group, c->seq, rg->prev);
-        } else if (rc < 0 || res || (bb && got == want) || (!bb && got < want)) {
+                      pre, c->group, c->seq, rg->prev, rc < 0 ? "broke" : "ended early");
+        } else if (rc < 0 || res || (bb && got == want)) {
             coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
                       "%s (group %u, seq %" PRIu64 "): agent %s sent %s", pre, c->group, c->seq,
                       rg->prev,
                       rc < 0 ? "a malformed frame"
-                      : !bb  ? "fewer pieces than the collective has"
                       : res  ? "a result where a piece belongs"
                              : "more pieces than the collective has");
         } else if (bb) {
