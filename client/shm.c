@@ -6,9 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <linux/futex.h>
 #include <sys/mman.h>
-#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -189,11 +187,6 @@ struct ps__doorbell {
     int disabled;
 };
 
-static long futex_op(uint32_t *word, int op, uint32_t val, const struct timespec *timeout)
-{
-    return syscall(SYS_futex, word, op, val, timeout, NULL, 0);
-}
-
 int ps__doorbell_run(ps_comm_t *comm, ps__coll_t *c, int *rc, char **msg)
 {
     if (c->in_bytes > PS_DOORBELL_PAYLOAD || c->out_bytes > PS_DOORBELL_PAYLOAD)
@@ -245,7 +238,7 @@ int ps__doorbell_run(ps_comm_t *comm, ps__coll_t *c, int *rc, char **msg)
         memcpy(d->seg.base, c->in, c->in_bytes);
     uint32_t req = __atomic_load_n(&ctl->req, __ATOMIC_RELAXED) + 1;
     __atomic_store_n(&ctl->req, req, __ATOMIC_RELEASE);
-    futex_op(&ctl->req, FUTEX_WAKE, 1, NULL);
+    ps_doorbell_futex(&ctl->req, FUTEX_WAKE, 1, NULL);
 
     for (;;) {
         uint32_t r = __atomic_load_n(&ctl->resp, __ATOMIC_ACQUIRE);
@@ -254,7 +247,7 @@ int ps__doorbell_run(ps_comm_t *comm, ps__coll_t *c, int *rc, char **msg)
         /* Short waits: a job that breaks meanwhile (a peer lost, the agent
          * gone) is noticed on the next turn. */
         struct timespec slice = {0, 50 * 1000 * 1000};
-        futex_op(&ctl->resp, FUTEX_WAIT, r, &slice);
+        ps_doorbell_futex(&ctl->resp, FUTEX_WAIT, r, &slice);
         if (__atomic_load_n(&ctl->resp, __ATOMIC_ACQUIRE) == req)
             break;
         pthread_mutex_lock(&comm->lock);
@@ -275,7 +268,7 @@ int ps__doorbell_run(ps_comm_t *comm, ps__coll_t *c, int *rc, char **msg)
     int code = ctl->code;
     if (code != 0) {
         *rc = code > 0 ? -code : PS_EUNKNOWN;
-        *msg = strndup(ctl->message, sizeof(ctl->message) - 1);
+        *msg = strndup(ctl->message, sizeof(ctl->message) - 1); /* NUL-ended by the agent */
     } else if (c->out_bytes && !ctl->shm) {
         *rc = PS_EINTERNAL;
         *msg = strdup("the agent answered the doorbell without the output");

@@ -185,6 +185,17 @@ static int auth_check(ps__agent_t *a, ps__rpc_call_t *call, const char *job)
 
 /* ---- job lookup (for the hub and for routing) ---- */
 
+/* "Bearer TOKEN" for job's token from the agent's table, in buf; NULL when
+ * the agent has none (no tokens, or none for that job). */
+static const char *job_auth(const ps__agent_t *a, const char *job, char *buf, size_t len)
+{
+    const char *token = ps__tokens_for(a->tokens, job);
+    if (!token)
+        return NULL;
+    snprintf(buf, len, "Bearer %s", token);
+    return buf;
+}
+
 static int agent_lookup(void *arg, const char *job, ps__job_info_t *info, char **errmsg)
 {
     ps__agent_t *a = arg;
@@ -192,11 +203,9 @@ static int agent_lookup(void *arg, const char *job, ps__job_info_t *info, char *
     Paramsync__V1__DescribeJobResponse *resp = NULL;
     req.job = (char *)job;
     /* The coordinator checks tokens too: show the job's, from our table. */
-    const char *token = ps__tokens_for(a->tokens, job);
-    char auth[600];
-    if (token)
-        snprintf(auth, sizeof(auth), "Bearer %s", token);
-    int rc = ps__rpc_unary_auth(a->coord, PS_M_COORD_DESCRIBE_JOB, token ? auth : NULL, &req.base,
+    char buf[600];
+    const char *auth = job_auth(a, job, buf, sizeof(buf));
+    int rc = ps__rpc_unary_auth(a->coord, PS_M_COORD_DESCRIBE_JOB, auth, &req.base,
                                 &paramsync__v1__describe_job_response__descriptor,
                                 (ProtobufCMessage **)&resp, LOOKUP_TIMEOUT_MS, errmsg);
     if (rc < 0)
@@ -287,11 +296,9 @@ static int agent_ring_open(void *arg, const char *address, const char *job, ps__
     ps__rpc_channel_t *ch = peer_channel(a, address);
     if (!ch)
         return PS_ENOMEM;
-    const char *token = ps__tokens_for(a->tokens, job);
-    char auth[600];
-    if (token)
-        snprintf(auth, sizeof(auth), "Bearer %s", token);
-    return ps__rpc_call_start_auth(ch, PS_M_AGENT_RING, 0, token ? auth : NULL, a->self, out);
+    char buf[600];
+    return ps__rpc_call_start_auth(ch, PS_M_AGENT_RING, 0, job_auth(a, job, buf, sizeof(buf)),
+                                   a->self, out);
 }
 
 /* ---- Worker service ---- */
@@ -610,6 +617,36 @@ static void collective_proxy(ps__agent_t *a, ps__rpc_call_t *down, grpc_byte_buf
     free(msg);
 }
 
+/* Receives a call's first frame and checks that it carries a header naming
+ * a job whose token the caller holds. 0 with *bbp and *first set (the caller
+ * frees both), or -1 with the call ended; `what` prefixes the messages. */
+static int first_frame(ps__agent_t *a, ps__rpc_call_t *call, const char *what,
+                       grpc_byte_buffer **bbp, ps__frame_t *first)
+{
+    grpc_byte_buffer *bb = NULL;
+    char m[128];
+    memset(first, 0, sizeof(*first));
+    if (ps__rpc_call_recv(call, &bb) < 0 || !bb) {
+        snprintf(m, sizeof(m), "%smissing first frame", what);
+        ps__rpc_call_send_status(call, GRPC_STATUS_INVALID_ARGUMENT, m);
+        return -1;
+    }
+    if (ps__frame_decode(bb, first) < 0 || !first->meta->header || !*first->meta->header->job) {
+        ps__frame_clear(first); /* accepts the zeroed frame a failed decode leaves */
+        grpc_byte_buffer_destroy(bb);
+        snprintf(m, sizeof(m), "%sthe first frame must carry a header with a job id", what);
+        ps__rpc_call_send_status(call, GRPC_STATUS_INVALID_ARGUMENT, m);
+        return -1;
+    }
+    if (auth_check(a, call, first->meta->header->job)) {
+        ps__frame_clear(first);
+        grpc_byte_buffer_destroy(bb);
+        return -1;
+    }
+    *bbp = bb;
+    return 0;
+}
+
 static void worker_collective(ps__rpc_call_t *call, void *arg)
 {
     ps__agent_t *a = arg;
@@ -617,24 +654,9 @@ static void worker_collective(ps__rpc_call_t *call, void *arg)
     ps__frame_t first;
     char *msg = NULL;
     int code = GRPC_STATUS_NOT_FOUND;
-    if (ps__rpc_call_recv(call, &bb) < 0 || !bb) {
-        ps__rpc_call_send_status(call, GRPC_STATUS_INVALID_ARGUMENT, "missing first frame");
+    if (first_frame(a, call, "", &bb, &first) < 0)
         return;
-    }
-    memset(&first, 0, sizeof(first));
-    if (ps__frame_decode(bb, &first) < 0 || !first.meta->header || !*first.meta->header->job) {
-        ps__frame_clear(&first); /* accepts the zeroed frame a failed decode leaves */
-        grpc_byte_buffer_destroy(bb);
-        ps__rpc_call_send_status(call, GRPC_STATUS_INVALID_ARGUMENT,
-                                 "the first frame must carry a header with a job id");
-        return;
-    }
     const Paramsync__V1__CollectiveHeader *hd = first.meta->header;
-    if (auth_check(a, call, hd->job)) {
-        ps__frame_clear(&first);
-        grpc_byte_buffer_destroy(bb);
-        return;
-    }
     /* An all_reduce over ranks of several agents is served here, for this
      * agent's ranks, and combined with the other agents over Ring links. */
     if (hd->kind == PARAMSYNC__V1__COLLECTIVE_KIND__ALL_REDUCE && ps__hub_is_ring(a->hub, hd)) {
@@ -673,23 +695,9 @@ static void agent_ring(ps__rpc_call_t *call, void *arg)
     ps__agent_t *a = arg;
     grpc_byte_buffer *bb = NULL;
     ps__frame_t first;
-    if (ps__rpc_call_recv(call, &bb) < 0 || !bb) {
-        ps__rpc_call_send_status(call, GRPC_STATUS_INVALID_ARGUMENT, "missing first frame");
+    if (first_frame(a, call, "ring: ", &bb, &first) < 0)
         return;
-    }
-    memset(&first, 0, sizeof(first));
-    int rc = ps__frame_decode(bb, &first);
     grpc_byte_buffer_destroy(bb);
-    if (rc < 0 || !first.meta->header || !*first.meta->header->job) {
-        ps__frame_clear(&first);
-        ps__rpc_call_send_status(call, GRPC_STATUS_INVALID_ARGUMENT,
-                                 "ring: the first frame must carry a header with a job id");
-        return;
-    }
-    if (auth_check(a, call, first.meta->header->job)) {
-        ps__frame_clear(&first);
-        return;
-    }
     ps__hub_ring_serve(a->hub, call, &first);
 }
 

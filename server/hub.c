@@ -8,10 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <linux/futex.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -86,6 +84,13 @@ static void shm_unref(shm_map_t *m)
         free(m->job);
         free(m);
     }
+}
+
+static void shm_ref(shm_map_t *m)
+{
+    pthread_mutex_lock(&blob_lock);
+    m->refs++;
+    pthread_mutex_unlock(&blob_lock);
 }
 
 static blob_t *blob_new(size_t len)
@@ -287,8 +292,41 @@ struct ps__hub {
     uint64_t inflight_bytes; /* reserved by the collectives in flight */
     shm_map_t *shms;         /* attached segments */
     int stopping;            /* draining: everything fails with UNAVAILABLE */
-    int senders;             /* ring senders running (destroy waits for them) */
+    int helpers;             /* ring and doorbell threads running (destroy waits for them) */
 };
+
+static const char *kind_name(int k);
+
+#define PS_HUB_NOT_ATTACHED                                                                        \
+    "its shared-memory segment is not attached to this agent (ShmAttach first)"
+
+/* The attached segment `name` of job, or NULL. Lock held. */
+static shm_map_t *shms_find(const ps__hub_t *h, const char *job, const char *name)
+{
+    for (shm_map_t *sm = h->shms; sm; sm = sm->next)
+        if (strcmp(sm->name, name) == 0 && strcmp(sm->job, job) == 0)
+            return sm;
+    return NULL;
+}
+
+/* Whether segment m holds a member's `in` input bytes (at 0) and `out`
+ * output bytes (at the header's shm_out_offset; all_reduce and reduce may
+ * write theirs over the input, at 0); if not, says so in msg. */
+static int shm_holds(const shm_map_t *m, const Paramsync__V1__CollectiveHeader *hd, uint64_t in,
+                     uint64_t out, char *msg, size_t len)
+{
+    uint64_t at = hd->shm_out_offset;
+    int in_place = (hd->kind == PARAMSYNC__V1__COLLECTIVE_KIND__ALL_REDUCE ||
+                    hd->kind == PARAMSYNC__V1__COLLECTIVE_KIND__REDUCE) &&
+                   at == 0;
+    if ((in_place || in <= at) && in <= m->size && at <= m->size && out <= m->size - at)
+        return 1;
+    snprintf(msg, len,
+             "%s (group %u, seq %" PRIu64 "): rank %d's shared segment (%zu bytes, output at "
+             "%" PRIu64 ") cannot hold %" PRIu64 " input and %" PRIu64 " output bytes",
+             kind_name(hd->kind), hd->group, hd->seq, hd->rank, m->size, at, in, out);
+    return 0;
+}
 
 static const char *kind_name(int k)
 {
@@ -1699,7 +1737,7 @@ static void ring_thread_exit(ps__hub_t *h, job_t *j, coll_t *c)
     c->threads--;
     coll_retire(j, c);
     job_release(j);
-    h->senders--;
+    h->helpers--;
     pthread_cond_broadcast(&h->p2p_changed);
     pthread_mutex_unlock(&h->lock);
 }
@@ -1922,7 +1960,7 @@ static int coll_ring_start(ps__hub_t *h, coll_t *c, const ring_plan_t *plan, int
         started++;
         c->threads++;
         c->job->refs++;
-        h->senders++;
+        h->helpers++;
     }
     pthread_attr_destroy(&attr);
     if (started < 2) {
@@ -2063,42 +2101,40 @@ static void *ring_apply_main(void *arg)
             continue;
         }
         left--;
-        {
-            size_t off, len;
-            ring_piece(c, sl->len, ring_piece_of_round(rg, r, 1), &off, &len);
-            int rc = 0;
-            if (q->f.data_len != len) {
-                coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
-                          "%s (group %u, seq %" PRIu64 "): agent %s sent %zu bytes for a piece "
-                          "of %zu",
-                          pre, c->group, c->seq, rg->prev, q->f.data_len, len);
+        size_t off, len;
+        ring_piece(c, sl->len, ring_piece_of_round(rg, r, 1), &off, &len);
+        int rc = 0;
+        if (q->f.data_len != len) {
+            coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
+                      "%s (group %u, seq %" PRIu64 "): agent %s sent %zu bytes for a piece "
+                      "of %zu",
+                      pre, c->group, c->seq, rg->prev, q->f.data_len, len);
+        } else {
+            /* The slot cannot move on before this round is counted. */
+            uint8_t *dst = sl->out->data + off;
+            pthread_mutex_unlock(c->lock);
+            if (r < rg->nagents - 1) {
+                ps__frame_copy_data(&q->f, 0, tmp, len);
+                rc = ps_reduce((ps_op_t)c->op, (ps_dtype_t)c->dtype, dst, tmp, len / esize);
+                if (rc == 0 && r == rg->nagents - 2 && c->op == PS_AVG)
+                    rc = ps_reduce_scale((ps_dtype_t)c->dtype, dst, len / esize,
+                                         (uint64_t)rg->group_size);
+                ps__metrics_reduced(PS_M_DEV_CPU, 2 * (uint64_t)len);
             } else {
-                /* The slot cannot move on before this round is counted. */
-                uint8_t *dst = sl->out->data + off;
-                pthread_mutex_unlock(c->lock);
-                if (r < rg->nagents - 1) {
-                    ps__frame_copy_data(&q->f, 0, tmp, len);
-                    rc = ps_reduce((ps_op_t)c->op, (ps_dtype_t)c->dtype, dst, tmp, len / esize);
-                    if (rc == 0 && r == rg->nagents - 2 && c->op == PS_AVG)
-                        rc = ps_reduce_scale((ps_dtype_t)c->dtype, dst, len / esize,
-                                             (uint64_t)rg->group_size);
-                    ps__metrics_reduced(PS_M_DEV_CPU, 2 * (uint64_t)len);
-                } else {
-                    ps__frame_copy_data(&q->f, 0, dst, len);
-                }
-                ps__metrics_bytes(PS_M_RX, PS_M_LINK_AGENT, len);
-                pthread_mutex_lock(c->lock);
-                if (rc < 0)
-                    coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT, "%s: reduction failed: %s", pre,
-                              ps_strerror(rc));
-                sl->rounds = r + 1;
-                if (r == rounds - 1)
-                    sl->computed = 1;
-                pthread_cond_broadcast(&c->cond);
+                ps__frame_copy_data(&q->f, 0, dst, len);
             }
-            ps__frame_clear(&q->f);
-            free(q);
+            ps__metrics_bytes(PS_M_RX, PS_M_LINK_AGENT, len);
+            pthread_mutex_lock(c->lock);
+            if (rc < 0)
+                coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT, "%s: reduction failed: %s", pre,
+                          ps_strerror(rc));
+            sl->rounds = r + 1;
+            if (r == rounds - 1)
+                sl->computed = 1;
+            pthread_cond_broadcast(&c->cond);
         }
+        ps__frame_clear(&q->f);
+        free(q);
     }
     free(tmp);
     ring_thread_exit(h, j, c);
@@ -2258,22 +2294,17 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
         goto fail_locked;
     }
     if (hd->shm && *hd->shm) {
-        for (shm_map_t *sm = h->shms; sm && !m->shm; sm = sm->next)
-            if (strcmp(sm->name, hd->shm) == 0 && strcmp(sm->job, hd->job) == 0)
-                m->shm = sm;
+        m->shm = shms_find(h, hd->job, hd->shm);
         if (!m->shm || m->frame.data_len) {
             code = GRPC_STATUS_INVALID_ARGUMENT;
             snprintf(msg, sizeof(msg), "%s (group %u): rank %d: %s", kind_name(hd->kind), hd->group,
                      hd->rank,
                      m->shm ? "a collective in shared memory carries no data frames"
-                            : "its shared-memory segment is not attached to this agent "
-                              "(ShmAttach first)");
+                            : PS_HUB_NOT_ATTACHED);
             m->shm = NULL;
             goto fail_locked;
         }
-        pthread_mutex_lock(&blob_lock);
-        m->shm->refs++;
-        pthread_mutex_unlock(&blob_lock);
+        shm_ref(m->shm);
         m->shm_out = hd->shm_out_offset;
     }
 
@@ -2357,6 +2388,7 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
             /* A rank the ring has on another agent, or ranks that disagree
              * on the kind (one kind runs in a ring, the other at the hub). */
             char who[32];
+            int differs;
             snprintf(who, sizeof(who), "rank %d", hd->rank);
             if ((int)hd->kind != c->kind) {
                 if (!c->failed)
@@ -2367,11 +2399,12 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
                               kind_name(c->kind));
                 code = c->code;
                 snprintf(msg, sizeof(msg), "%s", c->message);
-            } else if (ring_mismatch(c, hd, who, "other ranks have", msg, sizeof(msg)) ||
+            } else if ((differs =
+                            ring_mismatch(c, hd, who, "other ranks have", msg, sizeof(msg))) ||
                        idx >= 0) {
                 /* One size runs in a ring, the other at the hub; or the
                  * agents' settings differ (same size, other mode). */
-                if (!ring_mismatch(c, hd, who, "other ranks have", msg, sizeof(msg)))
+                if (!differs)
                     snprintf(msg, sizeof(msg),
                              "all_reduce (group %u, seq %" PRIu64 "): agents disagree on whether "
                              "it runs in a ring: set --ring and --ring-min-bytes alike on every "
@@ -2437,15 +2470,10 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
     if (!c->failed) {
         /* Output after the input, or (all_reduce, reduce) over it at 0:
          * those write each step only once it has been reduced. */
-        int in_place = (c->kind == K_ALL_REDUCE || c->kind == K_REDUCE) && m->shm_out == 0;
-        if (m->shm && ((!in_place && m->in_total > m->shm_out) || m->in_total > m->shm->size ||
-                       m->shm_out > m->shm->size || m->out_total > m->shm->size - m->shm_out)) {
+        if (m->shm &&
+            !shm_holds(m->shm, m->first->header, m->in_total, m->out_total, msg, sizeof(msg))) {
             pthread_mutex_lock(&h->lock);
-            coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
-                      "%s (group %u, seq %" PRIu64 "): rank %d's shared segment (%zu bytes, output "
-                      "at %" PRIu64 ") cannot hold %" PRIu64 " input and %" PRIu64 " output bytes",
-                      kind_name(c->kind), c->group, c->seq, c->ranks[m->index], m->shm->size,
-                      m->shm_out, m->in_total, m->out_total);
+            coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT, "%s", msg);
             pthread_mutex_unlock(&h->lock);
         } else if (m->frame.data_len > m->in_total) {
             pthread_mutex_lock(&h->lock);
@@ -2535,11 +2563,6 @@ int ps__hub_create(const ps__config_t *cfg, const char *self, ps__job_lookup_fn 
     return 0;
 }
 
-static long futex_op(uint32_t *word, int op, uint32_t val, const struct timespec *timeout)
-{
-    return syscall(SYS_futex, word, op, val, timeout, NULL, 0);
-}
-
 static ps_doorbell_ctl_t *doorbell_ctl(const shm_map_t *m)
 {
     return (ps_doorbell_ctl_t *)(void *)(m->base + PS_DOORBELL_CTL);
@@ -2551,8 +2574,16 @@ static void doorbell_close(shm_map_t *m)
     __atomic_store_n(&m->closing, 1, __ATOMIC_RELEASE);
     ps_doorbell_ctl_t *ctl = doorbell_ctl(m);
     __atomic_store_n(&ctl->closed, 1, __ATOMIC_RELEASE);
-    futex_op(&ctl->req, FUTEX_WAKE, INT32_MAX, NULL);
-    futex_op(&ctl->resp, FUTEX_WAKE, INT32_MAX, NULL);
+    ps_doorbell_futex(&ctl->req, FUTEX_WAKE, INT32_MAX, NULL);
+    ps_doorbell_futex(&ctl->resp, FUTEX_WAKE, INT32_MAX, NULL);
+}
+
+/* Closes every doorbell (the agent is stopping). Lock held. */
+static void doorbells_close(ps__hub_t *h)
+{
+    for (shm_map_t *sm = h->shms; sm; sm = sm->next)
+        if (sm->doorbell)
+            doorbell_close(sm);
 }
 
 /* Drops the job's segments of `rank` (every rank when negative) from the
@@ -2621,7 +2652,6 @@ static void doorbell_serve(ps__hub_t *h, shm_map_t *map)
         n = sizeof(ctl->message) - 1;
     memcpy(ctl->message, msg ? msg : "", n);
     ctl->message[n] = 0;
-    ctl->message_len = (uint32_t)n;
     ctl->code = code;
     if (bb)
         grpc_byte_buffer_destroy(bb);
@@ -2655,17 +2685,17 @@ static void *doorbell_main(void *arg)
         if (req == seen) {
             /* Woken by a ring or by doorbell_close; the timeout is a backstop. */
             struct timespec slice = {1, 0};
-            futex_op(&ctl->req, FUTEX_WAIT, seen, &slice);
+            ps_doorbell_futex(&ctl->req, FUTEX_WAIT, seen, &slice);
             continue;
         }
         seen = req;
         doorbell_serve(h, map);
         __atomic_store_n(&ctl->resp, req, __ATOMIC_RELEASE);
-        futex_op(&ctl->resp, FUTEX_WAKE, INT32_MAX, NULL);
+        ps_doorbell_futex(&ctl->resp, FUTEX_WAKE, INT32_MAX, NULL);
     }
     shm_unref(map);
     pthread_mutex_lock(&h->lock);
-    h->senders--;
+    h->helpers--;
     pthread_cond_broadcast(&h->p2p_changed);
     pthread_mutex_unlock(&h->lock);
     return NULL;
@@ -2743,16 +2773,12 @@ int ps__hub_shm_attach(ps__hub_t *h, const char *job, int rank, const char *name
     if (ok && doorbell) {
         d->h = h;
         d->map = sm;
-        pthread_mutex_lock(&blob_lock);
-        sm->refs++; /* the thread's */
-        pthread_mutex_unlock(&blob_lock);
+        shm_ref(sm); /* the thread's */
         if (pthread_create(&t, &attr, doorbell_main, d) == 0) {
-            h->senders++;
+            h->helpers++;
             d = NULL;
         } else {
-            pthread_mutex_lock(&blob_lock);
-            sm->refs--;
-            pthread_mutex_unlock(&blob_lock);
+            shm_unref(sm);
             ok = 0;
         }
     }
@@ -2797,48 +2823,33 @@ int ps__hub_shm_io_open(ps__hub_t *h, const header_t *hd, ps__shm_io_t *io, char
     pthread_mutex_lock(&h->lock);
     job_t *j = job_get(h, hd, &code, msg, len);
     int n = j ? group_size(j, hd->group) : -1;
-    if (j && (code = header_check(h->cfg, hd, n, msg, len)) == 0) {
-        shm_map_t *map = NULL;
-        for (shm_map_t *sm = h->shms; sm && !map; sm = sm->next)
-            if (strcmp(sm->name, hd->shm) == 0 && strcmp(sm->job, hd->job) == 0)
-                map = sm;
-        if (!map) {
+    shm_map_t *map = NULL;
+    if (j && (code = header_check(h->cfg, hd, n, msg, len)) == 0 &&
+        !(map = shms_find(h, hd->job, hd->shm))) {
+        code = GRPC_STATUS_INVALID_ARGUMENT;
+        snprintf(msg, len, "%s (group %u): rank %d: %s", kind_name(hd->kind), hd->group, hd->rank,
+                 PS_HUB_NOT_ATTACHED);
+    }
+    if (map) {
+        /* The payload sizes of the member, as the hub will see them. */
+        coll_t c;
+        memset(&c, 0, sizeof(c));
+        c.kind = hd->kind == K_SEND || hd->kind == K_RECV ? K_SEND : (coll_kind_t)hd->kind;
+        c.root = hd->root;
+        c.n = n;
+        c.block = hd->count * ps_dtype_size((ps_dtype_t)hd->dtype);
+        member_totals(&c,
+                      hd->kind == K_SEND   ? 0
+                      : hd->kind == K_RECV ? 1
+                                           : hd->rank,
+                      &io->in_total, &io->out_total);
+        if (!shm_holds(map, hd, io->in_total, io->out_total, msg, len)) {
             code = GRPC_STATUS_INVALID_ARGUMENT;
-            snprintf(msg, len,
-                     "%s (group %u): rank %d: its shared-memory segment is not attached to this "
-                     "agent (ShmAttach first)",
-                     kind_name(hd->kind), hd->group, hd->rank);
         } else {
-            /* The payload sizes of the member, as the hub will see them. */
-            coll_t c;
-            memset(&c, 0, sizeof(c));
-            c.kind = hd->kind == K_SEND || hd->kind == K_RECV ? K_SEND : (coll_kind_t)hd->kind;
-            c.root = hd->root;
-            c.n = n;
-            c.block = hd->count * ps_dtype_size((ps_dtype_t)hd->dtype);
-            member_totals(&c,
-                          hd->kind == K_SEND   ? 0
-                          : hd->kind == K_RECV ? 1
-                                               : hd->rank,
-                          &io->in_total, &io->out_total);
-            uint64_t out = hd->shm_out_offset;
-            int in_place = (hd->kind == K_ALL_REDUCE || hd->kind == K_REDUCE) && out == 0;
-            if ((!in_place && io->in_total > out) || io->in_total > map->size || out > map->size ||
-                io->out_total > map->size - out) {
-                code = GRPC_STATUS_INVALID_ARGUMENT;
-                snprintf(msg, len,
-                         "%s (group %u): rank %d's shared segment (%zu bytes, output at %" PRIu64
-                         ") cannot hold %" PRIu64 " input and %" PRIu64 " output bytes",
-                         kind_name(hd->kind), hd->group, hd->rank, map->size, out, io->in_total,
-                         io->out_total);
-            } else {
-                pthread_mutex_lock(&blob_lock);
-                map->refs++;
-                pthread_mutex_unlock(&blob_lock);
-                io->map = map;
-                io->in = map->base;
-                io->out = map->base + out;
-            }
+            shm_ref(map);
+            io->map = map;
+            io->in = map->base;
+            io->out = map->base + hd->shm_out_offset;
         }
     }
     if (j)
@@ -2850,11 +2861,8 @@ int ps__hub_shm_io_open(ps__hub_t *h, const header_t *hd, ps__shm_io_t *io, char
 grpc_byte_buffer *ps__hub_shm_io_frame(ps__shm_io_t *io, const header_t *hd, uint64_t off,
                                        size_t len)
 {
-    shm_map_t *map = io->map;
-    pthread_mutex_lock(&blob_lock);
-    map->refs++;
-    pthread_mutex_unlock(&blob_lock);
-    return ps__frame_encode(hd, NULL, off, io->in + off, len, shm_frame_release, map);
+    shm_ref(io->map);
+    return ps__frame_encode(hd, NULL, off, io->in + off, len, shm_frame_release, io->map);
 }
 
 void ps__hub_shm_io_close(ps__shm_io_t *io)
@@ -2911,9 +2919,7 @@ void ps__hub_drain(ps__hub_t *h)
 {
     pthread_mutex_lock(&h->lock);
     h->stopping = 1;
-    for (shm_map_t *sm = h->shms; sm; sm = sm->next)
-        if (sm->doorbell)
-            doorbell_close(sm);
+    doorbells_close(h);
     for (job_t *j = h->jobs; j; j = j->next)
         for (coll_t *c = j->colls; c; c = c->next)
             coll_fail(c, GRPC_STATUS_UNAVAILABLE,
@@ -2929,10 +2935,8 @@ void ps__hub_destroy(ps__hub_t *h)
     /* Ring senders end once their collective has failed, doorbell threads
      * once their segment is closed (ps__hub_drain). */
     pthread_mutex_lock(&h->lock);
-    for (shm_map_t *sm = h->shms; sm; sm = sm->next)
-        if (sm->doorbell)
-            doorbell_close(sm);
-    while (h->senders > 0)
+    doorbells_close(h);
+    while (h->helpers > 0)
         pthread_cond_wait(&h->p2p_changed, &h->lock);
     pthread_mutex_unlock(&h->lock);
     while (h->shms) {

@@ -368,6 +368,18 @@ int ps__rpc_server_listen_plain(ps__rpc_server_t *s, const char *addr, int *port
 
 /* ---------------------------------------------------------------- local calls */
 
+/* A status message as a C string (malloc'd; NULL when out of memory). */
+static char *slice_strdup(grpc_slice s)
+{
+    size_t n = GRPC_SLICE_LENGTH(s);
+    char *m = malloc(n + 1);
+    if (m) {
+        memcpy(m, GRPC_SLICE_START_PTR(s), n);
+        m[n] = 0;
+    }
+    return m;
+}
+
 int ps__rpc_call_local(ps__rpc_call_t **out)
 {
     ps__rpc_call_t *c = calloc(1, sizeof(*c));
@@ -409,13 +421,7 @@ int ps__rpc_call_local_outcome(ps__rpc_call_t *c, char **message, grpc_byte_buff
 {
     pthread_mutex_lock(&c->lock);
     int code = c->status_sent ? c->status_code : GRPC_STATUS_INTERNAL;
-    size_t n = GRPC_SLICE_LENGTH(c->status_details);
-    char *m = malloc(n + 1);
-    if (m) {
-        memcpy(m, GRPC_SLICE_START_PTR(c->status_details), n);
-        m[n] = 0;
-    }
-    *message = m;
+    *message = slice_strdup(c->status_details);
     *first = c->local_first;
     c->local_first = NULL;
     pthread_mutex_unlock(&c->lock);
@@ -1045,15 +1051,8 @@ int ps__rpc_call_finish(ps__rpc_call_t *c, char **message)
         c->status_outstanding = 0;
     }
     c->finished = 1;
-    if (message) {
-        size_t n = GRPC_SLICE_LENGTH(c->status_details);
-        char *m = malloc(n + 1);
-        if (m) {
-            memcpy(m, GRPC_SLICE_START_PTR(c->status_details), n);
-            m[n] = 0;
-        }
-        *message = m;
-    }
+    if (message)
+        *message = slice_strdup(c->status_details);
     return status_to_err(c->status);
 }
 

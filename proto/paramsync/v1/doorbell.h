@@ -2,7 +2,11 @@
 #ifndef PARAMSYNC_V1_DOORBELL_H
 #define PARAMSYNC_V1_DOORBELL_H
 
+#include <linux/futex.h>
 #include <stdint.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
 
 /*
  * Part of the wire contract, like paramsync.proto. A worker whose agent runs
@@ -35,11 +39,18 @@ typedef struct ps_doorbell_ctl {
     uint32_t closed; /* the agent serves no more requests */
     uint32_t header_len;
     uint8_t header[PS_DOORBELL_HEADER];
-    int32_t code;   /* the answer: a gRPC status code */
-    int32_t source; /* RECV: the sender's rank */
-    uint32_t shm;   /* CollectiveResult.shm: the output is at PS_DOORBELL_OUT */
-    uint32_t message_len;
-    char message[2048];
+    int32_t code;       /* the answer: a gRPC status code */
+    int32_t source;     /* RECV: the sender's rank */
+    uint32_t shm;       /* CollectiveResult.shm: the output is at PS_DOORBELL_OUT */
+    char message[2048]; /* NUL-terminated */
 } ps_doorbell_ctl_t;
+
+/* FUTEX_WAIT / FUTEX_WAKE on a word of the segment, shared between the two
+ * processes (so never FUTEX_PRIVATE_FLAG); timeout is relative, or NULL. */
+static inline long ps_doorbell_futex(uint32_t *word, int op, uint32_t val,
+                                     const struct timespec *timeout)
+{
+    return syscall(SYS_futex, word, op, val, timeout, NULL, 0);
+}
 
 #endif
