@@ -1094,7 +1094,7 @@ def shm_paths(a):
         with H.Daemon(a.paramsyncd, listen=ip + ":0", metrics=True) as d:
             ok = job([d.addr] * 2, "host-ip", "shm", d.metrics_url) and ok
     else:
-        print("note: this host has no address but loopback: the host-IP case did not run")
+        print("SKIPPED: the host-IP case (this host has no address but loopback)")
     wrap = private_shm_wrap()
     if wrap:
         with H.Daemon(a.paramsyncd, metrics=True, wrap=wrap) as d:

@@ -30,6 +30,9 @@
 /* The engine's conversions (round to nearest even), proven by tests/unit. */
 #include "ps_elementwise.h"
 
+/* The doorbell's layout, part of the wire contract (sc_doorbell). */
+#include "paramsync/v1/doorbell.h"
+
 #define SKIP 77
 #define MIB  (1u << 20)
 
@@ -669,47 +672,53 @@ static int sc_barrier(ctx_t *cx)
     return 0;
 }
 
-/* Whether this process maps a doorbell segment: an 8 KiB mapping of its own
- * /dev/shm/paramsync.PID.* name (unlinked by the agent, so "(deleted)"). */
-static int doorbell_mapped(void)
+/* The control words of this process's doorbell segment (layout in
+ * proto/paramsync/v1/doorbell.h): the library maps it under its own
+ * /dev/shm/paramsync.PID.* name (unlinked by the agent, so "(deleted)").
+ * NULL when none is mapped. */
+static const ps_doorbell_ctl_t *doorbell_ctl(void)
 {
     FILE *f = fopen("/proc/self/maps", "r");
     char line[512], pre[64];
-    int found = 0;
+    const ps_doorbell_ctl_t *ctl = NULL;
     snprintf(pre, sizeof(pre), "/dev/shm/paramsync.%d.", (int)getpid());
     while (f && fgets(line, sizeof(line), f)) {
         unsigned long lo, hi;
-        if (strstr(line, pre) && sscanf(line, "%lx-%lx", &lo, &hi) == 2 && hi - lo == 8192)
-            found = 1;
+        if (strstr(line, pre) && sscanf(line, "%lx-%lx", &lo, &hi) == 2 &&
+            hi - lo == PS_DOORBELL_SIZE)
+            ctl = (const ps_doorbell_ctl_t *)(uintptr_t)(lo + PS_DOORBELL_CTL);
     }
     if (f)
         fclose(f);
-    return found;
+    return ctl;
 }
 
-/* Small collectives of every kind, many times, each result checked: with
- * shared memory on they take the doorbell (and the scenario checks that it
- * is mapped), with an async all_reduce in flight now and then, so that a
- * blocking call also finds the doorbell busy and takes a gRPC call. */
+/* Small collectives of every kind, many times, each result checked. With
+ * shared memory on they go through the doorbell: the scenario checks it is
+ * mapped and, at the end, that it answered every request rung on it, and
+ * at least one per round. Every tenth round an async all_reduce small
+ * enough for the doorbell runs beside the blocking calls, so that one or
+ * the other finds the doorbell busy and takes a gRPC call. */
 static int sc_doorbell(ctx_t *cx)
 {
+    enum { ROUNDS = 150, NA = 200 };
     ps_comm_t *comm = cx->comm;
     int n = cx->size, me = cx->rank;
     const char *shm = getenv("PARAMSYNC_SHM");
     int want = !(shm && strcmp(shm, "0") == 0);
     CHECK_OK(ps_barrier(comm, NULL));
-    CHECK(doorbell_mapped() == want, "doorbell segment %s, expected %s with PARAMSYNC_SHM=%s",
-          doorbell_mapped() ? "mapped" : "not mapped", want ? "mapped" : "none",
-          shm ? shm : "(unset)");
+    const ps_doorbell_ctl_t *ctl = doorbell_ctl();
+    CHECK((ctl != NULL) == want, "doorbell segment %s, expected %s with PARAMSYNC_SHM=%s",
+          ctl ? "mapped" : "not mapped", want ? "mapped" : "none", shm ? shm : "(unset)");
     int64_t *gathered = xmalloc((size_t)n * 2 * sizeof(int64_t));
     int ret = 0;
-    for (int round = 0; round < 150 && !ret; round++) {
-        int64_t big[300], mine = me + round;
+    for (int round = 0; round < ROUNDS && !ret; round++) {
+        int64_t big[NA], mine = me + round; /* 1600 bytes: doorbell-sized */
         ps_work_t *w = NULL;
         if (round % 10 == 0) {
-            for (int i = 0; i < 300; i++)
+            for (int i = 0; i < NA; i++)
                 big[i] = me * 1000 + i;
-            CHECK_OK(ps_iall_reduce(comm, big, 300, PS_INT64, PS_SUM, NULL, &w));
+            CHECK_OK(ps_iall_reduce(comm, big, NA, PS_INT64, PS_SUM, NULL, &w));
         }
         CHECK_OK(ps_barrier(comm, NULL));
         CHECK_OK(ps_all_reduce(comm, &mine, 1, PS_INT64, PS_SUM, NULL));
@@ -742,7 +751,7 @@ static int sc_doorbell(ctx_t *cx)
         }
         if (w) {
             CHECK_OK(ps_work_wait(w));
-            for (int i = 0; i < 300 && !ret; i++)
+            for (int i = 0; i < NA && !ret; i++)
                 if (big[i] != (int64_t)n * (n - 1) / 2 * 1000 + (int64_t)n * i)
                     ret = fail("round %d: iall_reduce element %d is %lld", round, i,
                                (long long)big[i]);
@@ -750,6 +759,15 @@ static int sc_doorbell(ctx_t *cx)
         }
     }
     free(gathered);
+    if (!ret && ctl) {
+        uint32_t req = __atomic_load_n(&ctl->req, __ATOMIC_ACQUIRE);
+        uint32_t resp = __atomic_load_n(&ctl->resp, __ATOMIC_ACQUIRE);
+        CHECK(resp == req && req >= ROUNDS,
+              "the doorbell was rung %u times and answered %u times; want at least %d, all "
+              "answered",
+              req, resp, ROUNDS);
+        note("%u collectives went through the doorbell", req);
+    }
     return ret;
 }
 
