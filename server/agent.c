@@ -518,8 +518,9 @@ static void collective_proxy_shm(ps__agent_t *a, ps__rpc_call_t *down,
     pthread_t t;
     int feeding = rc == 0 && pthread_create(&t, NULL, shm_feed_main, &feed) == 0;
     Paramsync__V1__CollectiveResult res = PARAMSYNC__V1__COLLECTIVE_RESULT__INIT;
-    const char *bad = NULL;
-    while (feeding && !bad) {
+    const char *bad = NULL;  /* from the hub */
+    const char *here = NULL; /* failed at this agent */
+    while (feeding && !bad && !here) {
         grpc_byte_buffer *bb = NULL;
         ps__frame_t f;
         if (ps__rpc_call_recv(up, &bb) < 0 || !bb)
@@ -529,21 +530,24 @@ static void collective_proxy_shm(ps__agent_t *a, ps__rpc_call_t *down,
         } else {
             if (f.meta->result)
                 res.source = f.meta->result->source;
-            if (f.meta->offset > io.out_total || f.data_len > io.out_total - f.meta->offset)
+            int prc = ps__hub_shm_io_put(&io, &f);
+            if (prc == PS_EINVAL)
                 bad = "more output than the collective has";
-            else
-                ps__frame_copy_data(&f, 0, io.out + f.meta->offset, f.data_len);
+            else if (prc < 0)
+                here = "the agent could not write the output into the worker's segment";
             ps__metrics_bytes(PS_M_RX, PS_M_LINK_AGENT, f.data_len);
         }
         ps__frame_clear(&f);
         grpc_byte_buffer_destroy(bb);
     }
     char *msg = NULL;
-    if (bad)
-        ps__rpc_call_cancel(up, GRPC_STATUS_INTERNAL, bad);
+    if (bad || here)
+        ps__rpc_call_cancel(up, GRPC_STATUS_INTERNAL, bad ? bad : here);
     if (up)
         rc = ps__rpc_call_finish(up, &msg);
-    if (rc == 0 && !bad) {
+    if (here) {
+        ps__rpc_call_send_status(down, GRPC_STATUS_INTERNAL, here);
+    } else if (rc == 0 && !bad) {
         res.shm = io.out_total > 0;
         res.bytes = res.shm ? io.out_total : 0;
         grpc_byte_buffer *bb = ps__frame_encode(NULL, &res, 0, NULL, 0, NULL, NULL);

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "paramsync/v1/paramsync.pb-c.h"
+#include "rpc/frame.h"
 #include "rpc/rpc.h"
 
 typedef enum ps__role { PS_ROLE_EMBEDDED = 0, PS_ROLE_COORDINATOR, PS_ROLE_AGENT } ps__role_t;
@@ -30,6 +31,8 @@ typedef struct ps__config {
     int reduce_cuda;             /* reductions on the GPU (--reduce-device) */
     int ring;                    /* multi-agent all_reduce over a ring of agents (--ring) */
     uint64_t ring_min_bytes;     /* smaller all_reduces go to the hub (--ring-min-bytes) */
+    uint64_t
+        shm_resident_bytes; /* larger collectives let go of segment pages (--shm-resident-bytes) */
 } ps__config_t;
 
 /* Method names. */
@@ -153,6 +156,7 @@ typedef struct ps__shm_io {
     uint64_t in_total;
     uint8_t *out;
     uint64_t out_total;
+    int by_file; /* read and written with pread/pwrite (over --shm-resident-bytes) */
 } ps__shm_io_t;
 
 /** Finds the segment the header names and checks it holds the payload.
@@ -164,6 +168,11 @@ int ps__hub_shm_io_open(ps__hub_t *h, const Paramsync__V1__CollectiveHeader *hd,
  * with header (may be NULL); NULL when out of memory. */
 grpc_byte_buffer *ps__hub_shm_io_frame(ps__shm_io_t *io, const Paramsync__V1__CollectiveHeader *hd,
                                        uint64_t off, size_t len);
+
+/** Puts an output frame's bytes into the segment, at the frame's offset:
+ * 0, PS_EINVAL when they do not fit the output, another negative value when
+ * they could not be written. */
+int ps__hub_shm_io_put(ps__shm_io_t *io, const ps__frame_t *f);
 
 void ps__hub_shm_io_close(ps__shm_io_t *io);
 

@@ -53,6 +53,7 @@ typedef struct shm_map {
     uint8_t *base;
     size_t size;    /* bytes payloads may use */
     size_t map_len; /* bytes mapped */
+    int fd;         /* the segment, for pread/pwrite (let-go collectives) */
     int doorbell;   /* a doorbell segment (doorbell_main serves it) */
     int closing;    /* doorbell: dropped, its thread is to end */
     int refs;
@@ -80,10 +81,29 @@ static void shm_unref(shm_map_t *m)
     pthread_mutex_unlock(&blob_lock);
     if (last) {
         munmap(m->base, m->map_len);
+        close(m->fd);
         free(m->name);
         free(m->job);
         free(m);
     }
+}
+
+/* Reads (or writes) len bytes at `at` of a segment through its file:
+ * 0, or a negative errno (-EIO for a file shorter than expected). */
+static int seg_io(int fd, int write, void *buf, size_t len, uint64_t at)
+{
+    uint8_t *p = buf;
+    while (len) {
+        ssize_t n = write ? pwrite(fd, p, len, (off_t)at) : pread(fd, p, len, (off_t)at);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return n < 0 ? -errno : -EIO;
+        p += n;
+        len -= (size_t)n;
+        at += (uint64_t)n;
+    }
+    return 0;
 }
 
 static void shm_ref(shm_map_t *m)
@@ -180,6 +200,7 @@ typedef struct member {
     int link;         /* PS_M_LINK_AGENT when another agent forwarded the call */
     pthread_t thread; /* the handler thread serving it */
     uint64_t shm_out; /* output offset in it */
+    int by_file;      /* the segment is read and written through its file (shm_by_file) */
 } member_t;
 
 #define K_BARRIER        PARAMSYNC__V1__COLLECTIVE_KIND__BARRIER
@@ -307,6 +328,24 @@ static shm_map_t *shms_find(const ps__hub_t *h, const char *job, const char *nam
         if (strcmp(sm->name, name) == 0 && strcmp(sm->job, job) == 0)
             return sm;
     return NULL;
+}
+
+/* Whether a collective of n ranks whose member here has `in` input and
+ * `out` output bytes in its segment is so large that the agent reads and
+ * writes the segment with pread/pwrite on its file rather than through its
+ * mapping: when the segment bytes it touches, taken over its n ranks, are
+ * over --shm-resident-bytes. The bytes touched through a mapping stay in the
+ * agent's resident set (as shared pages) for as long as the segment is
+ * mapped; through the file they do not, at the price of a copy through a
+ * buffer of one step. */
+static int shm_by_file(const ps__hub_t *h, const Paramsync__V1__CollectiveHeader *hd, int n,
+                       uint64_t in, uint64_t out)
+{
+    int in_place = (hd->kind == PARAMSYNC__V1__COLLECTIVE_KIND__ALL_REDUCE ||
+                    hd->kind == PARAMSYNC__V1__COLLECTIVE_KIND__REDUCE) &&
+                   hd->shm_out_offset == 0;
+    uint64_t touched = in_place ? (in > out ? in : out) : in + out;
+    return n > 0 && touched > h->cfg->shm_resident_bytes / (uint64_t)n;
 }
 
 /* Whether segment m holds a member's `in` input bytes (at 0) and `out`
@@ -999,6 +1038,22 @@ static int hub_reduce(coll_t *c, void *dst, const void **srcs, size_t count)
     return rc;
 }
 
+/* Fails the collective when reading (or writing) the segment of member m
+ * through its file failed with rc (a negative errno); returns whether it
+ * did. */
+static int seg_failed(member_t *m, int write, int rc)
+{
+    if (rc == 0)
+        return 0;
+    coll_t *c = m->coll;
+    pthread_mutex_lock(c->lock);
+    coll_fail(c, GRPC_STATUS_INTERNAL, "%s (group %u, seq %" PRIu64 "): %s rank %d's segment: %s",
+              kind_name(c->kind), c->group, c->seq, write ? "writing" : "reading",
+              c->ranks[m->index], strerror(-rc));
+    pthread_mutex_unlock(c->lock);
+    return 1;
+}
+
 /* Deposits the member's contributions, step by step. */
 static void member_deposit(member_t *m)
 {
@@ -1009,15 +1064,20 @@ static void member_deposit(member_t *m)
         plan_step(c, s, &p);
         if (!step_contributes(&p, m->index))
             continue;
-        blob_t *b = m->shm ? blob_view(m->shm, m->shm->base + m->in_off, p.len) : blob_new(p.len);
+        int view = m->shm && !m->by_file;
+        blob_t *b = view ? blob_view(m->shm, m->shm->base + m->in_off, p.len) : blob_new(p.len);
+        uint64_t at = m->in_off;
         pthread_mutex_lock(c->lock);
         slot_t *sl = b ? slot_claim(c, s) : NULL;
         if (!b && !c->failed)
             coll_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", kind_name(c->kind));
         pthread_mutex_unlock(c->lock);
-        if (sl && m->shm)
+        if (sl && m->shm) {
             m->in_off += p.len;
-        if (!sl || (!m->shm && member_read(m, b->data, p.len) < 0)) {
+            ps__metrics_shm_bytes(PS_M_RX, view ? PS_M_SHM_MAPPED : PS_M_SHM_FILE, p.len);
+        }
+        if (!sl || (!m->shm && member_read(m, b->data, p.len) < 0) ||
+            (m->shm && !view && seg_failed(m, 0, seg_io(m->shm->fd, 0, b->data, p.len, at)))) {
             blob_unref(b);
             return;
         }
@@ -1164,11 +1224,18 @@ static int member_write(member_t *m, int finish)
         blob_ref(out);
         pthread_mutex_unlock(c->lock);
         int rc = 0;
-        uint8_t *dst = m->shm ? m->shm->base + m->shm_out + off : NULL;
-        if (dst && dst != out->data) /* the result frame follows the data, below */
-            memcpy(dst, out->data, p.len);
-        else if (!m->shm)
+        if (m->shm) { /* the result frame follows the data, below */
+            uint8_t *dst = m->shm->base + m->shm_out + off;
+            if (m->by_file) {
+                rc = seg_io(m->shm->fd, 1, out->data, p.len, m->shm_out + off);
+                seg_failed(m, 1, rc);
+            } else if (dst != out->data) /* else reduced in place */
+                memcpy(dst, out->data, p.len);
+            if (rc == 0)
+                ps__metrics_shm_bytes(PS_M_TX, m->by_file ? PS_M_SHM_FILE : PS_M_SHM_MAPPED, p.len);
+        } else {
             rc = send_frame(m, first ? &res : NULL, off, out, p.len, s == last_step);
+        }
         blob_unref(out);
         first = 0;
         off += p.len;
@@ -2465,6 +2532,8 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
     pthread_mutex_unlock(&h->lock);
 
     member_totals(c, m->index, &m->in_total, &m->out_total);
+    if (m->shm)
+        m->by_file = shm_by_file(h, m->first->header, c->n, m->in_total, m->out_total);
     pthread_t writer;
     int have_writer = 0;
     if (!c->failed) {
@@ -2722,13 +2791,13 @@ int ps__hub_shm_attach(ps__hub_t *h, const char *job, int rank, const char *name
     uint8_t *base = MAP_FAILED;
     if (fstat(fd, &st) == 0 && (uint64_t)st.st_size >= size)
         base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
     uint64_t seen = 0;
     if (base != MAP_FAILED)
         memcpy(&seen, base, sizeof(seen));
     if (base == MAP_FAILED || seen != magic) {
         if (base != MAP_FAILED)
             munmap(base, size);
+        close(fd);
         snprintf(reason, rlen, "segment %s is %s", name,
                  base == MAP_FAILED ? "smaller than announced"
                                     : "not the caller's (magic differs)");
@@ -2743,10 +2812,12 @@ int ps__hub_shm_attach(ps__hub_t *h, const char *job, int rank, const char *name
             free(sm->name);
         free(sm);
         munmap(base, size);
+        close(fd);
         snprintf(reason, rlen, "out of memory");
         return 0;
     }
     sm->rank = rank;
+    sm->fd = fd;
     sm->base = base;
     sm->map_len = size;
     /* Payloads may not reach a doorbell's control words. */
@@ -2811,11 +2882,6 @@ int ps__hub_rank_here(ps__hub_t *h, const char *job, int rank)
     return here;
 }
 
-static void shm_frame_release(void *arg)
-{
-    shm_unref(arg);
-}
-
 int ps__hub_shm_io_open(ps__hub_t *h, const header_t *hd, ps__shm_io_t *io, char *msg, size_t len)
 {
     memset(io, 0, sizeof(*io));
@@ -2848,6 +2914,7 @@ int ps__hub_shm_io_open(ps__hub_t *h, const header_t *hd, ps__shm_io_t *io, char
         } else {
             shm_ref(map);
             io->map = map;
+            io->by_file = shm_by_file(h, hd, n, io->in_total, io->out_total);
             io->in = map->base;
             io->out = map->base + hd->shm_out_offset;
         }
@@ -2861,8 +2928,40 @@ int ps__hub_shm_io_open(ps__hub_t *h, const header_t *hd, ps__shm_io_t *io, char
 grpc_byte_buffer *ps__hub_shm_io_frame(ps__shm_io_t *io, const header_t *hd, uint64_t off,
                                        size_t len)
 {
-    shm_ref(io->map);
-    return ps__frame_encode(hd, NULL, off, io->in + off, len, shm_frame_release, io->map);
+    shm_map_t *map = io->map;
+    blob_t *b = io->by_file ? blob_new(len) : blob_view(map, map->base + off, len);
+    if (b && io->by_file && seg_io(map->fd, 0, b->data, len, off) < 0) {
+        blob_unref(b);
+        return NULL;
+    }
+    if (b)
+        ps__metrics_shm_bytes(PS_M_RX, io->by_file ? PS_M_SHM_FILE : PS_M_SHM_MAPPED, len);
+    return b ? ps__frame_encode(hd, NULL, off, b->data, len, blob_unref, b) : NULL;
+}
+
+int ps__hub_shm_io_put(ps__shm_io_t *io, const ps__frame_t *f)
+{
+    uint64_t off = f->meta->offset;
+    if (off > io->out_total || f->data_len > io->out_total - off)
+        return PS_EINVAL;
+    shm_map_t *map = io->map;
+    int rc;
+    if (!io->by_file) {
+        rc = ps__frame_copy_data(f, 0, io->out + off, f->data_len);
+    } else {
+        /* Through a buffer of one frame, so the segment's pages stay out of
+         * this agent's resident set. */
+        uint8_t *buf = malloc(f->data_len ? f->data_len : 1);
+        rc = !buf ? PS_ENOMEM : ps__frame_copy_data(f, 0, buf, f->data_len);
+        if (rc == 0)
+            rc = seg_io(map->fd, 1, buf, f->data_len, (uint64_t)(io->out - map->base) + off) < 0
+                     ? PS_EINTERNAL
+                     : 0;
+        free(buf);
+    }
+    if (rc == 0)
+        ps__metrics_shm_bytes(PS_M_TX, io->by_file ? PS_M_SHM_FILE : PS_M_SHM_MAPPED, f->data_len);
+    return rc;
 }
 
 void ps__hub_shm_io_close(ps__shm_io_t *io)

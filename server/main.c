@@ -99,6 +99,13 @@ static void usage(FILE *out)
         "  --ring-min-bytes N       with --ring on, smaller all_reduces still go to the hub,\n"
         "                           where they take fewer hops [PARAMSYNC_RING_MIN_BYTES]\n"
         "                           (default 1M)\n"
+        "  --shm-resident-bytes N   a collective whose ranks have more than N bytes of their\n"
+        "                           shared-memory segments in it (bytes per rank x ranks) is\n"
+        "                           read and written through the segments' files, one step\n"
+        "                           at a time, not through this agent's mapping of them: the\n"
+        "                           agent's resident memory then stays small, at the price\n"
+        "                           of a copy [PARAMSYNC_SHM_RESIDENT_BYTES] (default 512M;\n"
+        "                           0: every collective)\n"
         "  --log-level LEVEL        error, warn, info (default) or debug [PARAMSYNC_LOG_LEVEL]\n"
         "  --version                print the version and exit\n"
         "  -h, --help               print this help and exit\n"
@@ -252,6 +259,7 @@ int main(int argc, char **argv)
         .max_groups = 4096,
         .max_inflight_bytes = 4ull << 30,
         .ring_min_bytes = 1u << 20,
+        .shm_resident_bytes = 512u << 20,
     };
     /* Every option is a string first, from the environment, then the command
      * line; each is parsed and checked once below. */
@@ -284,6 +292,7 @@ int main(int argc, char **argv)
         O_HEALTH_LISTEN,
         O_RING,
         O_RING_MIN,
+        O_SHM_RESIDENT,
         O_COUNT,
         O_VERSION = 1000
     };
@@ -316,6 +325,7 @@ int main(int argc, char **argv)
         "PARAMSYNC_HEALTH_LISTEN",
         "PARAMSYNC_RING",
         "PARAMSYNC_RING_MIN_BYTES",
+        "PARAMSYNC_SHM_RESIDENT_BYTES",
     };
     static const struct option opts[] = {
         {"role", required_argument, 0, O_ROLE},
@@ -346,6 +356,7 @@ int main(int argc, char **argv)
         {"health-listen", required_argument, 0, O_HEALTH_LISTEN},
         {"ring", required_argument, 0, O_RING},
         {"ring-min-bytes", required_argument, 0, O_RING_MIN},
+        {"shm-resident-bytes", required_argument, 0, O_SHM_RESIDENT},
         {"version", no_argument, 0, O_VERSION},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
@@ -498,6 +509,14 @@ int main(int argc, char **argv)
             return 2;
         }
         cfg.ring_min_bytes = v;
+    }
+    if (val[O_SHM_RESIDENT]) {
+        if (parse_bytes(val[O_SHM_RESIDENT], &v) < 0) {
+            fprintf(stderr, "paramsyncd: --shm-resident-bytes must be a byte count, not '%s'\n",
+                    val[O_SHM_RESIDENT]);
+            return 2;
+        }
+        cfg.shm_resident_bytes = v;
     }
     if (window) {
         if (parse_bytes(window, &v) < 0 || v < 1 || v > 64) {

@@ -87,6 +87,7 @@ static _Atomic uint64_t g_straggler[M_RANK_SLOTS + 1];
 static _Atomic int g_rank_limit = M_DEFAULT_RANK;
 static _Atomic uint64_t g_bytes[2][2]; /* [dir][link] */
 static _Atomic uint64_t g_reduced[2];  /* [device] */
+static _Atomic uint64_t g_shm[2][2];   /* [dir][access] */
 static _Atomic uint64_t g_events[PS_M_EV_COUNT];
 static _Atomic int64_t g_inflight;
 
@@ -182,6 +183,12 @@ void ps__metrics_bytes(int dir, int link, uint64_t bytes)
 {
     if (dir >= 0 && dir < 2 && link >= 0 && link < 2)
         add(&g_bytes[dir][link], bytes);
+}
+
+void ps__metrics_shm_bytes(int dir, int access, uint64_t bytes)
+{
+    if (dir >= 0 && dir < 2 && access >= 0 && access < 2)
+        add(&g_shm[dir][access], bytes);
 }
 
 void ps__metrics_reduced(int device, uint64_t bytes)
@@ -409,6 +416,15 @@ static void render_traffic(strbuf_t *b)
         for (int l = 0; l < 2; l++)
             sb_printf(b, "paramsync_payload_bytes_total{direction=\"%s\",link=\"%s\"} %llu\n",
                       dir_names[d], link_names[l], (unsigned long long)get(&g_bytes[d][l]));
+    static const char *const access_names[2] = {"mapped", "file"};
+    sb_family(b, "paramsync_shm_bytes_total", "counter",
+              "Tensor payload bytes read from (received) and written into (sent) workers' "
+              "shared-memory segments, by access: mapped (in place) or file (pread/pwrite, "
+              "collectives over --shm-resident-bytes).");
+    for (int d = 0; d < 2; d++)
+        for (int a = 0; a < 2; a++)
+            sb_printf(b, "paramsync_shm_bytes_total{direction=\"%s\",access=\"%s\"} %llu\n",
+                      dir_names[d], access_names[a], (unsigned long long)get(&g_shm[d][a]));
     sb_family(b, "paramsync_reduced_bytes_total", "counter",
               "Input bytes of every reduction the hub ran, by device.");
     for (int d = 0; d < 2; d++)

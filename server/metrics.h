@@ -17,6 +17,7 @@
 enum ps__m_link { PS_M_LINK_WORKER = 0, PS_M_LINK_AGENT = 1 };
 enum ps__m_dir { PS_M_RX = 0, PS_M_TX = 1 };
 enum ps__m_device { PS_M_DEV_CPU = 0, PS_M_DEV_CUDA = 1 };
+enum ps__m_access { PS_M_SHM_MAPPED = 0, PS_M_SHM_FILE = 1 };
 enum ps__m_event {
     PS_M_EV_TIMEOUT = 0,  /* a collective or rendezvous hit its deadline */
     PS_M_EV_MISMATCH,     /* ranks disagreed on a collective */
@@ -69,6 +70,10 @@ void ps__metrics_arrival(int kind, double skew_seconds, int last_rank);
 
 /** Payload bytes moved, by direction and link. */
 void ps__metrics_bytes(int dir, int link, uint64_t bytes);
+
+/** Payload bytes read from (PS_M_RX) or written into (PS_M_TX) workers'
+ * shared-memory segments, through the agent's mapping or the file. */
+void ps__metrics_shm_bytes(int dir, int access, uint64_t bytes);
 
 /** Bytes reduced (the input bytes of every reduction), by device. */
 void ps__metrics_reduced(int device, uint64_t bytes);

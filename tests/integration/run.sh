@@ -6,13 +6,15 @@
 # usage: run.sh --daemon PATH (--worker PATH --scenario NAME | --example PATH [--arg A]... --expect FILE)
 #               [--np N] [--jobs K] [--topology embedded|split] [--init env|tcp|unix|file]
 #               [--daemon-arg ARG]... [--env NAME=VALUE]... [--sigterm-after SECONDS]
-#               [--then SCENARIO:NP] [--timeout SECONDS]
+#               [--then SCENARIO:NP] [--timeout SECONDS] [--metric 'SERIES>0' | --metric 'SERIES=0']...
+# --metric: after the scenario, SERIES (a metric with its labels, exactly as exposed) summed over
+# every daemon must be above zero, or zero.
 # Exit status: 0 passed, 1 failed, 77 skipped (every worker said so). PS_IT_KEEP=1 keeps the logs.
 set -u
 
 daemon= worker= scenario= example= expect= np=2 jobs=1 topology=embedded init=env
 sigterm_after= then= timeout=150
-daemon_args=() example_args=() extra_env=()
+daemon_args=() example_args=() extra_env=() metric_checks=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --daemon) daemon=$2; shift ;;
@@ -30,6 +32,7 @@ while [ $# -gt 0 ]; do
     --sigterm-after) sigterm_after=$2; shift ;;
     --then) then=$2; shift ;;
     --timeout) timeout=$2; shift ;;
+    --metric) metric_checks+=("$2"); shift ;;
     *) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -190,6 +193,33 @@ if [ -n "$expect" ] && [ $status -eq 0 ]; then
     failed "output differs from $(basename "$expect"):"
     cat "$tmp/diff.txt" >&2
   fi
+fi
+
+# scrape NAME: prints the /metrics text of the daemon NAME (plain HTTP over bash's /dev/tcp).
+scrape() {
+  local hp
+  hp=$(sed -n 's|^paramsyncd: metrics on http://\([^/]*\)/metrics.*|\1|p' "$tmp/$1.log" | head -n 1)
+  [ -n "$hp" ] || return 1
+  exec 3<>"/dev/tcp/${hp%:*}/${hp##*:}" || return 1
+  printf 'GET /metrics HTTP/1.0\r\nHost: %s\r\n\r\n' "$hp" >&3
+  cat <&3
+  exec 3<&-
+}
+
+if [ ${#metric_checks[@]} -gt 0 ] && [ $status -eq 0 ]; then
+  for dname in "${daemon_names[@]}"; do
+    scrape "$dname" >"$tmp/$dname.metrics" || failed "could not read the metrics of $dname"
+  done
+  for check in "${metric_checks[@]}"; do
+    series=${check%[=>]*} want=${check#"$series"}
+    total=$(cat "$tmp"/*.metrics | awk -v s="$series" 'index($0, s " ") == 1 { t += $NF } END { print t + 0 }')
+    case "$want" in
+      '>0') [ "$total" != 0 ] || failed "metric $series is $total, expected more than 0" ;;
+      '=0') [ "$total" = 0 ] || failed "metric $series is $total, expected 0" ;;
+      *) echo "run.sh: --metric wants SERIES>0 or SERIES=0, not '$check'" >&2; exit 2 ;;
+    esac
+    say "metric $series = $total (wanted $want)"
+  done
 fi
 
 # The daemon keeps serving after whatever the scenario did.
