@@ -187,7 +187,6 @@ typedef struct member {
     Paramsync__V1__Frame *first; /* the first frame's fields; owns header */
     int index;                   /* member index in the collective */
     ps__rpc_call_t *call;
-    header_t *header;  /* owned by `first` frame */
     ps__frame_t frame; /* current input frame */
     size_t frame_pos;  /* bytes of frame data consumed */
     uint64_t in_off;   /* input bytes consumed so far */
@@ -328,24 +327,6 @@ static shm_map_t *shms_find(const ps__hub_t *h, const char *job, const char *nam
         if (strcmp(sm->name, name) == 0 && strcmp(sm->job, job) == 0)
             return sm;
     return NULL;
-}
-
-/* Whether a collective of n ranks whose member here has `in` input and
- * `out` output bytes in its segment is so large that the agent reads and
- * writes the segment with pread/pwrite on its file rather than through its
- * mapping: when the segment bytes it touches, taken over its n ranks, are
- * over --shm-resident-bytes. The bytes touched through a mapping stay in the
- * agent's resident set (as shared pages) for as long as the segment is
- * mapped; through the file they do not, at the price of a copy through a
- * buffer of one step. */
-static int shm_by_file(const ps__hub_t *h, const Paramsync__V1__CollectiveHeader *hd, int n,
-                       uint64_t in, uint64_t out)
-{
-    int in_place = (hd->kind == PARAMSYNC__V1__COLLECTIVE_KIND__ALL_REDUCE ||
-                    hd->kind == PARAMSYNC__V1__COLLECTIVE_KIND__REDUCE) &&
-                   hd->shm_out_offset == 0;
-    uint64_t touched = in_place ? (in > out ? in : out) : in + out;
-    return n > 0 && touched > h->cfg->shm_resident_bytes / (uint64_t)n;
 }
 
 /* Whether segment m holds a member's `in` input bytes (at 0) and `out`
@@ -704,6 +685,26 @@ static void member_totals(const coll_t *c, int i, uint64_t *in, uint64_t *out)
     }
 }
 
+/* Whether collective c is so large that the agent reads and writes the
+ * segments of its members with pread/pwrite on their files rather than
+ * through its mappings: when the segment bytes it touches, summed over its
+ * ranks (as if every one used shared memory), are over
+ * --shm-resident-bytes. Bytes touched through a mapping stay in the agent's
+ * resident set (as shared pages) for as long as the segment is mapped;
+ * through the file they do not, at the price of a copy through a buffer of
+ * one step. hd is a member's header (whether output goes over input). */
+static int shm_by_file(const ps__hub_t *h, const coll_t *c, const header_t *hd)
+{
+    int in_place = (hd->kind == K_ALL_REDUCE || hd->kind == K_REDUCE) && hd->shm_out_offset == 0;
+    uint64_t total = 0;
+    for (int i = 0; i < c->n; i++) {
+        uint64_t in, out;
+        member_totals(c, i, &in, &out);
+        total += in_place ? (in > out ? in : out) : in + out;
+    }
+    return total > h->cfg->shm_resident_bytes;
+}
+
 /* ---- collective instances ---- */
 
 /* A new collective; NULL with *over set when it would take the agent past
@@ -861,15 +862,15 @@ static void coll_unlink(job_t *j, coll_t *c)
 #define PS_HUB_VIEW_WINDOW 64
 
 /* A collective that only moves bytes (every step has one contributor) and
- * whose members all use shared memory holds nothing but views of their
- * segments in its slots: it gets a wider window, so that several blocks,
+ * whose members all use shared memory through their mappings holds nothing
+ * but views of their segments in its slots: it gets a wider window, so that several blocks,
  * and so several senders and receivers, move at once (measured, 64 MiB
  * busbw in three A/B pairs: all_to_all p=4 0.75/0.85/0.79 GB/s with 4
  * steps in flight, 0.95/0.93/0.85 with up to 64; scatter p=4 3.13/2.95/2.38
  * against 3.47/3.32/2.85; all_gather and broadcast within noise). Called
  * under the lock once every member is there and before any has claimed a
  * slot. */
-static void coll_widen(coll_t *c)
+static void coll_widen(const ps__hub_t *h, coll_t *c)
 {
     if (c->failed || c->window >= PS_HUB_VIEW_WINDOW || c->nsteps <= c->window)
         return;
@@ -879,6 +880,8 @@ static void coll_widen(coll_t *c)
     for (int i = 0; i < c->n; i++)
         if (!c->members[i] || !c->members[i]->shm)
             return;
+    if (shm_by_file(h, c, c->members[0]->first->header))
+        return; /* its slots hold copies */
     int w = c->nsteps < PS_HUB_VIEW_WINDOW ? (int)c->nsteps : PS_HUB_VIEW_WINDOW;
     slot_t *slots = calloc((size_t)w, sizeof(slot_t));
     if (!slots)
@@ -1384,7 +1387,7 @@ static void mailbox_match(ps__hub_t *h, job_t *j, mailbox_t *mb)
         c->narrived = 2;
         c->next = j->colls;
         j->colls = c;
-        coll_widen(c);
+        coll_widen(h, c);
         if (sh->dtype != rh->dtype || sh->count != rh->count)
             coll_fail(c, GRPC_STATUS_FAILED_PRECONDITION,
                       "send from rank %d to rank %d (group %u, tag %u): the sender has %" PRIu64
@@ -2504,7 +2507,7 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
         c->members[idx] = m;
         c->narrived++;
         if (c->narrived == c->n) {
-            coll_widen(c);
+            coll_widen(h, c);
             int64_t firstms = m->arrival_ms;
             for (int i = 0; i < c->n; i++)
                 if (c->members[i] && c->members[i]->arrival_ms < firstms)
@@ -2533,7 +2536,7 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
 
     member_totals(c, m->index, &m->in_total, &m->out_total);
     if (m->shm)
-        m->by_file = shm_by_file(h, m->first->header, c->n, m->in_total, m->out_total);
+        m->by_file = shm_by_file(h, c, m->first->header);
     pthread_t writer;
     int have_writer = 0;
     if (!c->failed) {
@@ -2914,7 +2917,7 @@ int ps__hub_shm_io_open(ps__hub_t *h, const header_t *hd, ps__shm_io_t *io, char
         } else {
             shm_ref(map);
             io->map = map;
-            io->by_file = shm_by_file(h, hd, n, io->in_total, io->out_total);
+            io->by_file = shm_by_file(h, &c, hd);
             io->in = map->base;
             io->out = map->base + hd->shm_out_offset;
         }
