@@ -44,6 +44,8 @@ static const char usage[] =
     "  -r, --root N          root of broadcast, reduce, gather, scatter (default 0)\n"
     "  -c, --check 0|1       check results (default 1)\n"
     "  -i, --init URL        init method (default env://)\n"
+    "  -m, --mem KIND        malloc (default): buffers from malloc; shared: from\n"
+    "                        ps_mem_alloc, which the agent reads and writes in place\n"
     "      --csv FILE        append one CSV row per result to FILE (rank 0; '-' is stdout):\n"
     "                        label, collective, world, bytes, count, dtype, op, root,\n"
     "                        time_us (mean), algbw, busbw (GB/s), wrong, iters, median_us\n"
@@ -112,6 +114,7 @@ typedef struct options {
     ps_dtype_t dtype;
     ps_op_t op;
     const char *init, *csv, *label;
+    int shared_mem; /* --mem shared */
 } options_t;
 
 static double now_seconds(void)
@@ -274,7 +277,10 @@ static int parse_options(int argc, char **argv, options_t *o)
             o->csv = v;
         else if (!strcmp(a, "--label"))
             o->label = v;
-        else {
+        else if (!strcmp(a, "-m") || !strcmp(a, "--mem")) {
+            o->shared_mem = !strcmp(v, "shared");
+            bad = !o->shared_mem && strcmp(v, "malloc") != 0;
+        } else {
             fprintf(stderr, "paramsync-bench: unknown option %s\n%s", a, usage);
             return -1;
         }
@@ -827,8 +833,15 @@ int main(int argc, char **argv)
     size_t floor_bytes = (size_t)b.p * b.es;
     b.cap = o.maxbytes > floor_bytes ? o.maxbytes : floor_bytes;
     b.cap += b.es; /* slack for rounding of non-power-of-two sizes */
-    b.in = malloc(b.cap);
-    b.out = malloc(b.cap);
+    /* --mem shared: one allocation holds both buffers, so a collective's
+     * input and output lie in the same shared segment. */
+    size_t half = (b.cap + 4095) / 4096 * 4096;
+    uint8_t *shared = o.shared_mem ? ps_mem_alloc(b.comm, 2 * half) : NULL;
+    if (o.shared_mem && shared && !ps_mem_is_shared(b.comm, shared) && b.rank == 0)
+        fprintf(stderr, "paramsync-bench: --mem shared: the agent does not share this memory; "
+                        "collectives copy as with malloc\n");
+    b.in = o.shared_mem ? shared : malloc(b.cap);
+    b.out = o.shared_mem ? (shared ? shared + half : NULL) : malloc(b.cap);
     b.times = malloc((size_t)(o.iters > o.warmup ? o.iters : o.warmup + 1) * sizeof *b.times);
     if (!b.in || !b.out || !b.times) {
         fprintf(stderr, "paramsync-bench: rank %d: cannot allocate 2 x %zu bytes\n", b.rank, b.cap);
@@ -858,9 +871,13 @@ int main(int argc, char **argv)
         if (b.csv && b.csv != stdout)
             fclose(b.csv);
     }
+    if (o.shared_mem) {
+        ps_mem_free(b.comm, b.in);
+    } else {
+        free(b.in);
+        free(b.out);
+    }
     rc = ps_finalize(b.comm);
-    free(b.in);
-    free(b.out);
     free(b.times);
     if (rc < 0) {
         fprintf(stderr, "paramsync-bench: rank %d: ps_finalize: %s\n", b.rank, ps_strerror(rc));

@@ -137,7 +137,7 @@ static void take_frame(ps__coll_t *c, recv_state_t *st, grpc_byte_buffer *bb)
                            strdup("the agent answered in shared memory this call did not use"));
                 goto out;
             }
-            if (c->out_bytes)
+            if (c->out_bytes && c->out != c->shm_out) /* else registered memory */
                 memcpy(c->out, c->shm_out, c->out_bytes);
             st->received = c->out_bytes;
         }

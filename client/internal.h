@@ -16,6 +16,7 @@
 #define PS__METHOD_NEW_GROUP  "/paramsync.v1.Worker/NewGroup"
 #define PS__METHOD_COLLECTIVE "/paramsync.v1.Worker/Collective"
 #define PS__METHOD_SHM_ATTACH "/paramsync.v1.Worker/ShmAttach"
+#define PS__METHOD_SHM_DETACH "/paramsync.v1.Worker/ShmDetach"
 
 /* torch's default collective timeout. */
 #define PS__DEFAULT_TIMEOUT_MS (30 * 60 * 1000)
@@ -49,7 +50,8 @@ typedef struct ps__coll {
     size_t in_bytes;
     void *out;
     size_t out_bytes;
-    uint8_t *shm_out; /* output in the shared segment, when this call uses it */
+    uint8_t *shm_out;    /* output in the shared segment, when this call uses it */
+    struct ps__mem *mem; /* the registered segment this call uses (shm.c), or NULL */
     /* Device buffers (device.c): when the caller's in or out is device memory,
      * in/out point into this pinned buffer instead, and the result goes to
      * stage_dev_out once the call has succeeded. */
@@ -113,6 +115,7 @@ struct ps_comm {
 
     struct ps__shm *shm;           /* the shared-memory segment (shm.c), or NULL */
     struct ps__doorbell *doorbell; /* the doorbell segment (shm.c), or NULL */
+    struct ps__mem *mem;           /* registered memory, ps_mem_alloc (shm.c) */
 
     /* One pinned staging buffer kept between calls on device buffers (device.c;
      * guarded by lock): page-locking memory costs far more than the copy. */

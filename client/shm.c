@@ -56,10 +56,12 @@ static void segment_unmap(struct ps__shm *s)
     }
 }
 
+enum { SEG_PAYLOAD, SEG_DOORBELL, SEG_REGISTERED };
+
 /* Creates a segment of size bytes and offers it to the agent, as a payload
- * segment or a doorbell. 0 when the agent attached it; a negative code
- * otherwise (the segment is gone). */
-static int segment_create(ps_comm_t *comm, struct ps__shm *s, size_t size, int doorbell)
+ * segment, a doorbell or registered memory. 0 when the agent attached it; a
+ * negative code otherwise (the segment is gone). */
+static int segment_create(ps_comm_t *comm, struct ps__shm *s, size_t size, int kind)
 {
     static unsigned counter;
     struct timespec ts;
@@ -88,7 +90,8 @@ static int segment_create(ps_comm_t *comm, struct ps__shm *s, size_t size, int d
     req.name = s->name;
     req.size = size;
     req.magic = magic;
-    req.doorbell = doorbell;
+    req.doorbell = kind == SEG_DOORBELL;
+    req.registered = kind == SEG_REGISTERED;
     rc = ps__rpc_unary(comm->channel, PS__METHOD_SHM_ATTACH, &req.base,
                        &paramsync__v1__shm_attach_response__descriptor, (ProtobufCMessage **)&resp,
                        PS__CONTROL_TIMEOUT_MS, NULL);
@@ -102,13 +105,166 @@ static int segment_create(ps_comm_t *comm, struct ps__shm *s, size_t size, int d
         munmap(base, size);
         return rc < 0 ? rc : PS_ENOTSUP;
     }
+    /* The magic bytes were for the agent's check: the memory reads as
+     * zeros again, as fresh segments do. */
+    memset(base, 0, sizeof(magic));
     s->base = base;
     s->size = size;
     return 0;
 }
 
+/*
+ * Registered memory (ps_mem_alloc): each allocation is a segment of its
+ * own, attached to the agent for good (until ps_mem_free). A collective
+ * whose input and output both lie in one allocation names it with their
+ * offsets and the agent reads and writes the caller's buffers themselves:
+ * no copy in, no copy out. One collective at a time per allocation (the
+ * agent answers a rank only once no step of its segment is still on its way
+ * to another rank, which only holds per collective); a concurrent one takes
+ * the copying path.
+ */
+struct ps__mem {
+    struct ps__shm seg; /* name, base, size */
+    int shared;         /* attached by the agent; else plain memory */
+    int in_use;
+    struct ps__mem *next;
+};
+
+static size_t page_round(size_t n)
+{
+    return (n + PS__SHM_ALIGN - 1) / PS__SHM_ALIGN * PS__SHM_ALIGN;
+}
+
+void *ps_mem_alloc(ps_comm_t *comm, size_t bytes)
+{
+    if (!comm || !bytes || bytes > SIZE_MAX - PS__SHM_ALIGN)
+        return NULL;
+    struct ps__mem *m = calloc(1, sizeof(*m));
+    if (!m)
+        return NULL;
+    size_t size = page_round(bytes);
+    if (shm_off() || segment_create(comm, &m->seg, size, SEG_REGISTERED) < 0) {
+        /* The agent cannot map it (another host, PARAMSYNC_SHM=0, the limit
+         * of segments per rank): plain memory, used like any other. */
+        void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) {
+            free(m);
+            return NULL;
+        }
+        m->seg.base = p;
+        m->seg.size = size;
+    } else {
+        m->shared = 1;
+    }
+    pthread_mutex_lock(&comm->lock);
+    m->next = comm->mem;
+    comm->mem = m;
+    pthread_mutex_unlock(&comm->lock);
+    return m->seg.base;
+}
+
+/* Tells the agent a registered segment is gone (best effort: it drops the
+ * rank's segments when the rank leaves anyway). */
+static void mem_detach(ps_comm_t *comm, struct ps__mem *m)
+{
+    Paramsync__V1__ShmDetachRequest req = PARAMSYNC__V1__SHM_DETACH_REQUEST__INIT;
+    Paramsync__V1__ShmDetachResponse *resp = NULL;
+    req.job = comm->job;
+    req.rank = comm->rank;
+    req.name = m->seg.name;
+    if (ps__rpc_unary(comm->channel, PS__METHOD_SHM_DETACH, &req.base,
+                      &paramsync__v1__shm_detach_response__descriptor, (ProtobufCMessage **)&resp,
+                      PS__CONTROL_TIMEOUT_MS, NULL) == 0)
+        protobuf_c_message_free_unpacked(&resp->base, NULL);
+}
+
+int ps_mem_free(ps_comm_t *comm, void *ptr)
+{
+    if (!ptr)
+        return 0;
+    if (!comm)
+        return PS_EINVAL;
+    pthread_mutex_lock(&comm->lock);
+    struct ps__mem **pp = &comm->mem;
+    while (*pp && (*pp)->seg.base != ptr)
+        pp = &(*pp)->next;
+    struct ps__mem *m = *pp;
+    int busy = m && m->in_use;
+    if (m && !busy)
+        *pp = m->next;
+    pthread_mutex_unlock(&comm->lock);
+    if (!m || busy) {
+        ps__report(comm, PS_EINVAL, "mem_free", "%s",
+                   m ? "the memory is in use by a collective still running"
+                     : "not memory from ps_mem_alloc of this comm");
+        return PS_EINVAL;
+    }
+    if (m->shared)
+        mem_detach(comm, m);
+    segment_unmap(&m->seg);
+    free(m);
+    return 0;
+}
+
+int ps_mem_is_shared(ps_comm_t *comm, const void *ptr)
+{
+    int shared = 0;
+    if (!comm || !ptr)
+        return 0;
+    pthread_mutex_lock(&comm->lock);
+    for (struct ps__mem *m = comm->mem; m; m = m->next)
+        if ((const uint8_t *)ptr >= m->seg.base && (const uint8_t *)ptr < m->seg.base + m->seg.size)
+            shared = m->shared;
+    pthread_mutex_unlock(&comm->lock);
+    return shared;
+}
+
+/* Whether [p, p + n) lies in m (n == 0: any p does). */
+static int mem_holds(const struct ps__mem *m, const void *p, size_t n)
+{
+    const uint8_t *b = p;
+    return !n || (b >= m->seg.base && n <= m->seg.size &&
+                  b - m->seg.base <= (ptrdiff_t)(m->seg.size - n));
+}
+
+/* Takes c through a registered segment holding both its input and output,
+ * placed as the agent accepts them (apart, or all_reduce/reduce output
+ * exactly over input): 1, or 0 when there is none free. */
+static int mem_begin(ps_comm_t *comm, ps__coll_t *c)
+{
+    if (!c->in_bytes && !c->out_bytes)
+        return 0;
+    const uint8_t *in = c->in, *out = c->out;
+    int in_place = (c->hdr.kind == PARAMSYNC__V1__COLLECTIVE_KIND__ALL_REDUCE ||
+                    c->hdr.kind == PARAMSYNC__V1__COLLECTIVE_KIND__REDUCE) &&
+                   in == out;
+    int apart = in_place || !c->in_bytes || !c->out_bytes || in + c->in_bytes <= out ||
+                out + c->out_bytes <= in;
+    if (!apart)
+        return 0;
+    struct ps__mem *m;
+    pthread_mutex_lock(&comm->lock);
+    for (m = comm->mem; m; m = m->next)
+        if (m->shared && !m->in_use && (c->in_bytes || c->out_bytes) &&
+            mem_holds(m, in, c->in_bytes) && mem_holds(m, out, c->out_bytes))
+            break;
+    if (m)
+        m->in_use = 1;
+    pthread_mutex_unlock(&comm->lock);
+    if (!m)
+        return 0;
+    c->mem = m;
+    c->hdr.shm = m->seg.name;
+    c->hdr.shm_in_offset = c->in_bytes ? (uint64_t)(in - m->seg.base) : 0;
+    c->hdr.shm_out_offset = c->out_bytes ? (uint64_t)(out - m->seg.base) : 0;
+    c->shm_out = c->out_bytes ? c->out : m->seg.base;
+    return 1;
+}
+
 int ps__shm_begin(ps_comm_t *comm, ps__coll_t *c)
 {
+    if (comm->mem && mem_begin(comm, c))
+        return 1;
     /* all_reduce and reduce produce step by step what they consume, at the
      * same offsets: the agent writes each output step over its input, which
      * it has reduced by then, so the segment holds the tensor once. Other
@@ -140,7 +296,7 @@ int ps__shm_begin(ps_comm_t *comm, ps__coll_t *c)
         while (size < need)
             size *= 2;
         segment_unmap(s);
-        int rc = segment_create(comm, s, size, 0);
+        int rc = segment_create(comm, s, size, SEG_PAYLOAD);
         if (rc < 0) {
             pthread_mutex_lock(&comm->lock);
             s->in_use = 0;
@@ -163,10 +319,16 @@ void ps__shm_end(ps_comm_t *comm, ps__coll_t *c)
     if (!c->shm_out)
         return;
     pthread_mutex_lock(&comm->lock);
-    comm->shm->in_use = 0;
+    if (c->mem)
+        c->mem->in_use = 0;
+    else
+        comm->shm->in_use = 0;
     pthread_mutex_unlock(&comm->lock);
+    c->mem = NULL;
     c->shm_out = NULL;
     c->hdr.shm = (char *)protobuf_c_empty_string;
+    c->hdr.shm_in_offset = 0;
+    c->hdr.shm_out_offset = 0;
 }
 
 /*
@@ -205,7 +367,7 @@ int ps__doorbell_run(ps_comm_t *comm, ps__coll_t *c, int *rc, char **msg)
     pthread_mutex_unlock(&comm->lock);
 
     if (!d->seg.base) {
-        int err = segment_create(comm, &d->seg, PS_DOORBELL_SIZE, 1);
+        int err = segment_create(comm, &d->seg, PS_DOORBELL_SIZE, SEG_DOORBELL);
         if (err < 0) {
             pthread_mutex_lock(&comm->lock);
             d->in_use = 0;
@@ -286,6 +448,14 @@ int ps__doorbell_run(ps_comm_t *comm, ps__coll_t *c, int *rc, char **msg)
 
 void ps__shm_free(ps_comm_t *comm)
 {
+    /* Registered memory goes with the comm (the agent dropped it when the
+     * rank left). */
+    while (comm->mem) {
+        struct ps__mem *m = comm->mem;
+        comm->mem = m->next;
+        segment_unmap(&m->seg);
+        free(m);
+    }
     if (comm->doorbell) {
         segment_unmap(&comm->doorbell->seg);
         free(comm->doorbell);

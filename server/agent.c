@@ -413,13 +413,19 @@ static void worker_shm_attach(ps__rpc_call_t *call, void *arg)
     else if (strcmp(hub, a->self) != 0 && !ps__hub_rank_here(a->hub, req->job, req->rank))
         snprintf(reason, sizeof(reason), "rank %d of job %s did not join through this agent",
                  req->rank, req->job);
+    else if (req->doorbell && req->registered)
+        snprintf(reason, sizeof(reason), "a segment is a doorbell or registered, not both");
     else if (req->doorbell && strcmp(hub, a->self) != 0)
         snprintf(reason, sizeof(reason),
                  "job %s's collectives run on agent %s: a doorbell is only for its hub", req->job,
                  hub);
     else
-        resp.attached = ps__hub_shm_attach(a->hub, req->job, req->rank, req->name, req->size,
-                                           req->magic, req->doorbell, reason, sizeof(reason));
+        resp.attached =
+            ps__hub_shm_attach(a->hub, req->job, req->rank, req->name, req->size, req->magic,
+                               req->doorbell     ? PS_SHM_DOORBELL
+                               : req->registered ? PS_SHM_REGISTERED
+                                                 : PS_SHM_PAYLOAD,
+                               reason, sizeof(reason));
     if (!resp.attached)
         PS_LOG(PS_LOG_INFO, "job %s: rank %d's shared memory not used: %s", req->job, req->rank,
                reason);
@@ -428,6 +434,26 @@ static void worker_shm_attach(ps__rpc_call_t *call, void *arg)
     ps__rpc_call_send_status(call, GRPC_STATUS_OK, "");
     free(hub);
     free(msg);
+    protobuf_c_message_free_unpacked(&req->base, NULL);
+}
+
+static void worker_shm_detach(ps__rpc_call_t *call, void *arg)
+{
+    ps__agent_t *a = arg;
+    Paramsync__V1__ShmDetachRequest *req = NULL;
+    Paramsync__V1__ShmDetachResponse resp = PARAMSYNC__V1__SHM_DETACH_RESPONSE__INIT;
+    if (ps__rpc_recv_msg(call, &paramsync__v1__shm_detach_request__descriptor,
+                         (ProtobufCMessage **)&req) != 0) {
+        ps__rpc_call_send_status(call, GRPC_STATUS_INVALID_ARGUMENT, "malformed ShmDetachRequest");
+        return;
+    }
+    if (auth_check(a, call, req->job)) {
+        protobuf_c_message_free_unpacked(&req->base, NULL);
+        return;
+    }
+    resp.detached = ps__hub_shm_detach(a->hub, req->job, req->rank, req->name);
+    ps__rpc_send_msg(call, &resp.base);
+    ps__rpc_call_send_status(call, GRPC_STATUS_OK, "");
     protobuf_c_message_free_unpacked(&req->base, NULL);
 }
 
@@ -729,6 +755,7 @@ int ps__agent_create(const ps__config_t *cfg, ps__rpc_server_t *srv, const char 
     rc = rc ? rc : ps__rpc_server_add_method(srv, PS_M_WORKER_NEW_GROUP, worker_new_group, a);
     rc = rc ? rc : ps__rpc_server_add_method(srv, PS_M_WORKER_COLLECTIVE, worker_collective, a);
     rc = rc ? rc : ps__rpc_server_add_method(srv, PS_M_WORKER_SHM_ATTACH, worker_shm_attach, a);
+    rc = rc ? rc : ps__rpc_server_add_method(srv, PS_M_WORKER_SHM_DETACH, worker_shm_detach, a);
     rc = rc ? rc : ps__rpc_server_add_method(srv, PS_M_AGENT_RING, agent_ring, a);
     if (rc)
         goto fail;

@@ -41,6 +41,7 @@ typedef struct ps__config {
 #define PS_M_WORKER_NEW_GROUP   "/paramsync.v1.Worker/NewGroup"
 #define PS_M_WORKER_COLLECTIVE  "/paramsync.v1.Worker/Collective"
 #define PS_M_WORKER_SHM_ATTACH  "/paramsync.v1.Worker/ShmAttach"
+#define PS_M_WORKER_SHM_DETACH  "/paramsync.v1.Worker/ShmDetach"
 #define PS_M_COORD_REGISTER     "/paramsync.v1.Coordinator/RegisterAgent"
 #define PS_M_COORD_JOIN         "/paramsync.v1.Coordinator/Join"
 #define PS_M_COORD_LEAVE        "/paramsync.v1.Coordinator/Leave"
@@ -138,12 +139,20 @@ int ps__hub_is_ring(ps__hub_t *h, const Paramsync__V1__CollectiveHeader *hd);
  * whose first frame is `first`; ends the call with a status. */
 void ps__hub_ring_serve(ps__hub_t *h, ps__rpc_call_t *call, struct ps__frame *first);
 
-/** Maps a worker's shared segment (see ShmAttach in the proto), a payload
- * segment or (doorbell) a doorbell segment, whose requests a thread of the
- * hub then serves. Returns 1 when attached, else 0 with the reason in
- * `reason`. */
+/** Kinds of shared segments: the comm's payload segment (one per rank; a
+ * new one replaces the old), a doorbell (one per rank, served by a thread of
+ * the hub), and registered memory the worker hands out for its tensors
+ * (ps_mem_alloc; up to 64 per rank, until detached). */
+enum { PS_SHM_PAYLOAD = 0, PS_SHM_DOORBELL = 1, PS_SHM_REGISTERED = 2 };
+
+/** Maps a worker's shared segment of `kind` (see ShmAttach in the proto).
+ * Returns 1 when attached, else 0 with the reason in `reason`. */
 int ps__hub_shm_attach(ps__hub_t *h, const char *job, int rank, const char *name, uint64_t size,
-                       uint64_t magic, int doorbell, char *reason, size_t rlen);
+                       uint64_t magic, int kind, char *reason, size_t rlen);
+
+/** Drops the registered segment `name` of job's rank: 1, or 0 when there is
+ * none of that name. */
+int ps__hub_shm_detach(ps__hub_t *h, const char *job, int rank, const char *name);
 
 /** Whether job rank `rank` of job joined through this agent. */
 int ps__hub_rank_here(ps__hub_t *h, const char *job, int rank);

@@ -54,7 +54,7 @@ typedef struct shm_map {
     size_t size;    /* bytes payloads may use */
     size_t map_len; /* bytes mapped */
     int fd;         /* the segment, for pread/pwrite (let-go collectives) */
-    int doorbell;   /* a doorbell segment (doorbell_main serves it) */
+    int kind;       /* PS_SHM_PAYLOAD, _DOORBELL (doorbell_main serves it) or _REGISTERED */
     int closing;    /* doorbell: dropped, its thread is to end */
     int refs;
     int views;
@@ -81,7 +81,8 @@ static void shm_unref(shm_map_t *m)
     pthread_mutex_unlock(&blob_lock);
     if (last) {
         munmap(m->base, m->map_len);
-        close(m->fd);
+        if (m->fd >= 0)
+            close(m->fd);
         free(m->name);
         free(m->job);
         free(m);
@@ -317,6 +318,9 @@ struct ps__hub {
 
 static const char *kind_name(int k);
 
+/* Registered segments (ps_mem_alloc) an agent keeps per rank. */
+#define PS_HUB_MAX_REGISTERED 64
+
 #define PS_HUB_NOT_ATTACHED                                                                        \
     "its shared-memory segment is not attached to this agent (ShmAttach first)"
 
@@ -329,22 +333,27 @@ static shm_map_t *shms_find(const ps__hub_t *h, const char *job, const char *nam
     return NULL;
 }
 
-/* Whether segment m holds a member's `in` input bytes (at 0) and `out`
- * output bytes (at the header's shm_out_offset; all_reduce and reduce may
- * write theirs over the input, at 0); if not, says so in msg. */
+/* Whether segment m holds a member's `in` input bytes (at the header's
+ * shm_in_offset) and `out` output bytes (at its shm_out_offset), apart, or
+ * for all_reduce and reduce, output exactly over input; if not, says so in
+ * msg. */
 static int shm_holds(const shm_map_t *m, const Paramsync__V1__CollectiveHeader *hd, uint64_t in,
                      uint64_t out, char *msg, size_t len)
 {
-    uint64_t at = hd->shm_out_offset;
+    uint64_t ia = hd->shm_in_offset, oa = hd->shm_out_offset;
     int in_place = (hd->kind == PARAMSYNC__V1__COLLECTIVE_KIND__ALL_REDUCE ||
                     hd->kind == PARAMSYNC__V1__COLLECTIVE_KIND__REDUCE) &&
-                   at == 0;
-    if ((in_place || in <= at) && in <= m->size && at <= m->size && out <= m->size - at)
+                   ia == oa;
+    int fits = ia <= m->size && in <= m->size - ia && oa <= m->size && out <= m->size - oa;
+    int apart = in_place || !in || !out || ia + in <= oa || oa + out <= ia;
+    if (fits && apart)
         return 1;
     snprintf(msg, len,
-             "%s (group %u, seq %" PRIu64 "): rank %d's shared segment (%zu bytes, output at "
-             "%" PRIu64 ") cannot hold %" PRIu64 " input and %" PRIu64 " output bytes",
-             kind_name(hd->kind), hd->group, hd->seq, hd->rank, m->size, at, in, out);
+             "%s (group %u, seq %" PRIu64
+             "): rank %d's shared segment (%zu bytes) cannot hold %" PRIu64
+             " input bytes at %" PRIu64 " and %" PRIu64 " output bytes at %" PRIu64 "%s",
+             kind_name(hd->kind), hd->group, hd->seq, hd->rank, m->size, in, ia, out, oa,
+             fits ? ": they overlap" : "");
     return 0;
 }
 
@@ -695,7 +704,8 @@ static void member_totals(const coll_t *c, int i, uint64_t *in, uint64_t *out)
  * one step. hd is a member's header (whether output goes over input). */
 static int shm_by_file(const ps__hub_t *h, const coll_t *c, const header_t *hd)
 {
-    int in_place = (hd->kind == K_ALL_REDUCE || hd->kind == K_REDUCE) && hd->shm_out_offset == 0;
+    int in_place = (hd->kind == K_ALL_REDUCE || hd->kind == K_REDUCE) &&
+                   hd->shm_out_offset == hd->shm_in_offset;
     uint64_t total = 0;
     for (int i = 0; i < c->n; i++) {
         uint64_t in, out;
@@ -2376,6 +2386,7 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
         }
         shm_ref(m->shm);
         m->shm_out = hd->shm_out_offset;
+        m->in_off = hd->shm_in_offset;
     }
 
     if (hd->kind == K_SEND || hd->kind == K_RECV) {
@@ -2536,7 +2547,7 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
 
     member_totals(c, m->index, &m->in_total, &m->out_total);
     if (m->shm)
-        m->by_file = shm_by_file(h, c, m->first->header);
+        m->by_file = m->shm->kind != PS_SHM_DOORBELL && shm_by_file(h, c, m->first->header);
     pthread_t writer;
     int have_writer = 0;
     if (!c->failed) {
@@ -2654,7 +2665,7 @@ static void doorbell_close(shm_map_t *m)
 static void doorbells_close(ps__hub_t *h)
 {
     for (shm_map_t *sm = h->shms; sm; sm = sm->next)
-        if (sm->doorbell)
+        if (sm->kind == PS_SHM_DOORBELL)
             doorbell_close(sm);
 }
 
@@ -2666,9 +2677,9 @@ static void shms_drop(ps__hub_t *h, const char *job, int rank, int kind)
     for (shm_map_t **p = &h->shms; *p;) {
         shm_map_t *sm = *p;
         if (strcmp(sm->job, job) == 0 && (rank < 0 || sm->rank == rank) &&
-            (kind < 0 || sm->doorbell == kind)) {
+            (kind < 0 || sm->kind == kind)) {
             *p = sm->next;
-            if (sm->doorbell)
+            if (sm->kind == PS_SHM_DOORBELL)
                 doorbell_close(sm);
             shm_unref(sm);
         } else {
@@ -2774,8 +2785,9 @@ static void *doorbell_main(void *arg)
 }
 
 int ps__hub_shm_attach(ps__hub_t *h, const char *job, int rank, const char *name, uint64_t size,
-                       uint64_t magic, int doorbell, char *reason, size_t rlen)
+                       uint64_t magic, int kind, char *reason, size_t rlen)
 {
+    int doorbell = kind == PS_SHM_DOORBELL;
     /* Names are POSIX shm names: one leading slash, no other. */
     if (!name || name[0] != '/' || strchr(name + 1, '/') || strlen(name) > 200 || size < 8 ||
         size > h->cfg->max_tensor_bytes * 2 + 4096 || (doorbell && size != PS_DOORBELL_SIZE)) {
@@ -2820,12 +2832,14 @@ int ps__hub_shm_attach(ps__hub_t *h, const char *job, int rank, const char *name
         return 0;
     }
     sm->rank = rank;
-    sm->fd = fd;
+    sm->fd = doorbell ? -1 : fd; /* payloads may go through the file (seg_io) */
+    if (doorbell)
+        close(fd);
     sm->base = base;
     sm->map_len = size;
     /* Payloads may not reach a doorbell's control words. */
     sm->size = doorbell ? PS_DOORBELL_CTL : size;
-    sm->doorbell = doorbell;
+    sm->kind = kind;
     sm->refs = 1;
     doorbell_arg_t *d = NULL;
     if (doorbell) {
@@ -2833,10 +2847,25 @@ int ps__hub_shm_attach(ps__hub_t *h, const char *job, int rank, const char *name
         d = malloc(sizeof(*d));
     }
     pthread_mutex_lock(&h->lock);
-    /* A rank has one segment of each kind at a time: a new one (the client
-     * grew it) replaces the old, which goes once the collectives using it
-     * are done. */
-    shms_drop(h, job, rank, doorbell);
+    int registered = 0;
+    for (shm_map_t *o = h->shms; o; o = o->next)
+        registered += o->kind == PS_SHM_REGISTERED && o->rank == rank && strcmp(o->job, job) == 0;
+    if (kind == PS_SHM_REGISTERED && registered >= PS_HUB_MAX_REGISTERED) {
+        pthread_mutex_unlock(&h->lock);
+        snprintf(reason, rlen,
+                 "rank %d already has %d registered segments on this agent (the most it keeps; "
+                 "free some with ps_mem_free)",
+                 rank, registered);
+        free(d);
+        shm_unref(sm);
+        return 0;
+    }
+    /* A rank has one payload segment and one doorbell at a time: a new one
+     * (the client grew it) replaces the old, which goes once the
+     * collectives using it are done. Registered segments stay side by side
+     * until detached. */
+    if (kind != PS_SHM_REGISTERED)
+        shms_drop(h, job, rank, kind);
     sm->next = h->shms;
     h->shms = sm;
     pthread_t t;
@@ -2859,13 +2888,31 @@ int ps__hub_shm_attach(ps__hub_t *h, const char *job, int rank, const char *name
     pthread_attr_destroy(&attr);
     free(d);
     if (!ok) {
-        shms_drop(h, job, rank, doorbell);
+        shms_drop(h, job, rank, kind);
         snprintf(reason, rlen, "%s", h->stopping ? "the agent is stopping" : "no thread");
     }
     pthread_mutex_unlock(&h->lock);
     if (!ok)
         return 0;
     return 1;
+}
+
+int ps__hub_shm_detach(ps__hub_t *h, const char *job, int rank, const char *name)
+{
+    int found = 0;
+    pthread_mutex_lock(&h->lock);
+    for (shm_map_t **p = &h->shms; *p; p = &(*p)->next) {
+        shm_map_t *sm = *p;
+        if (sm->kind == PS_SHM_REGISTERED && sm->rank == rank && strcmp(sm->name, name) == 0 &&
+            strcmp(sm->job, job) == 0) {
+            *p = sm->next;
+            shm_unref(sm); /* unmapped once no collective uses it */
+            found = 1;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&h->lock);
+    return found;
 }
 
 int ps__hub_rank_here(ps__hub_t *h, const char *job, int rank)
@@ -2918,7 +2965,7 @@ int ps__hub_shm_io_open(ps__hub_t *h, const header_t *hd, ps__shm_io_t *io, char
             shm_ref(map);
             io->map = map;
             io->by_file = shm_by_file(h, &c, hd);
-            io->in = map->base;
+            io->in = map->base + hd->shm_in_offset;
             io->out = map->base + hd->shm_out_offset;
         }
     }
@@ -2932,8 +2979,9 @@ grpc_byte_buffer *ps__hub_shm_io_frame(ps__shm_io_t *io, const header_t *hd, uin
                                        size_t len)
 {
     shm_map_t *map = io->map;
-    blob_t *b = io->by_file ? blob_new(len) : blob_view(map, map->base + off, len);
-    if (b && io->by_file && seg_io(map->fd, 0, b->data, len, off) < 0) {
+    uint8_t *at = (uint8_t *)io->in + off;
+    blob_t *b = io->by_file ? blob_new(len) : blob_view(map, at, len);
+    if (b && io->by_file && seg_io(map->fd, 0, b->data, len, (uint64_t)(at - map->base)) < 0) {
         blob_unref(b);
         return NULL;
     }

@@ -98,6 +98,37 @@ PS_EXPORT int ps_get_world_size(const ps_comm_t *comm, const ps_group_t *group);
  */
 PS_EXPORT int ps_new_group(ps_comm_t *comm, const int *ranks, int nranks, ps_group_t **out);
 
+/**
+ * Memory for tensors that the agent reads and writes in place: bytes
+ * (rounded up to 4 KiB) in a shared-memory segment of their own, mapped by
+ * this process and by the agent it joined through. A collective whose input
+ * and output buffers both lie in one such allocation (apart, or for
+ * all_reduce and reduce, output exactly over input) moves no payload bytes
+ * through this process: no copy into the comm's segment and out of it.
+ * Anything else about the call is unchanged; other buffers still work.
+ * One collective at a time uses an allocation that way (another one at the
+ * same time takes the copying path), and at most 64 allocations per rank
+ * are shared with the agent.
+ *
+ * When the agent cannot map it (it runs on another host or in another
+ * /dev/shm, PARAMSYNC_SHM=0, the limit of 64), the memory is plain memory
+ * of this process and collectives on it copy as on any other buffer
+ * (ps_mem_is_shared tells). The memory starts zeroed. Returns NULL when
+ * comm is NULL, bytes is 0, or memory is short. It lives until
+ * ps_mem_free or ps_finalize of comm, whichever comes first.
+ */
+PS_EXPORT void *ps_mem_alloc(ps_comm_t *comm, size_t bytes);
+
+/**
+ * Frees memory from ps_mem_alloc(comm). NULL is a no-op. Returns 0, or
+ * PS_EINVAL (reported) for memory not from ps_mem_alloc of this comm or in
+ * use by a collective still running.
+ */
+PS_EXPORT int ps_mem_free(ps_comm_t *comm, void *ptr);
+
+/** 1 when ptr lies in memory from ps_mem_alloc(comm) that the agent shares, else 0. */
+PS_EXPORT int ps_mem_is_shared(ps_comm_t *comm, const void *ptr);
+
 /*
  * Collectives. Ranks (src, dst, peer) are group ranks. Counts are elements
  * per rank as in torch; n is the group size. All return 0 or PS_E*; on

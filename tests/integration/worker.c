@@ -153,6 +153,57 @@ static void *xmalloc(size_t n)
     return p;
 }
 
+/* The `registered` scenario: each case's buffers come from one ps_mem_alloc
+ * (so input and output share a segment and the agent uses them in place);
+ * otherwise from malloc. */
+static ps_comm_t *g_arena_comm;
+static uint8_t *g_arena;
+static size_t g_arena_size, g_arena_used;
+static int g_arena_shared = -1; /* what ps_mem_is_shared must say (PS_TEST_SHARED) */
+
+static int arena_open(ps_comm_t *comm, size_t bytes)
+{
+    if (!g_arena_comm)
+        return 0;
+    g_arena_size = bytes + 8 * 4096;
+    g_arena_used = 0;
+    g_arena = ps_mem_alloc(comm, g_arena_size);
+    if (!g_arena)
+        return fail("ps_mem_alloc(%zu) returned NULL", g_arena_size);
+    int shared = ps_mem_is_shared(comm, g_arena);
+    if (g_arena_shared >= 0 && shared != g_arena_shared)
+        return fail("ps_mem_is_shared says %d, expected %d", shared, g_arena_shared);
+    return 0;
+}
+
+static void *case_alloc(size_t n)
+{
+    if (!g_arena)
+        return xmalloc(n);
+    void *p = g_arena + g_arena_used;
+    g_arena_used += (n + 4095) / 4096 * 4096 + 4096; /* a page apart */
+    if (g_arena_used > g_arena_size) {
+        fprintf(stderr, "case arena too small\n");
+        exit(1);
+    }
+    return p;
+}
+
+static void case_free(void *p)
+{
+    if (!g_arena)
+        free(p);
+}
+
+static int arena_close(void)
+{
+    if (!g_arena)
+        return 0;
+    int rc = ps_mem_free(g_arena_comm, g_arena);
+    g_arena = NULL;
+    return rc ? fail("ps_mem_free: %d (%s)", rc, ps_strerror(rc)) : 0;
+}
+
 static int env_int(const char *name, int dflt)
 {
     const char *s = getenv(name);
@@ -397,13 +448,14 @@ static int run_case(ctx_t *cx, kind_t kind, ps_dtype_t dt, ps_op_t op, size_t co
     /* Inputs and outputs get distinct allocations, the untouched parts a
      * known pattern. */
     uint8_t *in = NULL, *out = NULL, *want = NULL;
+    TRY(arena_open(comm, (3 * all + count) * esz));
 
     int64_t t0 = 0;
     switch (kind) {
     case K_ALL_REDUCE:
     case K_REDUCE:
-        in = xmalloc(count * esz);
-        want = xmalloc(count * esz);
+        in = case_alloc(count * esz);
+        want = case_alloc(count * esz);
         fill(dt, op, salt, me, in, 0, count);
         if (kind == K_ALL_REDUCE || me == root)
             expect_reduced(dt, op, salt, n, want, 0, count);
@@ -418,8 +470,8 @@ static int run_case(ctx_t *cx, kind_t kind, ps_dtype_t dt, ps_op_t op, size_t co
         in = NULL;
         break;
     case K_BROADCAST:
-        out = xmalloc(count * esz);
-        want = xmalloc(count * esz);
+        out = case_alloc(count * esz);
+        want = case_alloc(count * esz);
         fill(dt, op, salt, me, out, 0, count);
         fill(dt, op, salt, root, want, 0, count);
         t0 = now_ms();
@@ -428,12 +480,12 @@ static int run_case(ctx_t *cx, kind_t kind, ps_dtype_t dt, ps_op_t op, size_t co
         break;
     case K_ALL_GATHER:
     case K_GATHER:
-        in = xmalloc(count * esz);
+        in = case_alloc(count * esz);
         fill(dt, op, salt, me, in, 0, count);
         if (kind == K_ALL_GATHER || me == root) {
-            out = xmalloc(all * esz);
+            out = case_alloc(all * esz);
             memset(out, 0xa5, all * esz);
-            want = xmalloc(all * esz);
+            want = case_alloc(all * esz);
             for (int r = 0; r < n; r++)
                 fill(dt, op, salt, r, want + (size_t)r * count * esz, 0, count);
         }
@@ -447,34 +499,34 @@ static int run_case(ctx_t *cx, kind_t kind, ps_dtype_t dt, ps_op_t op, size_t co
         break;
     case K_SCATTER:
         if (me == root) {
-            in = xmalloc(all * esz);
+            in = case_alloc(all * esz);
             fill(dt, op, salt, root, in, 0, all);
         }
-        out = xmalloc(count * esz);
+        out = case_alloc(count * esz);
         memset(out, 0xa5, count * esz);
-        want = xmalloc(count * esz);
+        want = case_alloc(count * esz);
         fill(dt, op, salt, root, want, (size_t)me * count, count);
         t0 = now_ms();
         rc = async ? ps_iscatter(comm, out, in, count, dt, root, g, &w)
                    : ps_scatter(comm, out, in, count, dt, root, g);
         break;
     case K_REDUCE_SCATTER:
-        in = xmalloc(all * esz);
+        in = case_alloc(all * esz);
         fill(dt, op, salt, me, in, 0, all);
-        out = xmalloc(count * esz);
+        out = case_alloc(count * esz);
         memset(out, 0xa5, count * esz);
-        want = xmalloc(count * esz);
+        want = case_alloc(count * esz);
         expect_reduced(dt, op, salt, n, want, (size_t)me * count, count);
         t0 = now_ms();
         rc = async ? ps_ireduce_scatter(comm, out, in, count, dt, op, g, &w)
                    : ps_reduce_scatter(comm, out, in, count, dt, op, g);
         break;
     case K_ALL_TO_ALL:
-        in = xmalloc(all * esz);
+        in = case_alloc(all * esz);
         fill(dt, op, salt, me, in, 0, all);
-        out = xmalloc(all * esz);
+        out = case_alloc(all * esz);
         memset(out, 0xa5, all * esz);
-        want = xmalloc(all * esz);
+        want = case_alloc(all * esz);
         for (int r = 0; r < n; r++)
             fill(dt, op, salt, r, want + (size_t)r * count * esz, (size_t)me * count, count);
         t0 = now_ms();
@@ -497,9 +549,11 @@ static int run_case(ctx_t *cx, kind_t kind, ps_dtype_t dt, ps_op_t op, size_t co
             kind == K_ALL_GATHER || kind == K_GATHER || kind == K_ALL_TO_ALL ? all : count;
         ret = compare(what, dt, out, want, nout);
     }
-    free(in);
-    free(out);
-    free(want);
+    case_free(in);
+    case_free(out);
+    case_free(want);
+    if (arena_close() != 0)
+        ret = -1;
     return ret;
 }
 
@@ -1189,6 +1243,101 @@ static int sc_recv_any(ctx_t *cx)
     return ps_barrier(comm, NULL);
 }
 
+/* An in-place int32 all_reduce of count elements at buf; checks the sums. */
+static int sum_check(ctx_t *cx, int32_t *buf, size_t count, int tag)
+{
+    for (size_t i = 0; i < count; i++)
+        buf[i] = (int32_t)(i * 7 + (size_t)cx->rank * 1000 + (size_t)tag);
+    CHECK_OK(ps_all_reduce(cx->comm, buf, count, PS_INT32, PS_SUM, NULL));
+    for (size_t i = 0; i < count; i++) {
+        int64_t want = (int64_t)cx->size * (int64_t)(i * 7 + (size_t)tag) +
+                       1000LL * cx->size * (cx->size - 1) / 2;
+        CHECK(buf[i] == (int32_t)want, "all_reduce %d: element %zu is %d, expected %lld", tag, i,
+              buf[i], (long long)want);
+    }
+    return 0;
+}
+
+/* Memory from ps_mem_alloc: every collective with its input and output in
+ * one allocation (collectives_light's cases), then the edges: frees that
+ * are refused, more allocations than the agent shares, two collectives on
+ * one allocation at once, an input there with the output elsewhere.
+ * PS_TEST_SHARED=1/0: what ps_mem_is_shared must say. */
+static int sc_registered(ctx_t *cx)
+{
+    ps_comm_t *comm = cx->comm;
+    g_arena_shared = env_int("PS_TEST_SHARED", -1);
+    g_arena_comm = comm;
+    g_light = 1;
+    int rc = sc_collectives(cx);
+    g_arena_comm = NULL;
+    TRY(rc);
+
+    CHECK(ps_mem_alloc(comm, 0) == NULL && ps_mem_alloc(NULL, 64) == NULL,
+          "ps_mem_alloc of 0 bytes or without a comm must return NULL");
+    CHECK_OK(ps_mem_free(comm, NULL));
+    int local = 0;
+    clear_last_error();
+    CHECK(ps_mem_free(comm, &local) == PS_EINVAL, "ps_mem_free of a stack address: not PS_EINVAL");
+    char err[512];
+    last_error(err, sizeof(err));
+    CHECK(strstr(err, "not memory from ps_mem_alloc"), "ps_mem_free's error says: '%s'", err);
+
+    /* 70 allocations: the agent shares 64 per rank, the rest are plain
+     * memory; every one works. */
+    enum { NALLOC = 70, COUNT = 20000 };
+    int32_t *bufs[NALLOC];
+    int shared = 0;
+    for (int i = 0; i < NALLOC; i++) {
+        bufs[i] = ps_mem_alloc(comm, COUNT * sizeof(int32_t));
+        CHECK(bufs[i], "ps_mem_alloc %d returned NULL", i);
+        shared += ps_mem_is_shared(comm, bufs[i]);
+    }
+    if (g_arena_shared >= 0)
+        CHECK(shared == (g_arena_shared ? 64 : 0), "%d of %d allocations shared, expected %d",
+              shared, NALLOC, g_arena_shared ? 64 : 0);
+    for (int i = 0; i < NALLOC; i++)
+        TRY(sum_check(cx, bufs[i], COUNT, i));
+    CHECK_OK(ps_mem_free(comm, bufs[0]));
+    CHECK(ps_mem_free(comm, bufs[0]) == PS_EINVAL, "a second ps_mem_free was not refused");
+    for (int i = 1; i < NALLOC; i++)
+        CHECK_OK(ps_mem_free(comm, bufs[i]));
+
+    /* Two all_reduces at once on the halves of one allocation (the second
+     * copies), and an all_gather from it into malloc'd memory. */
+    size_t half = 300000;
+    int32_t *two = ps_mem_alloc(comm, 2 * half * sizeof(int32_t) + 4096);
+    CHECK(two, "ps_mem_alloc returned NULL");
+    int32_t *b = (int32_t *)((uint8_t *)two + (half * sizeof(int32_t) + 4095) / 4096 * 4096);
+    for (size_t i = 0; i < half; i++) {
+        two[i] = (int32_t)(cx->rank + 1);
+        b[i] = (int32_t)(i % 1000) * (cx->rank + 1);
+    }
+    ps_work_t *w1 = NULL, *w2 = NULL;
+    CHECK_OK(ps_iall_reduce(comm, two, half, PS_INT32, PS_SUM, NULL, &w1));
+    CHECK_OK(ps_iall_reduce(comm, b, half, PS_INT32, PS_SUM, NULL, &w2));
+    CHECK_OK(ps_work_wait(w1));
+    CHECK_OK(ps_work_wait(w2));
+    ps_work_free(w1);
+    ps_work_free(w2);
+    int32_t tri = cx->size * (cx->size + 1) / 2;
+    for (size_t i = 0; i < half; i++)
+        CHECK(two[i] == tri && b[i] == (int32_t)(i % 1000) * tri,
+              "concurrent all_reduces on one allocation: element %zu is %d / %d", i, two[i], b[i]);
+    int32_t *gathered = xmalloc(half * sizeof(int32_t) * (size_t)cx->size);
+    for (size_t i = 0; i < half; i++)
+        two[i] = (int32_t)(i + (size_t)cx->rank);
+    CHECK_OK(ps_all_gather(comm, gathered, two, half, PS_INT32, NULL));
+    for (int r = 0; r < cx->size; r++)
+        for (size_t i = 0; i < half; i++)
+            CHECK(gathered[(size_t)r * half + i] == (int32_t)(i + (size_t)r),
+                  "all_gather into malloc'd memory: rank %d element %zu is %d", r, i,
+                  gathered[(size_t)r * half + i]);
+    free(gathered);
+    CHECK_OK(ps_mem_free(comm, two));
+    return 0;
+}
+
 /* What concurrent jobs run: a few collectives whose data depend on the job. */
 static int sc_mixed(ctx_t *cx)
 {
@@ -1698,6 +1847,7 @@ static const scenario_t scenarios[] = {
     {"shm_reuse", sc_shm_reuse, 1, 30000},
     {"collectives", sc_collectives, 1, 0},
     {"collectives_light", sc_collectives, 1, 0},
+    {"registered", sc_registered, 1, 0},
     {"big", sc_big, 1, 0},
     {"groups", sc_groups, 1, 0},
     {"async", sc_async, 1, 0},
