@@ -53,7 +53,7 @@ typedef struct shm_map {
     uint8_t *base;
     size_t size;    /* bytes payloads may use */
     size_t map_len; /* bytes mapped */
-    int fd;         /* the segment, for pread/pwrite (let-go collectives) */
+    int fd;         /* for pread/pwrite (shm_by_file); -1 for a doorbell */
     int kind;       /* PS_SHM_PAYLOAD, _DOORBELL (doorbell_main serves it) or _REGISTERED */
     int closing;    /* doorbell: dropped, its thread is to end */
     int refs;
@@ -190,7 +190,8 @@ typedef struct member {
     ps__rpc_call_t *call;
     ps__frame_t frame; /* current input frame */
     size_t frame_pos;  /* bytes of frame data consumed */
-    uint64_t in_off;   /* input bytes consumed so far */
+    uint64_t in_off;   /* input bytes consumed so far (shared memory: where the next
+                          input step is in the segment) */
     uint64_t in_total, out_total;
     int finished;
     struct member *next_wait; /* p2p mailbox */
@@ -873,8 +874,8 @@ static void coll_unlink(job_t *j, coll_t *c)
 
 /* A collective that only moves bytes (every step has one contributor) and
  * whose members all use shared memory through their mappings holds nothing
- * but views of their segments in its slots: it gets a wider window, so that several blocks,
- * and so several senders and receivers, move at once (measured, 64 MiB
+ * but views of their segments in its slots: it gets a wider window, so
+ * that several blocks, and so several senders and receivers, move at once (measured, 64 MiB
  * busbw in three A/B pairs: all_to_all p=4 0.75/0.85/0.79 GB/s with 4
  * steps in flight, 0.95/0.93/0.85 with up to 64; scatter p=4 3.13/2.95/2.38
  * against 3.47/3.32/2.85; all_gather and broadcast within noise). Called
