@@ -75,6 +75,14 @@ static int segment_create(ps_comm_t *comm, struct ps__shm *s, size_t size, int k
     int rc = 0;
     if (ftruncate(fd, (off_t)size) != 0)
         rc = PS_ENOMEM;
+    /* tmpfs hands out pages on first touch: with /dev/shm full, the first
+     * write into a page would kill whoever makes it with SIGBUS, the agent
+     * included (it writes outputs). Reserving them now makes that an error
+     * here, and gRPC frames; it also charges the pages to this process's
+     * memory cgroup, not the agent's. */
+    int fa = rc ? 0 : posix_fallocate(fd, 0, (off_t)size);
+    if (fa && fa != EOPNOTSUPP && fa != ENOSYS && fa != EINVAL)
+        rc = PS_ENOMEM;
     uint8_t *base = rc ? MAP_FAILED : mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
     if (base == MAP_FAILED) {

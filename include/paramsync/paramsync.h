@@ -111,7 +111,7 @@ PS_EXPORT int ps_new_group(ps_comm_t *comm, const int *ranks, int nranks, ps_gro
  * are shared with the agent.
  *
  * When the agent cannot map it (it runs on another host or in another
- * /dev/shm, PARAMSYNC_SHM=0, the limit of 64), the memory is plain memory
+ * /dev/shm, /dev/shm is full, PARAMSYNC_SHM=0, the limit of 64), the memory is plain memory
  * of this process and collectives on it copy as on any other buffer
  * (ps_mem_is_shared tells). The memory starts zeroed. Returns NULL when
  * comm is NULL, bytes is 0, or memory is short. It lives until

@@ -7,6 +7,9 @@
 #               [--np N] [--jobs K] [--topology embedded|split] [--init env|tcp|unix|file]
 #               [--daemon-arg ARG]... [--env NAME=VALUE]... [--sigterm-after SECONDS]
 #               [--then SCENARIO:NP] [--timeout SECONDS] [--metric 'SERIES>0' | --metric 'SERIES=0']...
+#               [--private-shm SIZE]
+# --private-shm: daemons and workers share a /dev/shm of SIZE of their own (a mount namespace;
+# skipped where one cannot be made).
 # --metric: after the scenario, SERIES (a metric with its labels, exactly as exposed) summed over
 # every daemon must be above zero, or zero.
 # Exit status: 0 passed, 1 failed, 77 skipped (every worker said so). PS_IT_KEEP=1 keeps the logs.
@@ -15,6 +18,7 @@ set -u
 daemon= worker= scenario= example= expect= np=2 jobs=1 topology=embedded init=env
 sigterm_after= then= timeout=150
 daemon_args=() example_args=() extra_env=() metric_checks=()
+orig_args=("$@")
 while [ $# -gt 0 ]; do
   case "$1" in
     --daemon) daemon=$2; shift ;;
@@ -33,6 +37,17 @@ while [ $# -gt 0 ]; do
     --then) then=$2; shift ;;
     --timeout) timeout=$2; shift ;;
     --metric) metric_checks+=("$2"); shift ;;
+    --private-shm)
+      # Again, inside a mount namespace with a small tmpfs on /dev/shm.
+      if [ -z "${PS_IT_IN_NS:-}" ]; then
+        if ! unshare -m --propagation private true 2>/dev/null; then
+          echo "run.sh: SKIPPED: cannot make a mount namespace here (unshare -m needs root)" >&2
+          exit 77
+        fi
+        exec env PS_IT_IN_NS=1 unshare -m --propagation private \
+          sh -c 'mount -t tmpfs -o size="$0" tmpfs /dev/shm && exec "$@"' "$2" "$0" "${orig_args[@]}"
+      fi
+      shift ;;
     *) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
