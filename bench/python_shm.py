@@ -1,12 +1,14 @@
 #!/usr/bin/python3
-"""Python client: gRPC frames against the shared-memory segment, side by side.
+"""Python client: gRPC frames, the shared-memory segment and empty() memory, side by side.
 
     /usr/bin/python3 bench/python_shm.py --paramsyncd BUILD/server/paramsyncd \
         [--python VENV/bin/python] [--mib 64] [--np 2,4] [--iters 5]
 
 For each world size it starts one paramsyncd on a free loopback port (with
-/metrics), then runs the same job twice, PARAMSYNC_SHM=0 and shared memory
-on: float32 all_reduce and broadcast (root 0) of --mib MiB, one untimed call
+/metrics), then runs the same job three times, PARAMSYNC_SHM=0, shared memory
+on (a numpy array: copied through the segment), and shared memory on with the
+array from paramsync.distributed.empty() (used in place by the daemon):
+float32 all_reduce and broadcast (root 0) of --mib MiB, one untimed call
 of each first. A call's time is the slowest rank's, from a barrier to its
 return; the table gives the median over --iters calls, and the bytes the
 daemon counted between workers and agent over the whole run (so the shm rows
@@ -30,13 +32,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CLIENT = os.path.join(os.path.dirname(HERE), "client", "python")
 
 
-def worker(mib, iters):
+def worker(mib, iters, empty):
     import numpy as np
     import paramsync.distributed as dist
     dist.init_process_group("paramsync")
     r, n = dist.get_rank(), dist.get_world_size()
     count = (mib << 20) // 4
-    x = np.ones(count, np.float32)
+    x = dist.empty(count, "float32") if empty else np.ones(count, np.float32)
     out = {}
     for op in ("all_reduce", "broadcast"):
         def call():
@@ -74,7 +76,7 @@ def payload_bytes(url):
     return total
 
 
-def run_job(a, addr, metrics, n, shm, job):
+def run_job(a, addr, metrics, n, shm, job, empty=False):
     env = {k: v for k, v in os.environ.items()
            if k not in ("PARAMSYNC_ADDR", "PARAMSYNC_JOB", "RANK", "WORLD_SIZE", "PARAMSYNC_SHM")}
     if not a.python:
@@ -83,7 +85,8 @@ def run_job(a, addr, metrics, n, shm, job):
                PARAMSYNC_SHM="1" if shm else "0")
     before = payload_bytes(metrics)
     procs = [subprocess.Popen([a.python or sys.executable, os.path.abspath(__file__), "--worker",
-                               "--mib", str(a.mib), "--iters", str(a.iters)],
+                               "--mib", str(a.mib), "--iters", str(a.iters)]
+                              + (["--empty"] if empty else []),
                               env=dict(env, RANK=str(r)), stdout=subprocess.PIPE, text=True)
              for r in range(n)]
     outs = [p.communicate(timeout=600)[0] for p in procs]
@@ -101,9 +104,10 @@ def main():
     p.add_argument("--mib", type=int, default=64)
     p.add_argument("--np", default="2,4")
     p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--empty", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.worker:
-        return worker(a.mib, a.iters)
+        return worker(a.mib, a.iters, a.empty)
     if not a.paramsyncd:
         p.error("--paramsyncd is required")
     rows = []
@@ -127,24 +131,28 @@ def main():
             res = {}
             for shm in (False, True):
                 res[shm] = run_job(a, addr, metrics, n, shm, "bench-%d-%d" % (n, shm))
+            res["empty"] = run_job(a, addr, metrics, n, True, "bench-%d-empty" % n, empty=True)
         finally:
             d.send_signal(signal.SIGTERM)
             d.wait()
         for op in ("all_reduce", "broadcast"):
             g = statistics.median(res[False][0][op])
             s = statistics.median(res[True][0][op])
-            rows.append((op, n, g, s, res[False][1], res[True][1]))
+            e = statistics.median(res["empty"][0][op])
+            rows.append((op, n, g, s, e, res[False][1], res[True][1], res["empty"][1]))
     mib = a.mib
     print("%d MiB float32, median of %d calls (slowest rank), python %s"
           % (mib, a.iters, a.python or sys.executable))
-    print("| op | p | gRPC ms | shm ms | gRPC GiB/s | shm GiB/s | shm speed-up |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for op, n, g, s, _, _ in rows:
-        print("| %s | %d | %.1f | %.1f | %.2f | %.2f | %.1fx |"
-              % (op, n, g * 1e3, s * 1e3, mib / 1024 / g, mib / 1024 / s, g / s))
-    print("worker<->agent payload bytes over each whole run (gRPC / shm): " + ", ".join(
-        "p=%d %s %.0f MiB / %.0f MiB" % (n, op, gb / 2**20, sb / 2**20)
-        for op, n, _, _, gb, sb in rows if op == "all_reduce"))
+    print("| op | p | gRPC ms | shm ms | empty() ms | gRPC GiB/s | shm GiB/s | empty() GiB/s "
+          "| shm speed-up | empty() speed-up |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for op, n, g, s, e, _, _, _ in rows:
+        print("| %s | %d | %.1f | %.1f | %.1f | %.2f | %.2f | %.2f | %.1fx | %.1fx |"
+              % (op, n, g * 1e3, s * 1e3, e * 1e3, mib / 1024 / g, mib / 1024 / s,
+                 mib / 1024 / e, g / s, g / e))
+    print("worker<->agent payload bytes over each whole run (gRPC / shm / empty()): " + ", ".join(
+        "p=%d %s %.0f / %.0f / %.0f MiB" % (n, op, gb / 2**20, sb / 2**20, eb / 2**20)
+        for op, n, _, _, _, gb, sb, eb in rows if op == "all_reduce"))
 
 
 if __name__ == "__main__":

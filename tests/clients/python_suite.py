@@ -3,7 +3,7 @@
 
     python_suite.py --python VENV_PY --paramsyncd BIN [--transport grpc|shm] SCENARIO
 
-Scenarios (each its own ctest test): collectives, groups, async, p2p, torch,
+Scenarios (each its own ctest test): collectives, groups, async, p2p, torch, registered,
 local_errors, daemon_errors, timeout, member_lost, init_methods, launcher,
 shm_reuse, shm_paths. With --transport the workers run with PARAMSYNC_SHM=0 (grpc) or
 shared memory on (shm) and check, from the daemon's /metrics, that their big
@@ -927,7 +927,84 @@ def w_shm_paths():
     print("rank %d: 3 rounds of 1 MiB all_reduce and broadcast checked" % r)
 
 
+def w_registered():
+    """Tensors from dist.empty(): with shared memory the daemon reads and writes them in
+    place (no payload bytes between workers and agent, and the process group's copying
+    segment never made); with PARAMSYNC_SHM=0 they are plain memory on gRPC frames. Every
+    element checked; then free()'s refusals, the 64 the daemon shares per rank, and two
+    collectives on one allocation at once."""
+    import numpy as np
+    dist = _w_init()
+    r, n = dist.get_rank(), dist.get_world_size()
+    shm = os.environ.get("SUITE_TRANSPORT") == "shm"
+    c = (1 << 18) + 5  # 1 MiB of float32, odd
+    x = dist.empty(c, "float32")
+    assert x.shape == (c,) and x.dtype == np.float32 and not x.any(), "empty: not zeroed"
+    assert dist.is_shared(x) == shm, "is_shared(empty()) is %s with shm=%s" % (
+        dist.is_shared(x), shm)
+    assert not dist.is_shared(np.zeros(4, np.float32)), "is_shared of a plain array"
+    for k in range(3):
+        x[:] = data(r, c, "float32", salt=k)
+        on_path(dist, "all_reduce %d" % k, lambda: dist.all_reduce(x), (n * 4 * c, n * 4 * c))
+        expect_eq(x, sum(data(q, c, "float32", salt=k) for q in range(n)), "all_reduce %d" % k)
+        x[:] = data(0, c, "float32", salt=k) if r == 0 else 0
+        on_path(dist, "broadcast %d" % k, lambda: dist.broadcast(x, src=0),
+                (4 * c, (n - 1) * 4 * c))
+        expect_eq(x, data(0, c, "float32", salt=k), "broadcast %d" % k)
+    # all_gather with input and output in one allocation, apart.
+    both = dist.empty((n + 1) * c, "int32")
+    out, inp = both[:n * c], both[n * c:]
+    inp[:] = data(r, c, "int32", salt=7)
+    on_path(dist, "all_gather", lambda: dist.all_gather_into_tensor(out, inp),
+            (n * 4 * c, n * n * 4 * c))
+    for q in range(n):
+        expect_eq(out[q * c:(q + 1) * c], data(q, c, "int32", salt=7), "all_gather [%d]" % q)
+    w = dist._get_world()
+    if shm:
+        assert w.shm.size == 0, "a collective on empty() memory copied through the segment"
+        m = H.scrape(os.environ["SUITE_METRICS"])
+        got = int(m['paramsync_shm_bytes_total{direction="received",access="mapped"}'])
+        assert got >= 4 * c, "the agent read %d bytes of shared memory" % got
+
+    dist.free(x)
+    for bad in (x, np.zeros(4, np.float32), inp):  # inp: inside an allocation, not its start
+        try:
+            dist.free(bad)
+        except ValueError as e:
+            assert "empty()" in str(e), str(e)
+        else:
+            raise AssertionError("free of a tensor not (or no longer) from empty() passed")
+    dist.free(out)  # its first element is the allocation's
+    # 70 allocations: 64 shared per rank, the rest plain memory; each one works.
+    many = [dist.empty(20000, "int32") for _ in range(70)]
+    shared = sum(dist.is_shared(t) for t in many)
+    assert shared == (64 if shm else 0), "%d of 70 allocations shared" % shared
+    for i, t in enumerate(many):
+        t[:] = np.arange(20000, dtype=np.int32) * (r + 1) + i
+        dist.all_reduce(t)
+        expect_eq(t, np.arange(20000, dtype=np.int32) * (n * (n + 1) // 2) + n * i,
+                  "all_reduce on allocation %d" % i)
+    for t in many:
+        dist.free(t)
+    # Two all_reduces at once on the halves of one allocation (the second copies).
+    h = dist.empty(2 * c, "int64")
+    a, b = h[:c], h[c:]
+    a[:] = r + 1
+    b[:] = np.arange(c) * (r + 1)
+    wa = dist.all_reduce(a, async_op=True)
+    wb = dist.all_reduce(b, async_op=True)
+    wa.wait()
+    wb.wait()
+    tri = n * (n + 1) // 2
+    expect_eq(a, np.full(c, tri, np.int64), "async all_reduce a")
+    expect_eq(b, np.arange(c) * tri, "async all_reduce b")
+    dist.destroy_process_group()
+    print("rank %d: all_reduce, broadcast, all_gather on empty() memory checked (shared: %s)"
+          % (r, shm))
+
+
 WORKERS = {
+    "registered": w_registered,
     "collectives": w_collectives, "groups": w_groups, "async": w_async, "p2p": w_p2p,
     "torch": w_torch, "local_errors": w_local_errors, "daemon_errors": w_daemon_errors,
     "timeout": w_timeout, "member_lost": w_member_lost, "init_methods": w_init_methods,
@@ -936,7 +1013,7 @@ WORKERS = {
 
 # ---------------------------------------------------------------------------------- driver
 
-NPROC = {"collectives": 3, "groups": 4, "async": 3, "p2p": 3, "torch": 3, "local_errors": 2,
+NPROC = {"registered": 3, "collectives": 3, "groups": 4, "async": 3, "p2p": 3, "torch": 3, "local_errors": 2,
          "daemon_errors": 3, "timeout": 2, "member_lost": 2, "shm_reuse": 3}
 
 

@@ -175,48 +175,169 @@ class Segment:
 
     def _create(self, size):
         """Creates a segment of size bytes and offers it to the agent; sets self.map on
-        success. The name never outlives this function, whatever happens."""
-        global _counter
-        with _counter_lock:
-            _counter += 1
-            n = _counter
-        name = "/paramsync.%d.%d.%x" % (os.getpid(), n, secrets.randbits(24))
+        success."""
+        self.name, self.map = create(size, self._attach)
+        self.size = size
+
+
+def create(size, attach):
+    """Creates a segment of size bytes and offers it to the agent with attach(name, size,
+    magic); returns (name, mmap). The name never outlives this function, whatever
+    happens."""
+    global _counter
+    with _counter_lock:
+        _counter += 1
+        n = _counter
+    name = "/paramsync.%d.%d.%x" % (os.getpid(), n, secrets.randbits(24))
+    try:
+        fd = _shm_open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as e:
+        # No usable /dev/shm here: it will not appear later (client/shm.c).
+        raise AttachRefused("shm_open %s: %s" % (name, e.strerror)) from None
+    m = None
+    try:
         try:
-            fd = _shm_open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        except OSError as e:
-            # No usable /dev/shm here: it will not appear later (client/shm.c).
-            raise AttachRefused("shm_open %s: %s" % (name, e.strerror)) from None
-        m = None
-        try:
+            os.ftruncate(fd, size)
+            # tmpfs hands out pages on first touch: a full /dev/shm would
+            # then kill this process with SIGBUS in the middle of a copy.
+            # Reserving them now turns that into an error, and gRPC frames.
             try:
-                os.ftruncate(fd, size)
-                # tmpfs hands out pages on first touch: a full /dev/shm would
-                # then kill this process with SIGBUS in the middle of a copy.
-                # Reserving them now turns that into an error, and gRPC frames.
-                try:
-                    os.posix_fallocate(fd, 0, size)
-                except OSError as e:
-                    if e.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
-                        raise
-                m = mmap.mmap(fd, size, flags=mmap.MAP_SHARED,
-                              prot=mmap.PROT_READ | mmap.PROT_WRITE)
-            finally:
-                os.close(fd)
-            # Random, in native byte order: the agent memcpy's 8 bytes into a uint64.
-            magic = secrets.randbits(64)
-            m[0:8] = magic.to_bytes(8, sys.byteorder)
-            self._attach(name, size, magic)
-        except BaseException:
-            if m is not None:
-                m.close()
-            raise
+                os.posix_fallocate(fd, 0, size)
+            except OSError as e:
+                if e.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                    raise
+            m = mmap.mmap(fd, size, flags=mmap.MAP_SHARED,
+                          prot=mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
-            # The agent unlinks the name once it maps the segment; do it here
-            # too for every other outcome, so nothing is left in /dev/shm.
-            try:
-                _shm_unlink(name)
-            except OSError:
-                pass
+            os.close(fd)
+        # Random, in native byte order: the agent memcpy's 8 bytes into a uint64.
+        magic = secrets.randbits(64)
+        m[0:8] = magic.to_bytes(8, sys.byteorder)
+        attach(name, size, magic)
+        m[0:8] = bytes(8)  # checked: the memory reads as zeros again
+    except BaseException:
+        if m is not None:
+            m.close()
+        raise
+    finally:
+        # The agent unlinks the name once it maps the segment; do it here
+        # too for every other outcome, so nothing is left in /dev/shm.
+        try:
+            _shm_unlink(name)
+        except OSError:
+            pass
+    return name, m
+
+
+def address(buf):
+    """The address of a buffer's first byte (numpy reads it for any buffer, even read-only)."""
+    import numpy as np
+    return int(np.frombuffer(buf, np.uint8).ctypes.data) if len(buf) else 0
+
+
+class Mem:
+    """One allocation of Registered: its segment (name None: plain memory, the agent
+    could not share it), where it is mapped here, and whether a collective uses it."""
+    __slots__ = ("name", "map", "addr", "size", "in_use", "retired")
+
+    def __init__(self, name, m, size):
+        self.name = name
         self.map = m
         self.size = size
-        self.name = name
+        self.addr = address(m)
+        self.in_use = False
+        self.retired = False  # a call was abandoned: the agent may still write into it
+
+
+class Registered:
+    """Memory from distributed.empty(), the C client's ps_mem_alloc: each allocation a
+    segment of its own that the agent keeps (Worker.ShmAttach registered=true, at most 64
+    per rank) and reads and writes in place, so a collective whose input and output lie
+    in one allocation copies nothing here. One collective at a time per allocation; a
+    concurrent one copies, as do collectives on any other memory."""
+
+    def __init__(self, attach, detach):
+        self._attach = attach  # attach(name, size, magic), as a registered segment
+        self._detach = detach  # detach(name), best effort
+        self._lock = threading.Lock()
+        self.mems = []
+
+    def alloc(self, nbytes):
+        """A Mem of at least nbytes (rounded up to a page); plain memory when the agent
+        cannot share it."""
+        size = max(ALIGN, (nbytes + ALIGN - 1) // ALIGN * ALIGN)
+        mem = None
+        if enabled():
+            try:
+                mem = Mem(*create(size, self._attach), size=size)
+            except Exception:  # noqa: B902 - refused or failed: plain memory, as in C
+                mem = None
+        if mem is None:
+            mem = Mem(None, mmap.mmap(-1, size), size)
+        with self._lock:
+            self.mems.append(mem)
+        return mem
+
+    def find(self, addr, nbytes=1):
+        """The allocation holding [addr, addr + nbytes), or None."""
+        with self._lock:
+            for mem in self.mems:
+                if mem.addr <= addr and addr + nbytes <= mem.addr + mem.size:
+                    return mem
+        return None
+
+    def free(self, addr):
+        """Forgets the allocation starting at addr and tells the agent. False when there is
+        none, or a collective still uses it. The memory itself stays valid for as long as
+        arrays on it live."""
+        with self._lock:
+            mem = next((x for x in self.mems if x.addr == addr), None)
+            if mem is None or mem.in_use:
+                return False
+            self.mems.remove(mem)
+        if mem.name is not None:
+            try:
+                self._detach(mem.name)
+            except Exception:  # noqa: B902 - the agent drops it when the rank leaves anyway
+                pass
+        return True
+
+    def begin(self, in_place, send, recv):
+        """Claims the allocation that holds this collective's input and output (one
+        contiguous buffer each, apart, or all_reduce/reduce's one buffer), when there is
+        one. Returns (mem, input offset, output offset), or None."""
+        if not self.mems or not enabled():
+            return None
+        mvs = [x.mvs for x in (send, recv) if x is not None and x.total]
+        if not mvs or any(len(v) != 1 for v in mvs):
+            return None
+        ins = send.mvs[0] if send is not None and send.total else None
+        outs = recv.mvs[0] if recv is not None and recv.total else None
+        a_in = address(ins) if ins is not None else None
+        a_out = address(outs) if outs is not None else None
+        if ins is not None and outs is not None and not (
+                (in_place and a_in == a_out) or a_in + len(ins) <= a_out or
+                a_out + len(outs) <= a_in):
+            return None
+        first = a_in if a_in is not None else a_out
+        with self._lock:
+            mem = next((x for x in self.mems
+                        if x.name is not None and x.addr <= first < x.addr + x.size), None)
+            if mem is None or mem.in_use or mem.retired or any(
+                    a is not None and not (mem.addr <= a and a + len(b) <= mem.addr + mem.size)
+                    for a, b in ((a_in, ins), (a_out, outs))):
+                return None
+            mem.in_use = True
+        return (mem, a_in - mem.addr if a_in is not None else 0,
+                a_out - mem.addr if a_out is not None else 0)
+
+    def end(self, mem, discard=False):
+        with self._lock:
+            mem.in_use = False
+            mem.retired |= discard
+
+    def close(self):
+        """Forgets every allocation (the rank left: the agent dropped them). Arrays on them
+        keep their memory."""
+        with self._lock:
+            self.mems = []

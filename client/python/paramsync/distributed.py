@@ -51,7 +51,7 @@ __all__ = [
     "get_backend", "get_global_rank", "get_group_rank", "get_process_group_ranks", "get_rank",
     "get_world_size", "group", "init_process_group", "irecv", "is_available", "is_initialized",
     "isend", "new_group", "recv", "reduce", "reduce_op", "reduce_scatter",
-    "reduce_scatter_tensor", "scatter", "send",
+    "reduce_scatter_tensor", "scatter", "send", "empty", "free", "is_shared",
 ]
 
 default_pg_timeout = timedelta(minutes=30)
@@ -281,6 +281,10 @@ class _World:
         # One shared-memory segment for all of this rank's groups: the agent
         # keeps one per (job, rank), and a new one replaces the old.
         self.shm = _shm.Segment(self._shm_attach)
+        # Memory from empty(): segments of their own, used in place.
+        self.mem = _shm.Registered(
+            lambda name, size, magic: self._shm_attach(name, size, magic, registered=True),
+            self._shm_detach)
 
     # -- membership --------------------------------------------------------
 
@@ -378,15 +382,16 @@ class _World:
         finally:
             if self.shm is not None:
                 self.shm.close()
+            self.mem.close()
             self.channel.close()
 
     # -- collectives -------------------------------------------------------
 
-    def _shm_attach(self, name, size, magic):
+    def _shm_attach(self, name, size, magic, registered=False):
         """Offers a segment to the agent (Worker.ShmAttach). Raises _shm.AttachRefused when
         it will never map ours (it said so, or it lacks or cannot serve the method)."""
         req = pb.ShmAttachRequest(job=self.job, rank=self.rank, name=name, size=size,
-                                  magic=magic)
+                                  magic=magic, registered=registered)
         try:
             resp = self.stub.ShmAttach(req, timeout=10, metadata=self.md)
         except grpc.RpcError as e:
@@ -397,13 +402,25 @@ class _World:
         if not resp.attached:
             raise _shm.AttachRefused(resp.reason or "the agent did not attach the segment")
 
+    def _shm_detach(self, name):
+        self.stub.ShmDetach(pb.ShmDetachRequest(job=self.job, rank=self.rank, name=name),
+                            timeout=10, metadata=self.md)
+
     def _shm_begin(self, header, send, recv):
-        """Puts this collective's input in the shared segment when it goes that way.
-        Returns the output offset in the segment, or None (gRPC frames)."""
-        if self.shm is None:
-            return None
+        """Takes this collective through shared memory when it can: in place in memory
+        from empty(), else through the process group's segment (the input copied in).
+        Returns a _ShmUse, or None (gRPC frames)."""
         # all_reduce and reduce: the agent writes the output over the input.
         in_place = header.kind in (_K.ALL_REDUCE, _K.REDUCE)
+        got = self.mem.begin(in_place, send, recv)
+        if got is not None:
+            mem, in_off, out_off = got
+            header.shm = mem.name
+            header.shm_in_offset = in_off
+            header.shm_out_offset = out_off
+            return _ShmUse(self.mem.end, mem, None)
+        if self.shm is None:
+            return None
         off = self.shm.begin(in_place, send.total if send is not None else 0,
                              recv.total if recv is not None else 0)
         if off is None:
@@ -416,7 +433,9 @@ class _World:
             raise
         header.shm = self.shm.name
         header.shm_out_offset = off
-        return off
+        seg = self.shm
+        return _ShmUse(lambda _, discard=False: seg.end(discard), None,
+                       lambda n, recv: seg.get(off, n, recv))
 
     def check(self):
         if self.failure is not None:
@@ -429,13 +448,13 @@ class _World:
         what = "%s (group %d, seq %d)" % (name, g.id, header.seq)
         header.chunk_bytes = chunk
         self.check()
-        shm_off = self._shm_begin(header, send, recv)
-        if copy_send and shm_off is None:
+        shm = self._shm_begin(header, send, recv)
+        if copy_send and shm is None:
             send = send.copy()
 
         def requests():
             # With shared memory the header travels alone.
-            it = send.chunks(chunk) if send is not None and shm_off is None else iter(())
+            it = send.chunks(chunk) if send is not None and shm is None else iter(())
             data = next(it, b"")
             yield pb.Frame(header=header, data=data)
             off = len(data)
@@ -450,8 +469,8 @@ class _World:
                 self.check()
                 call = self.stub.Collective(requests(), timeout=deadline, metadata=self.md)
             except BaseException:
-                if shm_off is not None:
-                    self.shm.end()
+                if shm is not None:
+                    shm.end()
                 raise
             self.inflight.add(call)
         result = None
@@ -466,7 +485,7 @@ class _World:
                         raise _error(what, _CODES.get(result.code, grpc.StatusCode.UNKNOWN),
                                      result.message)
                     if result.shm:
-                        if shm_off is None:
+                        if shm is None:
                             call.cancel()
                             raise ParamsyncError("%s: the daemon answered in shared memory "
                                                  "this call did not use" % what,
@@ -489,7 +508,7 @@ class _World:
             over = True
             # The OK status decides: only now is the output in the segment the answer.
             if in_shm and want:
-                self.shm.get(shm_off, want, recv)
+                shm.get(want, recv)
                 got = want
         except grpc.RpcError as e:
             over = True
@@ -500,14 +519,31 @@ class _World:
         finally:
             with self.lock:
                 self.inflight.discard(call)
-            if shm_off is not None:
+            if shm is not None:
                 if not over:
                     call.cancel()
-                self.shm.end(discard=not over)
+                shm.end(discard=not over)
         if got != want:
             raise ParamsyncError("%s: received %d bytes, expected %d" % (what, got, want),
                                  grpc.StatusCode.DATA_LOSS)
         return result
+
+
+class _ShmUse:
+    """A collective's use of shared memory: get(n, recv) copies the n output bytes into
+    recv (nothing for memory from empty(), where the agent wrote them in place), end()
+    releases it once the call is over (discard: abandoned, the agent may still write)."""
+    __slots__ = ("_end", "_mem", "_get")
+
+    def __init__(self, end, mem, get):
+        self._end, self._mem, self._get = end, mem, get
+
+    def get(self, n, recv):
+        if self._get is not None:
+            self._get(n, recv)
+
+    def end(self, discard=False):
+        self._end(self._mem, discard=discard)
 
 
 _world = None
@@ -781,6 +817,65 @@ def get_group_rank(group, global_rank):
 # -- collectives -----------------------------------------------------------------------------
 
 _K = pb.CollectiveKind
+
+
+# -- memory the daemon uses in place ----------------------------------------------------------
+
+
+def empty(shape, dtype="float32"):
+    """An uninitialised-looking (in fact zeroed) tensor of `shape` whose memory the daemon
+    reads and writes in place: a collective whose input and output both lie in one such
+    tensor copies nothing in this process (the C client's ps_mem_alloc). A numpy array for a
+    numpy dtype (or its name), a torch tensor for a torch dtype. Each is a shared-memory
+    segment of its own, at most 64 per rank shared with the daemon; past that, or when the
+    daemon cannot map it (another host, PARAMSYNC_SHM=0), it is plain memory and collectives
+    copy as usual (is_shared tells). One collective at a time uses it in place; another at
+    the same time copies. Lives until free() or destroy_process_group(), and the memory for
+    as long as the tensor does."""
+    import numpy as np
+    w = _get_world()
+    shape = tuple(shape) if isinstance(shape, (tuple, list)) else (int(shape),)
+    n = 1
+    for d in shape:
+        if int(d) < 0:
+            raise ValueError("empty: negative dimension in %r" % (shape,))
+        n *= int(d)
+    torch = T._torch()
+    if torch is not None and isinstance(dtype, torch.dtype):
+        T.to_wire(dtype)  # TypeError for what paramsync cannot carry
+        size = torch.empty((), dtype=dtype).element_size()
+        mem = w.mem.alloc(n * size)
+        if n == 0:
+            return torch.empty(shape, dtype=dtype)
+        return torch.frombuffer(mem.map, dtype=dtype, count=n).reshape(shape)
+    nd = T.from_wire(T.to_wire(dtype))
+    mem = w.mem.alloc(n * np.dtype(nd).itemsize)
+    return np.frombuffer(mem.map, dtype=nd, count=n).reshape(shape)
+
+
+def _address(tensor, what):
+    return _shm.address(T.view(tensor, what).mv)
+
+
+def free(tensor):
+    """Gives the memory of a tensor from empty() back to the daemon (the tensor stays usable
+    as plain memory for as long as it lives). ValueError for a tensor not from empty(), or
+    one a collective still uses."""
+    w = _get_world()
+    if not w.mem.free(_address(tensor, "free")):
+        raise ValueError("free: not a tensor from paramsync.distributed.empty() (its first "
+                         "element), or a collective still uses it")
+
+
+def is_shared(tensor):
+    """Whether the daemon reads and writes tensor's memory in place (memory from empty() that
+    the daemon could map)."""
+    w = _get_world()
+    buf = T.view(tensor, "is_shared")
+    if not buf.nbytes:
+        return False
+    mem = w.mem.find(_shm.address(buf.mv), buf.nbytes)
+    return mem is not None and mem.name is not None
 
 
 def _member(group, name):
