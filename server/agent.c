@@ -571,8 +571,12 @@ static void collective_proxy_shm(ps__agent_t *a, ps__rpc_call_t *down,
         ps__rpc_call_cancel(up, GRPC_STATUS_INTERNAL, bad ? bad : here);
     if (up)
         rc = ps__rpc_call_finish(up, &msg);
+    if (!here && ps__hub_shm_io_broken(&io))
+        here = "the worker's shared-memory segment shrank while the agent used it (truncated?): "
+               "its data is lost";
     if (here) {
-        ps__rpc_call_send_status(down, GRPC_STATUS_INTERNAL, here);
+        ps__rpc_call_send_status(
+            down, ps__hub_shm_io_broken(&io) ? GRPC_STATUS_DATA_LOSS : GRPC_STATUS_INTERNAL, here);
     } else if (rc == 0 && !bad) {
         res.shm = io.out_total > 0;
         res.bytes = res.shm ? io.out_total : 0;

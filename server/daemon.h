@@ -183,6 +183,10 @@ grpc_byte_buffer *ps__hub_shm_io_frame(ps__shm_io_t *io, const Paramsync__V1__Co
  * they could not be written. */
 int ps__hub_shm_io_put(ps__shm_io_t *io, const ps__frame_t *f);
 
+/** Whether the segment shrank under the agent while it was used (its bytes
+ * read as zeros): the collective must not be answered OK. */
+int ps__hub_shm_io_broken(const ps__shm_io_t *io);
+
 void ps__hub_shm_io_close(ps__shm_io_t *io);
 
 /** Drops the segments of job's rank (every rank for rank < 0); collectives

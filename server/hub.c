@@ -4,7 +4,9 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,6 +58,7 @@ typedef struct shm_map {
     int fd;         /* for pread/pwrite (shm_by_file); -1 for a doorbell */
     int kind;       /* PS_SHM_PAYLOAD, _DOORBELL (doorbell_main serves it) or _REGISTERED */
     int closing;    /* doorbell: dropped, its thread is to end */
+    int guard;      /* its slot in seg_guards, or -1 */
     int refs;
     int views;
     struct shm_map *next;
@@ -74,12 +77,100 @@ typedef struct blob {
 static pthread_mutex_t blob_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t views_gone = PTHREAD_COND_INITIALIZER;
 
+/*
+ * A worker can shrink its segment (ftruncate) while the agent uses it, and a
+ * touch of a page past the new end is SIGBUS, which would kill the agent and
+ * every job on it. Each mapping has a guard slot; the SIGBUS handler maps
+ * zero pages over the rest of the mapping the fault is in, marks it broken
+ * and returns, so the copy goes on harmlessly; the collective using it then
+ * fails with DATA_LOSS (shm_broken_check). A fault anywhere else is left to
+ * the handler that was there before (by default: the process dies, as it
+ * would have).
+ */
+#define PS_HUB_GUARDS 16384
+
+typedef struct seg_guard {
+    _Atomic uintptr_t base; /* 0: a free slot */
+    _Atomic size_t len;
+    _Atomic int broken;
+} seg_guard_t;
+
+static seg_guard_t seg_guards[PS_HUB_GUARDS];
+static pthread_mutex_t guard_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct sigaction sigbus_old;
+static pthread_once_t sigbus_once = PTHREAD_ONCE_INIT;
+static uintptr_t guard_page = 4096;
+
+static void sigbus_handler(int sig, siginfo_t *si, void *uc)
+{
+    (void)sig;
+    (void)uc;
+    uintptr_t a = (uintptr_t)si->si_addr;
+    for (int i = 0; i < PS_HUB_GUARDS; i++) {
+        uintptr_t b = atomic_load(&seg_guards[i].base);
+        size_t n = atomic_load(&seg_guards[i].len);
+        if (!b || a < b || a >= b + n)
+            continue;
+        uintptr_t page = a & ~(guard_page - 1);
+        if (mmap((void *)page, b + n - page, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != MAP_FAILED) {
+            atomic_store(&seg_guards[i].broken, 1);
+            return;
+        }
+        break;
+    }
+    /* Not a segment's: the fault comes again, to what was there before. */
+    sigaction(SIGBUS, &sigbus_old, NULL);
+}
+
+static void sigbus_install(void)
+{
+    guard_page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_sigaction = sigbus_handler;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGBUS, &sa, &sigbus_old);
+}
+
+/* A guard slot for a mapping, or -1 when every slot is taken. */
+static int guard_add(uint8_t *base, size_t len)
+{
+    pthread_once(&sigbus_once, sigbus_install);
+    pthread_mutex_lock(&guard_lock);
+    int slot = -1;
+    for (int i = 0; i < PS_HUB_GUARDS && slot < 0; i++)
+        if (!atomic_load(&seg_guards[i].base))
+            slot = i;
+    if (slot >= 0) {
+        atomic_store(&seg_guards[slot].broken, 0);
+        atomic_store(&seg_guards[slot].len, len);
+        atomic_store(&seg_guards[slot].base, (uintptr_t)base);
+    }
+    pthread_mutex_unlock(&guard_lock);
+    return slot;
+}
+
+static void guard_drop(int slot)
+{
+    if (slot >= 0)
+        atomic_store(&seg_guards[slot].base, 0);
+}
+
+/* Whether segment m shrank under the agent (a SIGBUS was caught in it). */
+static int shm_broken(const shm_map_t *m)
+{
+    return m && m->guard >= 0 && atomic_load(&seg_guards[m->guard].broken);
+}
+
 static void shm_unref(shm_map_t *m)
 {
     pthread_mutex_lock(&blob_lock);
     int last = --m->refs == 0;
     pthread_mutex_unlock(&blob_lock);
     if (last) {
+        guard_drop(m->guard);
         munmap(m->base, m->map_len);
         if (m->fd >= 0)
             close(m->fd);
@@ -1068,6 +1159,20 @@ static int seg_failed(member_t *m, int write, int rc)
     return 1;
 }
 
+/* Fails c when the segment of one of its members shrank under the agent
+ * (sigbus_handler): what was read from it is zeros, not the rank's data.
+ * Called before a member is answered; returns whether c failed. Lock held. */
+static int shm_broken_check(coll_t *c)
+{
+    for (int i = 0; i < c->n && !c->failed; i++)
+        if (c->members[i] && shm_broken(c->members[i]->shm))
+            coll_fail(c, GRPC_STATUS_DATA_LOSS,
+                      "%s (group %u, seq %" PRIu64 "): rank %d's shared-memory segment shrank "
+                      "while the agent used it (truncated by the worker?): its data is lost",
+                      kind_name(c->kind), c->group, c->seq, c->ranks[i]);
+    return c->failed;
+}
+
 /* Deposits the member's contributions, step by step. */
 static void member_deposit(member_t *m)
 {
@@ -1230,6 +1335,8 @@ static int member_write(member_t *m, int finish)
         pthread_mutex_lock(c->lock);
         while (!c->failed && !(sl->step == s && sl->computed))
             pthread_cond_wait(&c->cond, c->lock);
+        if (s == last_step) /* its status goes with this step's data */
+            shm_broken_check(c);
         if (c->failed) {
             pthread_mutex_unlock(c->lock);
             return 0;
@@ -1272,6 +1379,13 @@ static int member_write(member_t *m, int finish)
         res.bytes = res.shm ? m->out_total : 0;
         if (finish && m->shm)
             member_views_wait(m);
+        if (finish) {
+            pthread_mutex_lock(c->lock);
+            int failed = shm_broken_check(c);
+            pthread_mutex_unlock(c->lock);
+            if (failed)
+                return 0;
+        }
         return send_frame(m, &res, 0, NULL, 0, finish) == 0 && finish;
     }
     return 0;
@@ -2376,12 +2490,15 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
     }
     if (hd->shm && *hd->shm) {
         m->shm = shms_find(h, hd->job, hd->shm);
-        if (!m->shm || m->frame.data_len) {
-            code = GRPC_STATUS_INVALID_ARGUMENT;
+        if (!m->shm || m->frame.data_len || shm_broken(m->shm)) {
+            code =
+                m->shm && !m->frame.data_len ? GRPC_STATUS_DATA_LOSS : GRPC_STATUS_INVALID_ARGUMENT;
             snprintf(msg, sizeof(msg), "%s (group %u): rank %d: %s", kind_name(hd->kind), hd->group,
                      hd->rank,
-                     m->shm ? "a collective in shared memory carries no data frames"
-                            : PS_HUB_NOT_ATTACHED);
+                     !m->shm             ? PS_HUB_NOT_ATTACHED
+                     : m->frame.data_len ? "a collective in shared memory carries no data frames"
+                                         : "its shared-memory segment shrank under the agent "
+                                           "earlier (truncated?): make a new one");
             m->shm = NULL;
             goto fail_locked;
         }
@@ -2599,6 +2716,8 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
         member_views_wait(m);
     pthread_mutex_lock(&h->lock);
     m->finished = 1;
+    if (!status_sent)
+        shm_broken_check(c);
     code = c->failed ? c->code : 0;
     ps__metrics_collective_done(m->first->header->kind, code,
                                 (double)(ps__now_ms() - m->arrival_ms) / 1e3);
@@ -2764,7 +2883,7 @@ static void *doorbell_main(void *arg)
     /* The words were zeroed at attach; the worker may ring before this
      * thread runs, so request 1 is the first to serve whatever req says now. */
     uint32_t seen = 0;
-    while (!__atomic_load_n(&map->closing, __ATOMIC_ACQUIRE)) {
+    while (!__atomic_load_n(&map->closing, __ATOMIC_ACQUIRE) && !shm_broken(map)) {
         uint32_t req = __atomic_load_n(&ctl->req, __ATOMIC_ACQUIRE);
         if (req == seen) {
             /* Woken by a ring or by doorbell_close; the timeout is a backstop. */
@@ -2832,6 +2951,7 @@ int ps__hub_shm_attach(ps__hub_t *h, const char *job, int rank, const char *name
         snprintf(reason, rlen, "out of memory");
         return 0;
     }
+    sm->guard = -1;
     sm->rank = rank;
     sm->fd = doorbell ? -1 : fd; /* payloads may go through the file (seg_io) */
     if (doorbell)
@@ -2842,6 +2962,11 @@ int ps__hub_shm_attach(ps__hub_t *h, const char *job, int rank, const char *name
     sm->size = doorbell ? PS_DOORBELL_CTL : size;
     sm->kind = kind;
     sm->refs = 1;
+    if ((sm->guard = guard_add(base, size)) < 0) {
+        snprintf(reason, rlen, "the agent maps its most segments (%d) already", PS_HUB_GUARDS);
+        shm_unref(sm);
+        return 0;
+    }
     doorbell_arg_t *d = NULL;
     if (doorbell) {
         memset(doorbell_ctl(sm), 0, sizeof(ps_doorbell_ctl_t));
@@ -3014,6 +3139,11 @@ int ps__hub_shm_io_put(ps__shm_io_t *io, const ps__frame_t *f)
     if (rc == 0)
         ps__metrics_shm_bytes(PS_M_TX, io->by_file ? PS_M_SHM_FILE : PS_M_SHM_MAPPED, f->data_len);
     return rc;
+}
+
+int ps__hub_shm_io_broken(const ps__shm_io_t *io)
+{
+    return shm_broken(io->map);
 }
 
 void ps__hub_shm_io_close(ps__shm_io_t *io)

@@ -24,6 +24,10 @@ with the right result. Cases:
                    peers: the daemon lets go of them, and SIGTERM still exits
   refused_calls_leak  2200 refused collective calls of 256 KiB each: the
                    daemon's memory must not grow
+  shrunk_segment   a worker shrinks its shared-memory segment (ftruncate) after
+                   the agent mapped it: the agent, touching the pages that are
+                   gone, must not die of SIGBUS; both ranks of the all_reduce
+                   get DATA_LOSS, never a result made of zeros
 
 Uses the paramsync.v1 worker harness of tests/faults/psworker.py (Debian's
 /usr/bin/python3 with python3-grpcio; stubs generated at run time from proto/).
@@ -816,6 +820,90 @@ def case_cancelled_calls(d, rng):
     still_serves(d, "cancelled_calls")
 
 
+def case_shrunk_segment(d, rng):
+    """A segment shrunk under the agent: DATA_LOSS for the collective, the daemon lives."""
+    import mmap
+    pb, _ = pw.stubs()
+    if not os.path.isdir("/dev/shm"):
+        pw.skip("no /dev/shm")
+    count = 1 << 20  # 4 MiB of float32
+    conns = [pw.Conn(d.addr) for _ in range(2)]
+    members = [pw.Member(c) for c in conns]
+    ready = [None, None]
+    ts = [threading.Thread(target=lambda i=i: ready.__setitem__(i, members[i].join("sb", 2, i)))
+          for i in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(30)
+    pw.check(all(r is not None and not isinstance(r, pw.RpcOutcome) for r in ready),
+             "shrunk_segment: cannot form job sb: %r" % (ready,))
+    inc = ready[0].incarnation
+
+    def segment(registered):
+        """A segment of rank 0's, attached, then shrunk to nothing; returns its name."""
+        name = "/ps-robust-%d-%d" % (os.getpid(), rng.randrange(1 << 30))
+        fd = os.open("/dev/shm" + name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(fd, 4 * count)
+            with mmap.mmap(fd, 4 * count) as mm:
+                magic = rng.getrandbits(63)
+                mm[0:8] = magic.to_bytes(8, sys.byteorder)
+                mm[8:4 * count] = bytes(4 * count - 8)
+            resp = conns[0].worker.ShmAttach(pb.ShmAttachRequest(
+                job="sb", rank=0, name=name, size=4 * count, magic=magic,
+                registered=registered), timeout=CALL_DEADLINE_S)
+            pw.check(resp.attached, "shrunk_segment: ShmAttach refused: %s" % resp.reason)
+            os.ftruncate(fd, 0)  # the agent's mapping now reaches past the end
+        finally:
+            os.close(fd)
+            try:
+                os.unlink("/dev/shm" + name)
+            except OSError:
+                pass
+        return name
+
+    coll = conns[0].channel.stream_stream("/paramsync.v1.Worker/Collective")
+
+    def rank0(name, seq, out):
+        h = pb.CollectiveHeader(job="sb", seq=seq, kind=pb.ALL_REDUCE, dtype=pb.FLOAT32,
+                                count=count, rank=0, incarnation=inc, shm=name)
+        f = pb.Frame()
+        f.header.CopyFrom(h)
+        try:
+            list(coll(iter([f.SerializeToString()]), timeout=CALL_DEADLINE_S))
+            out[0] = pw.RpcOutcome(0, "")
+        except pw.grpc.RpcError as e:
+            out[0] = pw.RpcOutcome(e.code().value[0], e.details() or "")
+
+    for seq, (what, registered) in enumerate((("registered", True), ("payload", False))):
+        name = segment(registered)
+        out = [None]
+        t = threading.Thread(target=rank0, args=(name, seq, out))
+        t.start()
+        other = members[1].collective("ALL_REDUCE", count, bytes(4 * count), seq=seq,
+                                      rpc_timeout=CALL_DEADLINE_S)
+        t.join(CALL_DEADLINE_S + 5)
+        pw.check(d.alive(), "shrunk_segment (%s): paramsyncd died (exit %s); log:\n%s"
+                 % (what, d.proc.returncode, d.log_text()[-3000:]))
+        for r, got in ((0, out[0]), (1, other)):
+            pw.expect(got is not None and got.name == "DATA_LOSS" and "shrank" in got.message,
+                      "shrunk_segment (%s): rank %d got %r, want DATA_LOSS naming the shrunk "
+                      "segment" % (what, r, got))
+        pw.log("shrunk_segment (%s): both ranks: %r" % (what, other))
+        if registered:  # the broken segment again: refused at once
+            again = [None]
+            rank0(name, 99, again)
+            pw.expect(again[0] is not None and again[0].name == "DATA_LOSS" and
+                      "make a new one" in again[0].message,
+                      "shrunk_segment: the shrunk segment again: %r" % (again[0],))
+    for m in members:
+        m.leave()
+    for c in conns:
+        c.close()
+    still_serves(d, "shrunk_segment")
+
+
 def case_refused_calls_leak(d, rng):
     """Every refused call gives back what it took.
 
@@ -899,6 +987,7 @@ CASES = {
     "malformed_calls": case_malformed_calls,
     "cancelled_calls": case_cancelled_calls,
     "refused_calls_leak": case_refused_calls_leak,
+    "shrunk_segment": case_shrunk_segment,
 }
 
 
