@@ -8,7 +8,9 @@ For each world size it starts one paramsyncd on a free loopback port (with
 /metrics), then runs the same job three times, PARAMSYNC_SHM=0, shared memory
 on (a numpy array: copied through the segment), and shared memory on with the
 array from paramsync.distributed.empty() (used in place by the daemon):
-float32 all_reduce and broadcast (root 0) of --mib MiB, one untimed call
+float32 all_reduce and broadcast (root 0) of --mib MiB (with --latency: barrier
+and a 4-byte all_reduce, which shared memory sends through the doorbell
+instead of a call; 200 calls, times in microseconds), one untimed call
 of each first. A call's time is the slowest rank's, from a barrier to its
 return; the table gives the median over --iters calls, and the bytes the
 daemon counted between workers and agent over the whole run (so the shm rows
@@ -30,6 +32,28 @@ import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CLIENT = os.path.join(os.path.dirname(HERE), "client", "python")
+
+
+def latency_worker(iters):
+    import numpy as np
+    import paramsync.distributed as dist
+    dist.init_process_group("paramsync")
+    r, n = dist.get_rank(), dist.get_world_size()
+    x = np.ones(1, np.float32)
+    out = {}
+    for op, call in (("barrier", dist.barrier), ("all_reduce 4 B", lambda: dist.all_reduce(x))):
+        for _ in range(20):
+            call()
+        times = np.zeros(iters, np.float64)
+        for i in range(iters):
+            t0 = time.perf_counter()
+            call()
+            times[i] = time.perf_counter() - t0
+        dist.all_reduce(times, op=dist.ReduceOp.MAX)
+        out[op] = times.tolist()
+    if r == 0:
+        print("RESULT " + json.dumps(out), flush=True)
+    dist.destroy_process_group()
 
 
 def worker(mib, iters, empty):
@@ -86,7 +110,8 @@ def run_job(a, addr, metrics, n, shm, job, empty=False):
     before = payload_bytes(metrics)
     procs = [subprocess.Popen([a.python or sys.executable, os.path.abspath(__file__), "--worker",
                                "--mib", str(a.mib), "--iters", str(a.iters)]
-                              + (["--empty"] if empty else []),
+                              + (["--empty"] if empty else [])
+                              + (["--latency"] if a.latency else []),
                               env=dict(env, RANK=str(r)), stdout=subprocess.PIPE, text=True)
              for r in range(n)]
     outs = [p.communicate(timeout=600)[0] for p in procs]
@@ -105,9 +130,13 @@ def main():
     p.add_argument("--np", default="2,4")
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--empty", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--latency", action="store_true",
+                   help="barrier and 4-byte all_reduce, gRPC calls against the doorbell")
     a = p.parse_args()
     if a.worker:
-        return worker(a.mib, a.iters, a.empty)
+        return latency_worker(a.iters) if a.latency else worker(a.mib, a.iters, a.empty)
+    if a.latency and a.iters == 5:
+        a.iters = 200
     if not a.paramsyncd:
         p.error("--paramsyncd is required")
     rows = []
@@ -131,6 +160,11 @@ def main():
             res = {}
             for shm in (False, True):
                 res[shm] = run_job(a, addr, metrics, n, shm, "bench-%d-%d" % (n, shm))
+            if a.latency:
+                for op in ("barrier", "all_reduce 4 B"):
+                    rows.append((op, n, statistics.median(res[False][0][op]),
+                                 statistics.median(res[True][0][op])))
+                continue
             res["empty"] = run_job(a, addr, metrics, n, True, "bench-%d-empty" % n, empty=True)
         finally:
             d.send_signal(signal.SIGTERM)
@@ -140,6 +174,14 @@ def main():
             s = statistics.median(res[True][0][op])
             e = statistics.median(res["empty"][0][op])
             rows.append((op, n, g, s, e, res[False][1], res[True][1], res["empty"][1]))
+    if a.latency:
+        print("median of %d calls (slowest rank), python %s" % (a.iters,
+                                                              a.python or sys.executable))
+        print("| op | p | gRPC call us | doorbell us | ratio |")
+        print("| --- | --- | --- | --- | --- |")
+        for op, n, g, s in rows:
+            print("| %s | %d | %.0f | %.0f | %.2fx |" % (op, n, g * 1e6, s * 1e6, s / g))
+        return
     mib = a.mib
     print("%d MiB float32, median of %d calls (slowest rank), python %s"
           % (mib, a.iters, a.python or sys.executable))

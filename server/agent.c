@@ -427,8 +427,8 @@ static void worker_shm_attach(ps__rpc_call_t *call, void *arg)
                                                  : PS_SHM_PAYLOAD,
                                reason, sizeof(reason));
     if (!resp.attached)
-        PS_LOG(PS_LOG_INFO, "job %s: rank %d's shared memory not used: %s", req->job, req->rank,
-               reason);
+        PS_LOG(PS_LOG_INFO, "job %s: rank %d's %s not used: %s", req->job, req->rank,
+               req->doorbell ? "doorbell" : "shared memory", reason);
     resp.reason = reason;
     ps__rpc_send_msg(call, &resp.base);
     ps__rpc_call_send_status(call, GRPC_STATUS_OK, "");

@@ -3,7 +3,7 @@
 
     python_suite.py --python VENV_PY --paramsyncd BIN [--transport grpc|shm] SCENARIO
 
-Scenarios (each its own ctest test): collectives, groups, async, p2p, torch, registered,
+Scenarios (each its own ctest test): collectives, groups, async, p2p, torch, registered, doorbell,
 local_errors, daemon_errors, timeout, member_lost, init_methods, launcher,
 shm_reuse, shm_paths. With --transport the workers run with PARAMSYNC_SHM=0 (grpc) or
 shared memory on (shm) and check, from the daemon's /metrics, that their big
@@ -1003,7 +1003,54 @@ def w_registered():
           % (r, shm))
 
 
+def w_doorbell():
+    """Small collectives (up to 2 KiB each way) through the doorbell when shared memory is
+    on, as gRPC calls otherwise; 150 rounds of barrier, all_reduce of 4 B .. 2 KiB,
+    broadcast, all_gather and send/recv (with its source) checked, an async all_reduce of
+    1600 bytes beside them, and the doorbell's own count of the requests it answered."""
+    import numpy as np
+    dist = _w_init()
+    r, n = dist.get_rank(), dist.get_world_size()
+    shm = os.environ.get("SUITE_TRANSPORT") == "shm"
+    w = dist._get_world()
+    tri = n * (n + 1) // 2
+    for k in range(150):
+        dist.barrier()
+        x = np.array([r + 1 + k], np.int32)
+        dist.all_reduce(x)
+        expect_eq(x, np.array([tri + n * k], np.int32), "all_reduce 4 B, round %d" % k)
+        y = np.arange(512, dtype=np.float32) * (r + 1)  # 2 KiB
+        wy = dist.all_reduce(y, async_op=(k % 10 == 0))
+        if wy is not None:
+            wy.wait()
+        expect_eq(y, np.arange(512, dtype=np.float32) * tri, "all_reduce 2 KiB, round %d" % k)
+        b = np.full(7, k if r == k % n else -1, np.int64)
+        dist.broadcast(b, src=k % n)
+        expect_eq(b, np.full(7, k, np.int64), "broadcast, round %d" % k)
+        lst = [np.zeros(3, np.int16) for _ in range(n)]
+        dist.all_gather(lst, np.full(3, r * 10 + k % 7, np.int16))
+        for q in range(n):
+            expect_eq(lst[q], np.full(3, q * 10 + k % 7, np.int16), "all_gather [%d]" % q)
+        if n >= 2 and r < 2:
+            if r == 0:
+                dist.send(np.array([k, 7], np.int64), dst=1, tag=k % 5)
+            else:
+                got = np.zeros(2, np.int64)
+                src = dist.recv(got, tag=k % 5)
+                expect_eq(got, np.array([k, 7], np.int64), "recv, round %d" % k)
+                assert src == 0, "recv from any: source %r, want 0" % (src,)
+    rung = w.doorbell.rung
+    if shm:
+        assert rung >= 150 * 4, "the doorbell answered %d requests in 150 rounds" % rung
+    else:
+        assert rung == 0 and w.doorbell.map is None, "a doorbell with PARAMSYNC_SHM=0"
+    dist.destroy_process_group()
+    print("rank %d: 150 rounds of small collectives checked; %d through the doorbell"
+          % (r, rung))
+
+
 WORKERS = {
+    "doorbell": w_doorbell,
     "registered": w_registered,
     "collectives": w_collectives, "groups": w_groups, "async": w_async, "p2p": w_p2p,
     "torch": w_torch, "local_errors": w_local_errors, "daemon_errors": w_daemon_errors,
@@ -1013,7 +1060,7 @@ WORKERS = {
 
 # ---------------------------------------------------------------------------------- driver
 
-NPROC = {"registered": 3, "collectives": 3, "groups": 4, "async": 3, "p2p": 3, "torch": 3, "local_errors": 2,
+NPROC = {"doorbell": 3, "registered": 3, "collectives": 3, "groups": 4, "async": 3, "p2p": 3, "torch": 3, "local_errors": 2,
          "daemon_errors": 3, "timeout": 2, "member_lost": 2, "shm_reuse": 3}
 
 
@@ -1176,7 +1223,7 @@ def shm_paths(a):
     if wrap:
         with H.Daemon(a.paramsyncd, metrics=True, wrap=wrap) as d:
             ok = job([d.addr] * 2, "other-host", "grpc", d.metrics_url) and ok
-            refusals = d.read_log().count("shared memory not used")
+            refusals = d.read_log().count("shared memory not used")  # doorbells apart
             if refusals != 2:
                 print("FAIL: other-host: %d refusals of a segment logged, want 2 (one per rank)"
                       "\n%s" % (refusals, d.read_log()[-3000:]))

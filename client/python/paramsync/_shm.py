@@ -17,12 +17,16 @@ cheaper than two copies.
 
 Nothing here looks at elements: bytes in, bytes out.
 """
+import ctypes
 import errno
 import mmap
 import os
+import platform
 import secrets
+import struct
 import sys
 import threading
+import time
 
 MIN_BYTES = 64 << 10
 ALIGN = 4096
@@ -341,3 +345,153 @@ class Registered:
         keep their memory."""
         with self._lock:
             self.mems = []
+
+
+# -- the doorbell (proto/paramsync/v1/doorbell.h: the layout is part of the wire contract)
+
+DB_SIZE = 8192
+DB_PAYLOAD = 2048  # the most input, and the most output, bytes
+DB_OUT = 2048  # offset of the output
+DB_CTL = 4096  # offset of ps_doorbell_ctl_t
+DB_HEADER = 1024  # the largest packed header
+_REQ, _RESP, _CLOSED, _HLEN, _HDR = DB_CTL, DB_CTL + 4, DB_CTL + 8, DB_CTL + 12, DB_CTL + 16
+_CODE = DB_CTL + 16 + DB_HEADER  # then source, shm (int32, int32, uint32)
+_MSG = DB_CTL + 28 + DB_HEADER
+_MSG_LEN = 2048
+_FUTEX_WAIT, _FUTEX_WAKE = 0, 1
+_SYS_FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine())
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+def _syscall():
+    """libc's syscall(2), or None where this module does not know SYS_futex."""
+    if _SYS_FUTEX is None:
+        return None
+    try:
+        f = ctypes.CDLL(None, use_errno=True).syscall
+    except (OSError, AttributeError):
+        return None
+    f.restype = ctypes.c_long
+    return f
+
+
+class Doorbell:
+    """Small collectives without a gRPC call, as the C client does: when the agent hosts
+    the job, a collective whose input and output each fit in DB_PAYLOAD bytes goes as the
+    packed header and input in a small segment, a futex wake, and a futex wait for the
+    answer. One at a time (a concurrent one takes a call). A request abandoned (the job
+    broke while it waited) retires the doorbell, since the agent may still answer into it.
+
+    Stores to the segment are ordered by a lock's acquire and release around the request
+    and answer words (a full barrier in CPython's locks), so this holds beyond x86's
+    ordering too."""
+
+    def __init__(self, attach):
+        self._attach = attach  # attach(name, size, magic), as a doorbell segment
+        self._lock = threading.Lock()
+        self._fence = threading.Lock()
+        self._syscall = _syscall()
+        self.map = None
+        self.name = None
+        self._addr = 0
+        self._anchor = None  # keeps the mapping's address valid for futex calls
+        self.in_use = False
+        self.disabled = self._syscall is None
+        self.rung = 0  # requests answered through the doorbell (tests read it)
+
+    def _futex(self, off, op, val, timeout_s=None):
+        ts = None
+        if timeout_s is not None:
+            ts = ctypes.byref(_Timespec(int(timeout_s), int((timeout_s % 1) * 1e9)))
+        return self._syscall(_SYS_FUTEX, ctypes.c_void_p(self._addr + off), op, val, ts,
+                             None, 0)
+
+    def _u32(self, off):
+        return struct.unpack_from("=I", self.map, off)[0]
+
+    def begin(self, in_bytes, out_bytes):
+        """Claims the doorbell (making it on first use); False: use a call."""
+        if in_bytes > DB_PAYLOAD or out_bytes > DB_PAYLOAD or not enabled():
+            return False
+        with self._lock:
+            if self.disabled or self.in_use:
+                return False
+            self.in_use = True
+        if self.map is None:
+            try:
+                self.name, self.map = create(DB_SIZE, self._attach)
+            except Exception:  # noqa: B902 - refused (not the hub, another host) or failed
+                with self._lock:
+                    self.disabled = True
+                    self.in_use = False
+                return False
+            self._anchor = ctypes.c_char.from_buffer(self.map)
+            self._addr = ctypes.addressof(self._anchor)
+        if self._u32(_CLOSED):
+            with self._lock:
+                self.disabled = True
+                self.in_use = False
+            return False
+        return True
+
+    def run(self, header, mvs, broken):
+        """Rings for one collective whose header names this segment (the caller sets
+        header.shm and shm_out_offset = DB_OUT), with its input mvs. Waits for the answer,
+        checking broken() (None, or the exception that ends the wait) between short
+        waits. Returns (code, message, source, output memoryview or None), or None when
+        the header does not fit (then use a call). The caller calls end()."""
+        packed = header.SerializeToString()
+        if len(packed) > DB_HEADER:
+            return None
+        m = self.map
+        pos = 0
+        for mv in mvs:
+            m[pos:pos + len(mv)] = mv
+            pos += len(mv)
+        m[_HDR:_HDR + len(packed)] = packed
+        struct.pack_into("=I", m, _HLEN, len(packed))
+        req = (self._u32(_REQ) + 1) & 0xFFFFFFFF
+        with self._fence:  # everything above is visible before req
+            pass
+        struct.pack_into("=I", m, _REQ, req)
+        self._futex(_REQ, _FUTEX_WAKE, 1)
+        while True:
+            r = self._u32(_RESP)
+            if r == req:
+                break
+            # Short waits: a job that breaks meanwhile is noticed on the next turn.
+            self._futex(_RESP, _FUTEX_WAIT, r, 0.05)
+            if self._u32(_RESP) == req:
+                break
+            err = broken()
+            if err is not None or self._u32(_CLOSED):
+                with self._lock:
+                    self.disabled = True  # abandoned: the agent may still answer into it
+                if err is None:
+                    err = ConnectionError("the agent closed the doorbell (it is stopping)")
+                raise err
+        with self._fence:  # the answer is read after resp
+            pass
+        code, source, shm = struct.unpack_from("=iiI", m, _CODE)
+        msg = bytes(m[_MSG:_MSG + _MSG_LEN]).split(b"\0", 1)[0].decode("utf-8", "replace")
+        self.rung += 1
+        return code, msg, source, (memoryview(m)[DB_OUT:DB_OUT + DB_PAYLOAD] if shm else None)
+
+    def end(self):
+        with self._lock:
+            self.in_use = False
+
+    def close(self):
+        """No more requests (destroy_process_group); unmaps unless one is under way."""
+        with self._lock:
+            self.disabled = True
+            busy = self.in_use
+        if not busy and self.map is not None:
+            self._anchor = None
+            try:
+                self.map.close()
+            except BufferError:  # a view is still alive somewhere: the GC unmaps it
+                pass

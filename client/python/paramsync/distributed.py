@@ -281,6 +281,9 @@ class _World:
         # One shared-memory segment for all of this rank's groups: the agent
         # keeps one per (job, rank), and a new one replaces the old.
         self.shm = _shm.Segment(self._shm_attach)
+        # Small collectives without a call, when the agent hosts the job.
+        self.doorbell = _shm.Doorbell(
+            lambda name, size, magic: self._shm_attach(name, size, magic, doorbell=True))
         # Memory from empty(): segments of their own, used in place.
         self.mem = _shm.Registered(
             lambda name, size, magic: self._shm_attach(name, size, magic, registered=True),
@@ -383,15 +386,16 @@ class _World:
             if self.shm is not None:
                 self.shm.close()
             self.mem.close()
+            self.doorbell.close()
             self.channel.close()
 
     # -- collectives -------------------------------------------------------
 
-    def _shm_attach(self, name, size, magic, registered=False):
+    def _shm_attach(self, name, size, magic, registered=False, doorbell=False):
         """Offers a segment to the agent (Worker.ShmAttach). Raises _shm.AttachRefused when
         it will never map ours (it said so, or it lacks or cannot serve the method)."""
         req = pb.ShmAttachRequest(job=self.job, rank=self.rank, name=name, size=size,
-                                  magic=magic, registered=registered)
+                                  magic=magic, registered=registered, doorbell=doorbell)
         try:
             resp = self.stub.ShmAttach(req, timeout=10, metadata=self.md)
         except grpc.RpcError as e:
@@ -437,6 +441,46 @@ class _World:
         return _ShmUse(lambda _, discard=False: seg.end(discard), None,
                        lambda n, recv: seg.get(off, n, recv))
 
+    def _broken(self):
+        """Why no answer will come any more (the membership failed, or this rank left),
+        or None."""
+        if self.failure is not None:
+            return ParamsyncError(str(self.failure), self.failure.code, self.failure.details)
+        if self.leaving or (self.join_call is not None and self.pump is not None and
+                            not self.pump.is_alive()):
+            return ParamsyncError("lost the membership stream to the agent",
+                                  grpc.StatusCode.UNAVAILABLE)
+        return None
+
+    def _doorbell_run(self, header, send, recv, what):
+        """Runs a small collective through the doorbell when it can; returns its result,
+        or None (it takes a call)."""
+        d = self.doorbell
+        want = recv.total if recv is not None else 0
+        if not d.begin(send.total if send is not None else 0, want):
+            return None
+        try:
+            header.shm = d.name
+            header.shm_out_offset = _shm.DB_OUT
+            try:
+                got = d.run(header, send.mvs if send is not None else [], self._broken)
+            finally:
+                header.shm = ""
+                header.shm_out_offset = 0
+            if got is None:
+                return None
+            code, msg, source, out = got
+            if code != 0:
+                raise _error(what, _CODES.get(code, grpc.StatusCode.UNKNOWN), msg)
+            if want:
+                if out is None:
+                    raise ParamsyncError("%s: the agent answered the doorbell without the "
+                                         "output" % what, grpc.StatusCode.INTERNAL)
+                recv.write(0, out[:want])
+            return pb.CollectiveResult(source=source)
+        finally:
+            d.end()
+
     def check(self):
         if self.failure is not None:
             raise ParamsyncError(str(self.failure), self.failure.code, self.failure.details)
@@ -448,6 +492,9 @@ class _World:
         what = "%s (group %d, seq %d)" % (name, g.id, header.seq)
         header.chunk_bytes = chunk
         self.check()
+        result = self._doorbell_run(header, send, recv, what)
+        if result is not None:
+            return result
         shm = self._shm_begin(header, send, recv)
         if copy_send and shm is None:
             send = send.copy()
