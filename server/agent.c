@@ -415,10 +415,6 @@ static void worker_shm_attach(ps__rpc_call_t *call, void *arg)
                  req->rank, req->job);
     else if (req->doorbell && req->registered)
         snprintf(reason, sizeof(reason), "a segment is a doorbell or registered, not both");
-    else if (req->doorbell && strcmp(hub, a->self) != 0)
-        snprintf(reason, sizeof(reason),
-                 "job %s's collectives run on agent %s: a doorbell is only for its hub", req->job,
-                 hub);
     else
         resp.attached =
             ps__hub_shm_attach(a->hub, req->job, req->rank, req->name, req->size, req->magic,
@@ -681,46 +677,68 @@ static int first_frame(ps__agent_t *a, ps__rpc_call_t *call, const char *what,
     return 0;
 }
 
-static void worker_collective(ps__rpc_call_t *call, void *arg)
+/* Serves a collective as this agent routes it; bb is its raw first message,
+ * or NULL for a doorbell's request (a shared-memory header, never forwarded
+ * as raw frames). Consumes first and bb. */
+static void collective_route(ps__agent_t *a, ps__rpc_call_t *call, grpc_byte_buffer *bb,
+                             ps__frame_t *first)
 {
-    ps__agent_t *a = arg;
-    grpc_byte_buffer *bb = NULL;
-    ps__frame_t first;
+    const Paramsync__V1__CollectiveHeader *hd = first->meta->header;
     char *msg = NULL;
     int code = GRPC_STATUS_NOT_FOUND;
-    if (first_frame(a, call, "", &bb, &first) < 0)
-        return;
-    const Paramsync__V1__CollectiveHeader *hd = first.meta->header;
     /* An all_reduce over ranks of several agents is served here, for this
      * agent's ranks, and combined with the other agents over Ring links. */
     if (hd->kind == PARAMSYNC__V1__COLLECTIVE_KIND__ALL_REDUCE && ps__hub_is_ring(a->hub, hd)) {
-        grpc_byte_buffer_destroy(bb);
-        ps__hub_serve(a->hub, call, &first);
+        if (bb)
+            grpc_byte_buffer_destroy(bb);
+        ps__hub_serve(a->hub, call, first);
         return;
     }
     char *hub = route_get(a, hd->job, hd->incarnation, &code, &msg);
     if (!hub) {
         char m[512];
         snprintf(m, sizeof(m), "collective on job %s: %s", hd->job, msg ? msg : "unknown job");
-        ps__frame_clear(&first);
-        grpc_byte_buffer_destroy(bb);
+        ps__frame_clear(first);
+        if (bb)
+            grpc_byte_buffer_destroy(bb);
         ps__rpc_call_send_status(call, code, m);
         free(msg);
         return;
     }
     if (strcmp(hub, a->self) == 0) {
-        grpc_byte_buffer_destroy(bb);
-        ps__hub_serve(a->hub, call, &first);
+        if (bb)
+            grpc_byte_buffer_destroy(bb);
+        ps__hub_serve(a->hub, call, first);
     } else if (hd->shm && *hd->shm) {
         collective_proxy_shm(a, call, hd, hub);
-        ps__frame_clear(&first);
-        grpc_byte_buffer_destroy(bb);
-    } else {
-        ps__frame_clear(&first);
+        ps__frame_clear(first);
+        if (bb)
+            grpc_byte_buffer_destroy(bb);
+    } else if (bb) {
+        ps__frame_clear(first);
         collective_proxy(a, call, bb, hub);
         grpc_byte_buffer_destroy(bb);
+    } else {
+        ps__frame_clear(first);
+        ps__rpc_call_send_status(call, GRPC_STATUS_INTERNAL, "no frames to forward");
     }
     free(hub);
+}
+
+/* A doorbell's request (ps__serve_fn). */
+static void agent_serve(void *arg, ps__rpc_call_t *call, ps__frame_t *first)
+{
+    collective_route(arg, call, NULL, first);
+}
+
+static void worker_collective(ps__rpc_call_t *call, void *arg)
+{
+    ps__agent_t *a = arg;
+    grpc_byte_buffer *bb = NULL;
+    ps__frame_t first;
+    if (first_frame(a, call, "", &bb, &first) < 0)
+        return;
+    collective_route(a, call, bb, &first);
 }
 
 /* Agent.Ring: the previous agent of a collective's ring. */
@@ -752,7 +770,8 @@ int ps__agent_create(const ps__config_t *cfg, ps__rpc_server_t *srv, const char 
         goto fail;
     if (cfg->tokens_file && (rc = ps__tokens_load(cfg->tokens_file, &a->tokens)) < 0)
         goto fail;
-    if ((rc = ps__hub_create(cfg, self, agent_lookup, agent_ring_open, a, &a->hub)) < 0)
+    if ((rc = ps__hub_create(cfg, self, agent_lookup, agent_ring_open, agent_serve, a, &a->hub)) <
+        0)
         goto fail;
     rc = ps__rpc_server_add_method(srv, PS_M_WORKER_JOIN, worker_join, a);
     rc = rc ? rc : ps__rpc_server_add_method(srv, PS_M_WORKER_LEAVE, worker_leave, a);

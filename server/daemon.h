@@ -119,10 +119,19 @@ void ps__job_info_clear(ps__job_info_t *info);
 typedef int (*ps__ring_open_fn)(void *arg, const char *address, const char *job,
                                 ps__rpc_call_t **out);
 
+struct ps__frame;
+
+/** Serves a Collective call whose first frame is `first` (consumed) as the
+ * agent routes it: at this hub, in a ring, or forwarded to the job's hub
+ * (shared-memory headers only: there is no raw first message to forward). */
+typedef void (*ps__serve_fn)(void *arg, ps__rpc_call_t *call, struct ps__frame *first);
+
 /** self: this agent's address as the coordinator knows it (rank_agents);
- * ring_open dials other agents for collectives spanning several. */
+ * ring_open dials other agents for collectives spanning several; serve
+ * routes a doorbell's requests (a worker on this agent, the job's hub here
+ * or elsewhere). */
 int ps__hub_create(const ps__config_t *cfg, const char *self, ps__job_lookup_fn lookup,
-                   ps__ring_open_fn ring_open, void *arg, ps__hub_t **out);
+                   ps__ring_open_fn ring_open, ps__serve_fn serve, void *arg, ps__hub_t **out);
 void ps__hub_destroy(ps__hub_t *h);
 
 /** Serves one Collective call whose first frame (already decoded) is

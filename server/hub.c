@@ -398,6 +398,7 @@ struct ps__hub {
     char *self;
     ps__job_lookup_fn lookup;
     ps__ring_open_fn ring_open;
+    ps__serve_fn serve;
     void *lookup_arg;
     pthread_mutex_t lock;
     pthread_cond_t p2p_changed;
@@ -2745,7 +2746,7 @@ fail_locked:
 }
 
 int ps__hub_create(const ps__config_t *cfg, const char *self, ps__job_lookup_fn lookup,
-                   ps__ring_open_fn ring_open, void *arg, ps__hub_t **out)
+                   ps__ring_open_fn ring_open, ps__serve_fn serve, void *arg, ps__hub_t **out)
 {
     ps__hub_t *h = calloc(1, sizeof(*h));
     if (!h || !(h->self = strdup(self))) {
@@ -2755,6 +2756,7 @@ int ps__hub_create(const ps__config_t *cfg, const char *self, ps__job_lookup_fn 
     h->cfg = cfg;
     h->lookup = lookup;
     h->ring_open = ring_open;
+    h->serve = serve;
     h->lookup_arg = arg;
     pthread_mutex_init(&h->lock, NULL);
     pthread_condattr_t ca;
@@ -2838,7 +2840,7 @@ static void doorbell_serve(ps__hub_t *h, shm_map_t *map)
         first.meta = meta;
         meta = NULL; /* the hub takes the frame, header and all */
         hd = NULL;
-        ps__hub_serve(h, call, &first);
+        h->serve(h->lookup_arg, call, &first); /* here, or forwarded to the job's hub */
         code = ps__rpc_call_local_outcome(call, &msg, &bb);
     }
     ctl->source = -1;
@@ -3090,7 +3092,7 @@ int ps__hub_shm_io_open(ps__hub_t *h, const header_t *hd, ps__shm_io_t *io, char
         } else {
             shm_ref(map);
             io->map = map;
-            io->by_file = shm_by_file(h, &c, hd);
+            io->by_file = map->kind != PS_SHM_DOORBELL && shm_by_file(h, &c, hd);
             io->in = map->base + hd->shm_in_offset;
             io->out = map->base + hd->shm_out_offset;
         }
