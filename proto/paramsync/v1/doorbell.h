@@ -10,15 +10,16 @@
 
 /*
  * Part of the wire contract, like paramsync.proto. A worker whose agent runs
- * on its host and hosts its job's collectives may offer the agent a second
- * POSIX segment of PS_DOORBELL_SIZE bytes (ShmAttach with doorbell = true).
+ * on its host may offer the agent a second POSIX segment of PS_DOORBELL_SIZE
+ * bytes (ShmAttach with doorbell = true).
  * A collective whose input and output each fit in PS_DOORBELL_PAYLOAD bytes
  * then goes as follows, instead of as a Collective call:
  *
  *   worker: input at offset 0; the packed CollectiveHeader (shm = this
  *           segment's name, shm_out_offset = PS_DOORBELL_OUT) in `header`;
  *           then req += 1 (release) and FUTEX_WAKE on req.
- *   agent:  serves it as if a Collective call had brought that header,
+ *   agent:  serves it as if a Collective call had brought that header
+ *           (at this agent, or forwarded to the job's hub agent),
  *           output at PS_DOORBELL_OUT; fills code, message, source; then
  *           resp = req (release) and FUTEX_WAKE on resp.
  *
