@@ -379,8 +379,8 @@ def _syscall():
 
 
 class Doorbell:
-    """Small collectives without a gRPC call, as the C client does: when the agent hosts
-    the job, a collective whose input and output each fit in DB_PAYLOAD bytes goes as the
+    """Small collectives without a gRPC call, as the C client does: when the agent is on
+    this host, a collective whose input and output each fit in DB_PAYLOAD bytes goes as the
     packed header and input in a small segment, a futex wake, and a futex wait for the
     answer. One at a time (a concurrent one takes a call). A request abandoned (the job
     broke while it waited) retires the doorbell, since the agent may still answer into it.

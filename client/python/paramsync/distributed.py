@@ -281,7 +281,7 @@ class _World:
         # One shared-memory segment for all of this rank's groups: the agent
         # keeps one per (job, rank), and a new one replaces the old.
         self.shm = _shm.Segment(self._shm_attach)
-        # Small collectives without a call, when the agent hosts the job.
+        # Small collectives without a call, when the agent is on this host.
         self.doorbell = _shm.Doorbell(
             lambda name, size, magic: self._shm_attach(name, size, magic, doorbell=True))
         # Memory from empty(): segments of their own, used in place.
