@@ -160,7 +160,7 @@ int ps__shm_begin(ps_comm_t *comm, ps__coll_t *c);
 /** Releases the segment after c (no-op when c did not use it). */
 void ps__shm_end(ps_comm_t *comm, ps__coll_t *c);
 
-/** Runs c through the doorbell segment when it can (the agent hosts the job,
+/** Runs c through the doorbell segment when it can (the agent is on this host,
  * input and output fit, the doorbell is free): returns 1 with *rc and
  * *msg (malloc'd, on error) set, or 0 when c must go as a gRPC call. */
 int ps__doorbell_run(ps_comm_t *comm, ps__coll_t *c, int *rc, char **msg);
