@@ -760,6 +760,23 @@ def case_malformed_calls(d, rng):
     still_serves(d, "malformed_calls")
 
 
+def two_ranks(d, job, what):
+    """Job `job` of 2 ranks, each on a connection of its own: (conns, members,
+    incarnation)."""
+    conns = [pw.Conn(d.addr) for _ in range(2)]
+    members = [pw.Member(c) for c in conns]
+    ready = [None, None]
+    ts = [threading.Thread(target=lambda i=i: ready.__setitem__(i, members[i].join(job, 2, i)))
+          for i in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(30)
+    pw.check(all(r is not None and not isinstance(r, pw.RpcOutcome) for r in ready),
+             "%s: cannot form job %s: %r" % (what, job, ready))
+    return conns, members, ready[0].incarnation
+
+
 def case_cancelled_calls(d, rng):
     """Calls the client gives up on while the daemon waits for their peers.
 
@@ -767,18 +784,7 @@ def case_cancelled_calls(d, rng):
     but stays a member; the daemon must drop what the call held: nothing of
     it left in Admin.Status, and SIGTERM still exits at once."""
     pb, _ = pw.stubs()
-    conns = [pw.Conn(d.addr) for _ in range(2)]
-    members = [pw.Member(c) for c in conns]
-    ready = [None, None]
-    ts = [threading.Thread(target=lambda i=i: ready.__setitem__(i, members[i].join("cx", 2, i)))
-          for i in range(2)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(30)
-    pw.check(all(r is not None and not isinstance(r, pw.RpcOutcome) for r in ready),
-             "cancelled_calls: cannot form job cx: %r" % (ready,))
-    inc = ready[0].incarnation
+    conns, members, inc = two_ranks(d, "cx", "cancelled_calls")
     coll = conns[0].channel.stream_stream("/paramsync.v1.Worker/Collective")
     # Rank 0 alone: each waits for rank 1, which never comes; the client
     # cancels after 1 s (the daemon's own timeout is the default 30 minutes).
@@ -827,18 +833,7 @@ def case_shrunk_segment(d, rng):
     if not os.path.isdir("/dev/shm"):
         pw.skip("no /dev/shm")
     count = 1 << 20  # 4 MiB of float32
-    conns = [pw.Conn(d.addr) for _ in range(2)]
-    members = [pw.Member(c) for c in conns]
-    ready = [None, None]
-    ts = [threading.Thread(target=lambda i=i: ready.__setitem__(i, members[i].join("sb", 2, i)))
-          for i in range(2)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(30)
-    pw.check(all(r is not None and not isinstance(r, pw.RpcOutcome) for r in ready),
-             "shrunk_segment: cannot form job sb: %r" % (ready,))
-    inc = ready[0].incarnation
+    conns, members, inc = two_ranks(d, "sb", "shrunk_segment")
 
     def segment(registered):
         """A segment of rank 0's, attached, then shrunk to nothing; returns its name."""
