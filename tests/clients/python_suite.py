@@ -998,6 +998,20 @@ def w_registered():
     tri = n * (n + 1) // 2
     expect_eq(a, np.full(c, tri, np.int64), "async all_reduce a")
     expect_eq(b, np.arange(c) * tri, "async all_reduce b")
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None:  # a torch dtype gives a torch tensor on the same kind of memory
+        t = dist.empty((3, 5), torch.bfloat16)
+        assert isinstance(t, torch.Tensor) and t.shape == (3, 5) and t.dtype == torch.bfloat16
+        assert dist.is_shared(t) == shm, "is_shared of a torch empty()"
+        t += r + 1
+        dist.all_reduce(t)
+        assert bool((t == float(tri)).all()), "all_reduce of a torch empty(): %r" % (t,)
+        dist.free(t)
+    else:
+        print("rank %d: SKIPPED the torch empty() check: torch is not importable" % r)
     dist.destroy_process_group()
     print("rank %d: all_reduce, broadcast, all_gather on empty() memory checked (shared: %s)"
           % (r, shm))
