@@ -230,9 +230,8 @@ int ps_mem_is_shared(ps_comm_t *comm, const void *ptr)
 /* Whether [p, p + n) lies in m (n == 0: any p does). */
 static int mem_holds(const struct ps__mem *m, const void *p, size_t n)
 {
-    const uint8_t *b = p;
-    return !n || (b >= m->seg.base && n <= m->seg.size &&
-                  b - m->seg.base <= (ptrdiff_t)(m->seg.size - n));
+    uintptr_t a = (uintptr_t)p, b = (uintptr_t)m->seg.base;
+    return !n || (a >= b && n <= m->seg.size && a - b <= m->seg.size - n);
 }
 
 /* Takes c through a registered segment holding both its input and output,
@@ -242,7 +241,7 @@ static int mem_begin(ps_comm_t *comm, ps__coll_t *c)
 {
     if (!c->in_bytes && !c->out_bytes)
         return 0;
-    const uint8_t *in = c->in, *out = c->out;
+    uintptr_t in = (uintptr_t)c->in, out = (uintptr_t)c->out;
     int in_place = (c->hdr.kind == PARAMSYNC__V1__COLLECTIVE_KIND__ALL_REDUCE ||
                     c->hdr.kind == PARAMSYNC__V1__COLLECTIVE_KIND__REDUCE) &&
                    in == out;
@@ -253,25 +252,26 @@ static int mem_begin(ps_comm_t *comm, ps__coll_t *c)
     struct ps__mem *m;
     pthread_mutex_lock(&comm->lock);
     for (m = comm->mem; m; m = m->next)
-        if (m->shared && !m->in_use && (c->in_bytes || c->out_bytes) &&
-            mem_holds(m, in, c->in_bytes) && mem_holds(m, out, c->out_bytes))
+        if (m->shared && !m->in_use && mem_holds(m, c->in, c->in_bytes) &&
+            mem_holds(m, c->out, c->out_bytes))
             break;
     if (m)
         m->in_use = 1;
     pthread_mutex_unlock(&comm->lock);
     if (!m)
         return 0;
+    uintptr_t base = (uintptr_t)m->seg.base;
     c->mem = m;
     c->hdr.shm = m->seg.name;
-    c->hdr.shm_in_offset = c->in_bytes ? (uint64_t)(in - m->seg.base) : 0;
-    c->hdr.shm_out_offset = c->out_bytes ? (uint64_t)(out - m->seg.base) : 0;
+    c->hdr.shm_in_offset = c->in_bytes ? (uint64_t)(in - base) : 0;
+    c->hdr.shm_out_offset = c->out_bytes ? (uint64_t)(out - base) : 0;
     c->shm_out = c->out_bytes ? c->out : m->seg.base;
     return 1;
 }
 
 int ps__shm_begin(ps_comm_t *comm, ps__coll_t *c)
 {
-    if (comm->mem && mem_begin(comm, c))
+    if (mem_begin(comm, c))
         return 1;
     /* all_reduce and reduce produce step by step what they consume, at the
      * same offsets: the agent writes each output step over its input, which
