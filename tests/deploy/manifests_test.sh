@@ -59,6 +59,19 @@ components:
 YAML
 render prod-monitoring "$tmp/full" --load-restrictor LoadRestrictionsNone
 grep -q '^kind: PodMonitor' "$tmp/prod-monitoring.yaml" || fail "no PodMonitor in prod + monitoring"
+
+# prod with the shared-memory component: the agent mounts the node's /dev/shm.
+mkdir "$tmp/shm"
+rel=$(realpath --relative-to="$tmp/shm" "$k8s")
+cat >"$tmp/shm/kustomization.yaml" <<YAML
+resources:
+  - $rel/overlays/prod
+components:
+  - $rel/components/shared-memory
+YAML
+render prod-shm "$tmp/shm" --load-restrictor LoadRestrictionsNone
+grep -q 'path: /dev/shm' "$tmp/prod-shm.yaml" || fail "no /dev/shm hostPath in prod + shared-memory"
+grep -q 'mountPath: /dev/shm' "$tmp/prod-shm.yaml" || fail "the agent does not mount /dev/shm"
 grep -q 'grafana_dashboard: "1"' "$tmp/prod-monitoring.yaml" || fail "no dashboard ConfigMap"
 
 echo "== schemas and rules: ${#files[@]} renders"
