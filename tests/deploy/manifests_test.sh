@@ -72,6 +72,8 @@ YAML
 render prod-shm "$tmp/shm" --load-restrictor LoadRestrictionsNone
 grep -q 'path: /dev/shm' "$tmp/prod-shm.yaml" || fail "no /dev/shm hostPath in prod + shared-memory"
 grep -q 'mountPath: /dev/shm' "$tmp/prod-shm.yaml" || fail "the agent does not mount /dev/shm"
+grep -q 'pod-security.kubernetes.io/enforce: privileged' "$tmp/prod-shm.yaml" ||
+    fail "the shared-memory component leaves a Pod Security level that forbids hostPath"
 grep -q 'grafana_dashboard: "1"' "$tmp/prod-monitoring.yaml" || fail "no dashboard ConfigMap"
 
 echo "== schemas and rules: ${#files[@]} renders"
