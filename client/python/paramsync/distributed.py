@@ -10,10 +10,12 @@ Every collective is one gRPC call (paramsync.v1.Worker/Collective) to the
 daemon, which matches the ranks' calls, checks that they agree and computes
 the result; this module only moves bytes (through a shared-memory segment
 instead of frames when the daemon is on this host and a payload is 64 KiB or
-more, as the C client does: see _shm.py). Names, signatures and rank rules
-are torch.distributed's: `src`/`dst` are global ranks even with `group=`,
-collectives on a group the caller is not in warn and do nothing, and
-`async_op=True` returns a Work with wait() and is_completed().
+more, and collectives of up to 2 KiB through a futex "doorbell" without a
+call, as the C client does: see _shm.py; tensors from empty() are read and
+written by the daemon in place, with no copy here). Names, signatures and
+rank rules are torch.distributed's: `src`/`dst` are global ranks even with
+`group=`, collectives on a group the caller is not in warn and do nothing,
+and `async_op=True` returns a Work with wait() and is_completed().
 
 Errors the daemon reports become ParamsyncError (a RuntimeError, as torch
 raises) carrying the gRPC status `code` and the daemon's `details`; local
