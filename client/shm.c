@@ -342,11 +342,13 @@ void ps__shm_end(ps_comm_t *comm, ps__coll_t *c)
 /*
  * The doorbell (proto/paramsync/v1/doorbell.h): when the agent is on this
  * host (it serves the request, or forwards it to the job's hub agent), a
- * collective whose input and output fit in a page goes without a gRPC call: the header and input
- * into a second, small segment, a futex wake, a futex wait for the answer. A gRPC call costs
- * several thread hand-offs in gRPC's core on both sides; this costs two wake-ups. One collective at
- * a time uses it (a concurrent one takes a call); a request abandoned (the job broke while it
- * waited) retires the doorbell, since the agent may still answer into it.
+ * collective whose input and output fit in a page goes without a gRPC call:
+ * the header and input into a second, small segment, a futex wake, a futex
+ * wait for the answer. A gRPC call costs several thread hand-offs in gRPC's
+ * core on both sides; this costs two wake-ups. One collective at a time uses
+ * it (a concurrent one takes a call); a request abandoned (the job broke
+ * while it waited) retires the doorbell, since the agent may still answer
+ * into it.
  */
 
 struct ps__doorbell {

@@ -426,6 +426,15 @@ static shm_map_t *shms_find(const ps__hub_t *h, const char *job, const char *nam
     return NULL;
 }
 
+/* Whether a member's output goes exactly over its input in its segment
+ * (all_reduce and reduce only). */
+static int shm_in_place(const Paramsync__V1__CollectiveHeader *hd)
+{
+    return (hd->kind == PARAMSYNC__V1__COLLECTIVE_KIND__ALL_REDUCE ||
+            hd->kind == PARAMSYNC__V1__COLLECTIVE_KIND__REDUCE) &&
+           hd->shm_in_offset == hd->shm_out_offset;
+}
+
 /* Whether segment m holds a member's `in` input bytes (at the header's
  * shm_in_offset) and `out` output bytes (at its shm_out_offset), apart, or
  * for all_reduce and reduce, output exactly over input; if not, says so in
@@ -434,9 +443,7 @@ static int shm_holds(const shm_map_t *m, const Paramsync__V1__CollectiveHeader *
                      uint64_t out, char *msg, size_t len)
 {
     uint64_t ia = hd->shm_in_offset, oa = hd->shm_out_offset;
-    int in_place = (hd->kind == PARAMSYNC__V1__COLLECTIVE_KIND__ALL_REDUCE ||
-                    hd->kind == PARAMSYNC__V1__COLLECTIVE_KIND__REDUCE) &&
-                   ia == oa;
+    int in_place = shm_in_place(hd);
     int fits = ia <= m->size && in <= m->size - ia && oa <= m->size && out <= m->size - oa;
     int apart = in_place || !in || !out || ia + in <= oa || oa + out <= ia;
     if (fits && apart)
@@ -794,11 +801,13 @@ static void member_totals(const coll_t *c, int i, uint64_t *in, uint64_t *out)
  * --shm-resident-bytes. Bytes touched through a mapping stay in the agent's
  * resident set (as shared pages) for as long as the segment is mapped;
  * through the file they do not, at the price of a copy through a buffer of
- * one step. hd is a member's header (whether output goes over input). */
-static int shm_by_file(const ps__hub_t *h, const coll_t *c, const header_t *hd)
+ * one step. A segment without a file (a doorbell: small anyway) never goes
+ * that way. m is a member's segment, hd its header. */
+static int shm_by_file(const ps__hub_t *h, const shm_map_t *m, const coll_t *c, const header_t *hd)
 {
-    int in_place = (hd->kind == K_ALL_REDUCE || hd->kind == K_REDUCE) &&
-                   hd->shm_out_offset == hd->shm_in_offset;
+    if (m->fd < 0)
+        return 0;
+    int in_place = shm_in_place(hd);
     uint64_t total = 0;
     for (int i = 0; i < c->n; i++) {
         uint64_t in, out;
@@ -983,7 +992,7 @@ static void coll_widen(const ps__hub_t *h, coll_t *c)
     for (int i = 0; i < c->n; i++)
         if (!c->members[i] || !c->members[i]->shm)
             return;
-    if (shm_by_file(h, c, c->members[0]->first->header))
+    if (shm_by_file(h, c->members[0]->shm, c, c->members[0]->first->header))
         return; /* its slots hold copies */
     int w = c->nsteps < PS_HUB_VIEW_WINDOW ? (int)c->nsteps : PS_HUB_VIEW_WINDOW;
     slot_t *slots = calloc((size_t)w, sizeof(slot_t));
@@ -2666,7 +2675,7 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
 
     member_totals(c, m->index, &m->in_total, &m->out_total);
     if (m->shm)
-        m->by_file = m->shm->kind != PS_SHM_DOORBELL && shm_by_file(h, c, m->first->header);
+        m->by_file = shm_by_file(h, m->shm, c, m->first->header);
     pthread_t writer;
     int have_writer = 0;
     if (!c->failed) {
@@ -3092,7 +3101,7 @@ int ps__hub_shm_io_open(ps__hub_t *h, const header_t *hd, ps__shm_io_t *io, char
         } else {
             shm_ref(map);
             io->map = map;
-            io->by_file = map->kind != PS_SHM_DOORBELL && shm_by_file(h, &c, hd);
+            io->by_file = shm_by_file(h, map, &c, hd);
             io->in = map->base + hd->shm_in_offset;
             io->out = map->base + hd->shm_out_offset;
         }

@@ -227,6 +227,11 @@ if [ ${#metric_checks[@]} -gt 0 ] && [ $status -eq 0 ]; then
   done
   for check in "${metric_checks[@]}"; do
     series=${check%[=>]*} want=${check#"$series"}
+    # A series no daemon exposes (a misspelt name) would read as 0: refused.
+    if ! cat "$tmp"/*.metrics | awk -v s="$series" 'index($0, s " ") == 1 { f = 1 } END { exit !f }'; then
+      failed "metric $series: no daemon exposes it"
+      continue
+    fi
     total=$(cat "$tmp"/*.metrics | awk -v s="$series" 'index($0, s " ") == 1 { t += $NF } END { print t + 0 }')
     case "$want" in
       '>0') [ "$total" != 0 ] || failed "metric $series is $total, expected more than 0" ;;
