@@ -686,9 +686,10 @@ static void collective_route(ps__agent_t *a, ps__rpc_call_t *call, grpc_byte_buf
     const Paramsync__V1__CollectiveHeader *hd = first->meta->header;
     char *msg = NULL;
     int code = GRPC_STATUS_NOT_FOUND;
-    /* An all_reduce over ranks of several agents is served here, for this
-     * agent's ranks, and combined with the other agents over Ring links. */
-    if (hd->kind == PARAMSYNC__V1__COLLECTIVE_KIND__ALL_REDUCE && ps__hub_is_ring(a->hub, hd)) {
+    /* An all_reduce, all_gather or broadcast over ranks of several agents
+     * (with --ring on) is served here, for this agent's ranks, and combined
+     * with the other agents over Ring links. */
+    if (ps__hub_is_ring(a->hub, hd)) {
         if (bb)
             grpc_byte_buffer_destroy(bb);
         ps__hub_serve(a->hub, call, first);

@@ -29,8 +29,8 @@ typedef struct ps__config {
     int max_groups;              /* groups per job */
     uint64_t max_inflight_bytes; /* hub memory for collectives in flight */
     int reduce_cuda;             /* reductions on the GPU (--reduce-device) */
-    int ring;                    /* multi-agent all_reduce over a ring of agents (--ring) */
-    uint64_t ring_min_bytes;     /* smaller all_reduces go to the hub (--ring-min-bytes) */
+    int ring;                    /* multi-agent collectives over a ring of agents (--ring) */
+    uint64_t ring_min_bytes;     /* smaller ones go to the hub (--ring-min-bytes) */
     uint64_t
         shm_resident_bytes; /* larger collectives let go of segment pages (--shm-resident-bytes) */
 } ps__config_t;
@@ -140,8 +140,9 @@ struct ps__frame;
 void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, struct ps__frame *first);
 
 /** 1 when this agent serves the collective of header `hd` for its own
- * ranks, with the other agents of the group over Ring links (an all_reduce
- * whose group spans several agents); 0 when it goes to the job's hub. */
+ * ranks, with the other agents of the group over Ring links (with --ring on,
+ * an all_reduce, all_gather or broadcast whose group spans several agents);
+ * 0 when it goes to the job's hub. */
 int ps__hub_is_ring(ps__hub_t *h, const Paramsync__V1__CollectiveHeader *hd);
 
 /** Serves one Ring call (from the previous agent of a collective's ring)

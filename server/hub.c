@@ -327,6 +327,12 @@ typedef struct ring {
     int in_seen;                   /* the link from prev has arrived (it may be gone now) */
     int out_busy;                  /* the sender is in a send or finish: cancel `out` to fail */
     int64_t timeout_ms;
+    int pass;      /* all_gather, broadcast: steps are passed on whole (ring_forwards) */
+    int nlocal;    /* the group's ranks this agent serves */
+    int *agent_of; /* pass: group rank -> position of its agent in the ring */
+    /* Agreement (ring_agrees): tokens this agent may send, has sent and has
+     * received; agreed: every agent of the ring took its link's header. */
+    int tok_ready, tok_sent, tok_in, agreed;
 } ring_t;
 
 typedef struct coll {
@@ -749,6 +755,63 @@ static int step_nreceivers(const coll_t *c, const step_plan_t *p)
     return 1;
 }
 
+/* Whether member i is a rank this agent serves: in a ring that passes steps
+ * on (all_gather, broadcast) the members are the whole group, indexed by
+ * group rank, and only this agent's ranks arrive here. */
+static int coll_serves(const coll_t *c, int i)
+{
+    return !c->ring || !c->ring->pass || c->ring->agent_of[i] == c->ring->pos;
+}
+
+/* Whether c's ring needs the agreement tokens (see PS_RING_TOKEN) before its ranks are answered. */
+static int ring_agrees(const coll_t *c)
+{
+    return c->ring && c->ring->pass;
+}
+
+/* Waits, before a rank of c is answered OK, until every agent of the ring
+ * took its link (or the collective failed). Lock held. */
+static void ring_agreed_wait(coll_t *c)
+{
+    while (ring_agrees(c) && !c->ring->agreed && !c->failed)
+        pthread_cond_wait(&c->cond, c->lock);
+}
+
+/* The members that arrive at this agent. */
+static int coll_nlocal(const coll_t *c)
+{
+    return c->ring ? c->ring->nlocal : c->n;
+}
+
+/* Passing ring: the position of the agent whose rank contributes step s. */
+static int ring_owner(const coll_t *c, int64_t s)
+{
+    step_plan_t p;
+    plan_step(c, s, &p);
+    return c->ring->agent_of[p.contrib_one];
+}
+
+/* Passing ring: whether this agent passes step s on to the next one (every
+ * agent but the one before the step's owner does). */
+static int ring_forwards(const coll_t *c, int64_t s)
+{
+    return ring_owner(c, s) != (c->ring->pos + 1) % c->ring->nagents;
+}
+
+/* The receivers of a step at this agent; in a ring, the sender to the next
+ * agent is one too (all_reduce: always; passing: when it passes it on). */
+static int step_local_receivers(const coll_t *c, int64_t s, const step_plan_t *p)
+{
+    if (!c->ring)
+        return step_nreceivers(c, p);
+    if (!c->ring->pass)
+        return step_nreceivers(c, p) + 1;
+    int k = ring_forwards(c, s);
+    for (int i = 0; i < c->n; i++)
+        k += coll_serves(c, i) && step_receives(c, p, i);
+    return k;
+}
+
 /* Bytes a member sends and receives in total. */
 static void member_totals(const coll_t *c, int i, uint64_t *in, uint64_t *out)
 {
@@ -811,6 +874,8 @@ static int shm_by_file(const ps__hub_t *h, const shm_map_t *m, const coll_t *c, 
     uint64_t total = 0;
     for (int i = 0; i < c->n; i++) {
         uint64_t in, out;
+        if (!coll_serves(c, i))
+            continue;
         member_totals(c, i, &in, &out);
         total += in_place ? (in > out ? in : out) : in + out;
     }
@@ -930,6 +995,7 @@ static void coll_free(coll_t *c)
         }
         free(c->ring->next);
         free(c->ring->prev);
+        free(c->ring->agent_of);
         free(c->ring);
     }
     free(c->slots);
@@ -984,7 +1050,7 @@ static void coll_unlink(job_t *j, coll_t *c)
  * slot. */
 static void coll_widen(const ps__hub_t *h, coll_t *c)
 {
-    if (c->failed || c->window >= PS_HUB_VIEW_WINDOW || c->nsteps <= c->window)
+    if (c->failed || c->ring || c->window >= PS_HUB_VIEW_WINDOW || c->nsteps <= c->window)
         return;
     if (!c->p2p && c->kind != K_BROADCAST && c->kind != K_ALL_GATHER && c->kind != K_GATHER &&
         c->kind != K_SCATTER && c->kind != K_ALL_TO_ALL)
@@ -1012,31 +1078,37 @@ static void coll_widen(const ps__hub_t *h, coll_t *c)
     }
 }
 
+/* Claims the slot of step s when the step `window` earlier has been
+ * consumed: 1 when claimed (or already), 0 when not yet free, -1 when out of
+ * memory (the collective failed). Lock held. */
+static int slot_take(coll_t *c, int64_t s)
+{
+    slot_t *sl = &c->slots[s % c->window];
+    if (sl->step == s)
+        return 1;
+    if (sl->step != -1 || sl->last_done != s - c->window)
+        return 0;
+    step_plan_t p;
+    plan_step(c, s, &p);
+    sl->in = calloc((size_t)c->n, sizeof(blob_t *));
+    if (!sl->in) {
+        coll_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", kind_name(c->kind));
+        return -1;
+    }
+    sl->step = s;
+    sl->len = p.len;
+    sl->need = p.ncontrib;
+    sl->recv_need = step_local_receivers(c, s, &p);
+    return 1;
+}
+
 /* Claims the slot of step s, waiting until the step `window` earlier has
  * been consumed. Lock held. NULL when the collective failed. */
 static slot_t *slot_claim(coll_t *c, int64_t s)
 {
-    slot_t *sl = &c->slots[s % c->window];
-    while (!c->failed && sl->step != s) {
-        if (sl->step == -1 && sl->last_done == s - c->window) {
-            step_plan_t p;
-            plan_step(c, s, &p);
-            sl->in = calloc((size_t)c->n, sizeof(blob_t *));
-            if (!sl->in) {
-                coll_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: out of memory",
-                          kind_name(c->kind));
-                break;
-            }
-            sl->step = s;
-            sl->len = p.len;
-            sl->need = p.ncontrib;
-            /* In a ring the sender to the next agent is a receiver too. */
-            sl->recv_need = step_nreceivers(c, &p) + (c->ring != NULL);
-            break;
-        }
+    while (!c->failed && slot_take(c, s) == 0)
         pthread_cond_wait(&c->cond, c->lock);
-    }
-    return c->failed ? NULL : sl;
+    return c->failed ? NULL : &c->slots[s % c->window];
 }
 
 /* A step whose every receiver has its output frees its slot. Lock held. */
@@ -1250,7 +1322,7 @@ static void member_deposit(member_t *m)
                 }
                 sl->out = out;
             }
-            if (c->ring)
+            if (c->ring && !c->ring->pass)
                 sl->partial = 1; /* the ring makes it the result */
             else
                 sl->computed = 1;
@@ -1345,8 +1417,10 @@ static int member_write(member_t *m, int finish)
         pthread_mutex_lock(c->lock);
         while (!c->failed && !(sl->step == s && sl->computed))
             pthread_cond_wait(&c->cond, c->lock);
-        if (s == last_step) /* its status goes with this step's data */
+        if (s == last_step) { /* its status goes with this step's data */
             shm_broken_check(c);
+            ring_agreed_wait(c);
+        }
         if (c->failed) {
             pthread_mutex_unlock(c->lock);
             return 0;
@@ -1391,6 +1465,7 @@ static int member_write(member_t *m, int finish)
             member_views_wait(m);
         if (finish) {
             pthread_mutex_lock(c->lock);
+            ring_agreed_wait(c);
             int failed = shm_broken_check(c);
             pthread_mutex_unlock(c->lock);
             if (failed)
@@ -1694,22 +1769,23 @@ static void check_cancelled(coll_t *c)
 static void wait_arrivals(ps__hub_t *h, coll_t *c, int64_t timeout_ms)
 {
     int64_t end = ps__now_ms() + timeout_ms;
-    while (!c->failed && c->narrived < c->n) {
+    int nlocal = coll_nlocal(c);
+    while (!c->failed && c->narrived < nlocal) {
         int64_t left = end - ps__now_ms();
         struct timespec slice =
             abs_ms(left < PS_HUB_LIVENESS_CHECK_MS ? left : PS_HUB_LIVENESS_CHECK_MS);
         if (left > 0 && pthread_cond_timedwait(&c->cond, c->lock, &slice) == ETIMEDOUT &&
-            c->narrived < c->n && !c->failed && ps__now_ms() < end) {
+            c->narrived < nlocal && !c->failed && ps__now_ms() < end) {
             if (!h->stopping)
                 check_missing_alive(h, c);
             check_cancelled(c);
             continue;
         }
-        if (ps__now_ms() >= end && c->narrived < c->n && !c->failed) {
+        if (ps__now_ms() >= end && c->narrived < nlocal && !c->failed) {
             char missing[256];
             int off = 0;
             for (int i = 0; i < c->n && off < (int)sizeof(missing) - 12; i++)
-                if (!c->members[i])
+                if (!c->members[i] && coll_serves(c, i))
                     off += snprintf(missing + off, sizeof(missing) - (size_t)off, "%s%d",
                                     off ? ", " : "", c->ranks[i]);
             coll_fail(c, GRPC_STATUS_DEADLINE_EXCEEDED,
@@ -1778,12 +1854,20 @@ typedef struct ring_plan {
     int nagents, pos;
     const char *next, *prev;
     int nlocal;
-    int *local; /* group ranks served by this agent, ascending */
+    int *local;    /* group ranks served by this agent, ascending */
+    int *agent_of; /* group rank -> position of its agent */
 } ring_plan_t;
+
+static void ring_plan_clear(ring_plan_t *plan)
+{
+    free(plan->local);
+    free(plan->agent_of);
+    plan->local = plan->agent_of = NULL;
+}
 
 /* Works out the ring of the job's group: 1 when this agent is in a ring of
  * two or more, 0 when the group's ranks are all on one agent (or the
- * coordinator does not say where ranks are). Lock held; free plan->local. */
+ * coordinator does not say where ranks are). Lock held; ring_plan_clear after. */
 static int ring_plan(const ps__hub_t *h, const job_t *j, uint32_t group, ring_plan_t *plan)
 {
     memset(plan, 0, sizeof(*plan));
@@ -1792,10 +1876,10 @@ static int ring_plan(const ps__hub_t *h, const job_t *j, uint32_t group, ring_pl
         return 0;
     const char **agents = calloc((size_t)n, sizeof(char *));
     plan->local = calloc((size_t)n, sizeof(int));
-    if (!agents || !plan->local) {
+    plan->agent_of = calloc((size_t)n, sizeof(int));
+    if (!agents || !plan->local || !plan->agent_of) {
         free(agents);
-        free(plan->local);
-        plan->local = NULL;
+        ring_plan_clear(plan);
         return 0;
     }
     plan->pos = -1;
@@ -1811,6 +1895,7 @@ static int ring_plan(const ps__hub_t *h, const job_t *j, uint32_t group, ring_pl
             k++;
         if (k == plan->nagents)
             agents[plan->nagents++] = ag;
+        plan->agent_of[g] = k;
         if (strcmp(ag, h->self) == 0) {
             plan->pos = k;
             plan->local[plan->nlocal++] = g;
@@ -1822,31 +1907,42 @@ static int ring_plan(const ps__hub_t *h, const job_t *j, uint32_t group, ring_pl
     }
     free(agents);
     if (plan->nagents < 2 || plan->pos < 0) {
-        free(plan->local);
-        plan->local = NULL;
+        ring_plan_clear(plan);
         return 0;
     }
     return 1;
 }
 
-/* A ring moves a step in A pieces: its steps are A times --step-bytes (up to
- * a frame's limit), so that each piece is about a step of the hub's. Fewer,
- * larger messages: 64 MiB all_reduce over 4 agents on loopback, every rank
- * on shared memory, 0.36 GB/s busbw with 1 MiB steps against 0.62 with 4 MiB
- * (the hub: 0.65 and 0.54). */
-static size_t ring_step(const ps__hub_t *h, const ring_plan_t *plan)
+/* Kinds whose steps each come from one rank and go to every agent: a ring
+ * passes each step on whole, from its owner's agent round to the one before
+ * it (ring_forwards). */
+static int ring_passes(int kind)
 {
+    return kind == K_ALL_GATHER || kind == K_BROADCAST;
+}
+
+/* An all_reduce ring moves a step in A pieces: its steps are A times
+ * --step-bytes (up to a frame's limit), so that each piece is about a step
+ * of the hub's. Fewer, larger messages: 64 MiB all_reduce over 4 agents on
+ * loopback, every rank on shared memory, 0.36 GB/s busbw with 1 MiB steps
+ * against 0.62 with 4 MiB (the hub: 0.65 and 0.54). A passing ring moves
+ * steps whole: --step-bytes (0). */
+static size_t ring_step(const ps__hub_t *h, const ring_plan_t *plan, int kind)
+{
+    if (ring_passes(kind))
+        return 0;
     uint64_t sb = (uint64_t)h->cfg->step_bytes * (uint64_t)plan->nagents;
     uint64_t max = PS_FRAME_MAX_DATA - 4096;
     return (size_t)(sb < max ? sb : max);
 }
 
 /* Whether a collective of this header goes round a ring of agents (when
- * its group spans several): all_reduce of --ring-min-bytes or more. */
+ * its group spans several): all_reduce, all_gather and broadcast of
+ * --ring-min-bytes or more (per rank). */
 static int ring_wanted(const ps__hub_t *h, const header_t *hd)
 {
     uint64_t esize = ps_dtype_size((ps_dtype_t)hd->dtype);
-    return h->cfg->ring && hd->kind == K_ALL_REDUCE && esize &&
+    return h->cfg->ring && (hd->kind == K_ALL_REDUCE || ring_passes(hd->kind)) && esize &&
            hd->count >= (h->cfg->ring_min_bytes + esize - 1) / esize;
 }
 
@@ -1862,7 +1958,7 @@ int ps__hub_is_ring(ps__hub_t *h, const header_t *hd)
     if (j && ring_plan(h, j, hd->group, &plan)) {
         for (int i = 0; i < plan.nlocal; i++)
             ring |= plan.local[i] == hd->rank;
-        free(plan.local);
+        ring_plan_clear(&plan);
     }
     if (j)
         job_release(j);
@@ -1877,7 +1973,11 @@ static int ring_mismatch(const coll_t *c, const header_t *hd, const char *who, c
 {
     const char *f = NULL, *a = NULL, *b = NULL;
     char na[32], nb[32];
-    if ((int)hd->dtype != c->dtype) {
+    if ((int)hd->kind != c->kind) {
+        f = "called";
+        a = kind_name(hd->kind);
+        b = kind_name(c->kind);
+    } else if ((int)hd->dtype != c->dtype) {
         f = "dtype";
         a = ps_dtype_name((ps_dtype_t)hd->dtype);
         b = ps_dtype_name((ps_dtype_t)c->dtype);
@@ -1887,12 +1987,21 @@ static int ring_mismatch(const coll_t *c, const header_t *hd, const char *who, c
         snprintf(nb, sizeof(nb), "%" PRIu64, c->count);
         a = na;
         b = nb;
-    } else if ((int)hd->op != c->op) {
+    } else if (kind_reduces(c->kind) && (int)hd->op != c->op) {
         f = "op";
         a = ps_op_name((ps_op_t)hd->op);
         b = ps_op_name((ps_op_t)c->op);
+    } else if (kind_rooted(c->kind) && hd->root != c->root) {
+        f = "root";
+        snprintf(na, sizeof(na), "%d", hd->root);
+        snprintf(nb, sizeof(nb), "%d", c->root);
+        a = na;
+        b = nb;
     }
-    if (f)
+    if (f && strcmp(f, "called") == 0)
+        snprintf(msg, len, "collective seq %" PRIu64 " on group %u: %s called %s but %s called %s",
+                 c->seq, c->group, who, a, theirs, b);
+    else if (f)
         snprintf(msg, len, "%s (group %u, seq %" PRIu64 "): %s %s %s %s but %s %s",
                  kind_name(c->kind), c->group, c->seq, who,
                  strncmp(who, "rank ", 5) == 0 ? "has" : "have", f, a, theirs, b);
@@ -1909,6 +2018,24 @@ static void ring_piece(const coll_t *c, size_t step_len, int k, size_t *off, siz
     *len = (to - from) * esize;
 }
 
+/* Frames the link carries per step: all_reduce 2(A - 1) rounds, passing 1. */
+static int ring_rounds(const coll_t *c)
+{
+    return c->ring->pass ? 1 : 2 * (c->ring->nagents - 1);
+}
+
+/* Frames the link from the previous agent carries: every round of every
+ * step; passing: the steps whose owner is another agent. */
+static uint64_t ring_frames_in(const coll_t *c)
+{
+    if (!c->ring->pass)
+        return (uint64_t)c->nsteps * (uint64_t)ring_rounds(c);
+    uint64_t k = 0;
+    for (int64_t s = 0; s < c->nsteps; s++)
+        k += ring_owner(c, s) != c->ring->pos;
+    return k;
+}
+
 /* The piece sent (or, with recv, received) in round r of a step. */
 static int ring_piece_of_round(const ring_t *rg, int r, int recv)
 {
@@ -1917,19 +2044,61 @@ static int ring_piece_of_round(const ring_t *rg, int r, int recv)
     return ((k % a) + a) % a;
 }
 
+/*
+ * Agreement. An agent checks the header of the link from the previous agent
+ * against its own ranks; in an all_reduce every piece passes every agent
+ * before any rank has its result, so a rank answered knows every link was
+ * taken. In a passing ring the owner's ranks (a broadcast's root) are done
+ * without hearing from anyone: its ranks must not be answered OK while
+ * another agent fails the collective for a mismatch. So two tokens go
+ * round: the first agent (position 0) sends token 1 once it took its own
+ * link; each agent passes it on as it comes (its link carried it, so was
+ * taken); back at position 0 every link was taken, and token 2 tells the
+ * others so, going round to position A - 1. Ranks are answered OK only once
+ * their agent has agreed.
+ */
+#define PS_RING_TOKEN (UINT64_MAX - 2) /* + 1, + 2: the tag of token 1, 2 */
+
+/* Tokens this agent sends (A - 1 passes token 2 to nobody) and receives
+ * (position 0 starts token 2). */
+static int ring_tok_out(const ring_t *rg)
+{
+    return rg->pos == rg->nagents - 1 ? 1 : 2;
+}
+
+static int ring_tok_in(const ring_t *rg)
+{
+    return rg->pos == 0 ? 1 : 2;
+}
+
+/* Token t arrived from the previous agent. Lock held. */
+static void ring_token_in(coll_t *c, int t)
+{
+    ring_t *rg = c->ring;
+    rg->tok_in = t;
+    if (t == 2 || rg->pos == 0)
+        rg->agreed = 1;
+    if (t == 1)
+        rg->tok_ready = rg->pos == 0 ? 2 : 1;
+    else if (rg->pos != rg->nagents - 1)
+        rg->tok_ready = 2;
+    pthread_cond_broadcast(&c->cond);
+}
+
 /* Frees a collective once every rank that came has its answer and no ring
  * thread uses it; a failed one leaves a tombstone, so that ranks coming
  * later get the same answer at once. Lock held. */
 static void coll_retire(job_t *j, coll_t *c)
 {
-    if (c->threads > 0 || !(c->nfinished == c->n || (c->failed && c->nfinished == c->narrived)))
+    int nlocal = coll_nlocal(c);
+    if (c->threads > 0 || !(c->nfinished == nlocal || (c->failed && c->nfinished == c->narrived)))
         return;
     /* A ring collective with nothing to move can be done here before the
      * previous agent's link comes: it stays until that link has been served,
      * or the link would start it afresh. */
     if (c->ring && !c->ring->in_seen && !c->failed)
         return;
-    if (c->nfinished < c->n)
+    if (c->nfinished < nlocal)
         tombstone_add(j, c);
     coll_unlink(j, c);
     coll_free(c);
@@ -2008,6 +2177,7 @@ static void *ring_send_main(void *arg)
         hd.op = (Paramsync__V1__ReduceOp)c->op;
         hd.dtype = (Paramsync__V1__DType)c->dtype;
         hd.count = c->count;
+        hd.root = c->root;
         hd.rank = rg->pos;
         hd.incarnation = j->info.incarnation;
         hd.timeout_ms = (uint32_t)rg->timeout_ms;
@@ -2026,19 +2196,52 @@ static void *ring_send_main(void *arg)
                   "%s (group %u, seq %" PRIu64 "): cannot reach agent %s, the next in the ring: %s",
                   kind_name(c->kind), c->group, c->seq, rg->next, ps_strerror(rc));
     int64_t start = ps__now_ms(), checked = start;
-    int rounds = 2 * (rg->nagents - 1), broke = rc < 0;
+    int rounds = ring_rounds(c), broke = rc < 0;
+    /* A passing ring that sends nothing (or no more) still keeps the
+     * deadline until the previous agent's link comes, if it has to come. */
+    int wait_in = ring_frames_in(c) > 0;
     /* Pieces go as soon as they are ready, whichever step they belong to, so
      * the steps in the window go round the ring together; each frame's
      * offset says which (step x rounds + round). */
     int64_t lo = 0; /* steps below have been sent whole */
-    while (lo < c->nsteps && !broke && !c->failed) {
+    while (!broke && !c->failed) {
+        /* A step is done once sent whole (or, passing, when this agent does
+         * not pass it on); its slot may be reused already. */
+        while (lo < c->nsteps) {
+            slot_t *x = &c->slots[lo % c->window];
+            if ((x->step == lo && x->sent == rounds) || (x->step != lo && x->last_done >= lo) ||
+                (rg->pass && !ring_forwards(c, lo)))
+                lo++;
+            else
+                break;
+        }
+        int tok_due = ring_agrees(c) ? ring_tok_out(rg) : 0;
+        if (rg->tok_ready > rg->tok_sent) {
+            /* A token goes before any piece: it only says links were taken. */
+            uint64_t tag = PS_RING_TOKEN + (uint64_t)++rg->tok_sent;
+            rg->out_busy = 1;
+            pthread_mutex_unlock(c->lock);
+            grpc_byte_buffer *bb = ps__frame_encode(NULL, NULL, tag, NULL, 0, NULL, NULL);
+            rc = bb ? ps__rpc_call_send(out, bb) : PS_ENOMEM;
+            if (bb)
+                grpc_byte_buffer_destroy(bb);
+            pthread_mutex_lock(c->lock);
+            rg->out_busy = 0;
+            broke = rc < 0;
+            continue;
+        }
+        if (lo >= c->nsteps && !(wait_in && !rg->in_seen) && rg->tok_sent >= tok_due)
+            break;
         slot_t *sl = NULL;
         int64_t s = lo;
         int r = 0;
         for (; s < lo + c->window && s < c->nsteps && !sl; s++) {
             slot_t *x = &c->slots[s % c->window];
             r = x->sent;
-            if (x->step == s && r < rounds && (r == 0 ? x->partial : x->rounds >= r))
+            if (x->step != s || r >= rounds)
+                continue;
+            if (rg->pass ? x->computed && ring_forwards(c, s)
+                         : (r == 0 ? x->partial : x->rounds >= r))
                 sl = x;
         }
         s--;
@@ -2069,8 +2272,9 @@ static void *ring_send_main(void *arg)
         blob_ref(b);
         rg->out_busy = 1;
         pthread_mutex_unlock(c->lock);
-        size_t off, len;
-        ring_piece(c, sl->len, ring_piece_of_round(rg, r, 0), &off, &len);
+        size_t off = 0, len = sl->len;
+        if (!rg->pass)
+            ring_piece(c, sl->len, ring_piece_of_round(rg, r, 0), &off, &len);
         grpc_byte_buffer *bb =
             ps__frame_encode(NULL, NULL, (uint64_t)s * (uint64_t)rounds + (uint64_t)r,
                              b->data + off, len, blob_unref, b);
@@ -2084,14 +2288,6 @@ static void *ring_send_main(void *arg)
         broke = rc < 0;
         if (!broke && r == rounds - 1 && ++sl->recv_done == sl->recv_need)
             slot_consumed(c, sl);
-        /* A step is done once sent whole; its slot may be reused already. */
-        while (lo < c->nsteps) {
-            slot_t *x = &c->slots[lo % c->window];
-            if ((x->step == lo && x->sent == rounds) || (x->step != lo && x->last_done >= lo))
-                lo++;
-            else
-                break;
-        }
     }
     Paramsync__V1__CollectiveResult res = PARAMSYNC__V1__COLLECTIVE_RESULT__INIT;
     char why[sizeof(c->message)];
@@ -2140,6 +2336,7 @@ static int coll_ring_start(ps__hub_t *h, coll_t *c, const ring_plan_t *plan, int
     if (rg) {
         rg->next = strdup(plan->next);
         rg->prev = strdup(plan->prev);
+        rg->nlocal = plan->nlocal;
     }
     c->ring = rg;
     if (!rg || !rg->next || !rg->prev) {
@@ -2151,8 +2348,19 @@ static int coll_ring_start(ps__hub_t *h, coll_t *c, const ring_plan_t *plan, int
     rg->pos = plan->pos;
     rg->group_size = group_size(c->job, c->group);
     rg->timeout_ms = timeout_ms;
-    for (int i = 0; i < c->n; i++)
-        c->ranks[i] = plan->local[i];
+    if (ring_passes(c->kind)) {
+        /* Members are the whole group (coll_serves says which come here). */
+        rg->agent_of = malloc((size_t)rg->group_size * sizeof(int));
+        if (!rg->agent_of) {
+            coll_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", kind_name(c->kind));
+            return -1;
+        }
+        memcpy(rg->agent_of, plan->agent_of, (size_t)rg->group_size * sizeof(int));
+        rg->pass = 1;
+    } else {
+        for (int i = 0; i < c->n; i++)
+            c->ranks[i] = plan->local[i];
+    }
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
@@ -2180,8 +2388,8 @@ static int coll_ring_start(ps__hub_t *h, coll_t *c, const ring_plan_t *plan, int
  * serves that rank. */
 static int coll_index(const coll_t *c, int rank)
 {
-    if (!c->ring)
-        return rank >= 0 && rank < c->n ? rank : -1;
+    if (!c->ring || c->ring->pass)
+        return rank >= 0 && rank < c->n && coll_serves(c, rank) ? rank : -1;
     for (int i = 0; i < c->n; i++)
         if (c->ranks[i] == rank)
             return i;
@@ -2196,7 +2404,7 @@ static void ring_receive(coll_t *c, ps__rpc_call_t *call)
 {
     ring_t *rg = c->ring;
     const char *pre = kind_name(c->kind);
-    uint64_t want = (uint64_t)c->nsteps * (uint64_t)(2 * (rg->nagents - 1)), got = 0;
+    uint64_t want = ring_frames_in(c), got = 0;
     for (;;) {
         grpc_byte_buffer *bb = NULL;
         ring_frame_t *q = calloc(1, sizeof(*q));
@@ -2214,7 +2422,8 @@ static void ring_receive(coll_t *c, ps__rpc_call_t *call)
             coll_fail(c, res->code, "%s", res->message);
         } else if (rc == PS_ENOMEM) {
             coll_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", pre);
-        } else if ((rc < 0 && rc != PS_EINVAL) || (!bb && got < want)) {
+        } else if ((rc < 0 && rc != PS_EINVAL) ||
+                   (!bb && (got < want || (ring_agrees(c) && rg->tok_in < ring_tok_in(rg))))) {
             /* Broken, or ended early: gRPC shows a cancelled stream as an
              * end too. The previous agent cancels the link when the
              * collective fails there, and says why on the link it reads
@@ -2227,6 +2436,17 @@ static void ring_receive(coll_t *c, ps__rpc_call_t *call)
                       "%s (group %u, seq %" PRIu64 "): the link from agent %s %s (it failed, "
                       "or died)",
                       pre, c->group, c->seq, rg->prev, rc < 0 ? "broke" : "ended early");
+        } else if (rc == 0 && bb && !res && ring_agrees(c) && q->f.meta->offset > PS_RING_TOKEN &&
+                   !q->f.meta->header) {
+            int t = (int)(q->f.meta->offset - PS_RING_TOKEN);
+            if (t != rg->tok_in + 1 || t > ring_tok_in(rg) || q->f.data_len)
+                coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
+                          "%s (group %u, seq %" PRIu64 "): agent %s sent token %d out of turn", pre,
+                          c->group, c->seq, rg->prev, t);
+            else {
+                ring_token_in(c, t);
+                end = 0;
+            }
         } else if (rc < 0 || res || (bb && got == want)) {
             coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
                       "%s (group %u, seq %" PRIu64 "): agent %s sent %s", pre, c->group, c->seq,
@@ -2252,6 +2472,73 @@ static void ring_receive(coll_t *c, ps__rpc_call_t *call)
     }
 }
 
+/* Passing ring: takes the queued steps, each as this agent's copy of the
+ * step (its owner's data, for the local ranks and the next agent), lowest
+ * first among those whose slot is free, so that a step sent ahead of an
+ * earlier one cannot hold the window. Lock held. */
+static void ring_pass_apply(coll_t *c)
+{
+    ring_t *rg = c->ring;
+    const char *pre = kind_name(c->kind);
+    for (uint64_t left = ring_frames_in(c); left > 0 && !c->failed;) {
+        ring_frame_t **take = NULL, *before = NULL, *prev = NULL;
+        int64_t best = -1;
+        for (ring_frame_t **link = &rg->q_head; *link && !c->failed;
+             prev = *link, link = &(*link)->next) {
+            uint64_t tag = (*link)->f.meta->offset;
+            int64_t s = tag < (uint64_t)c->nsteps ? (int64_t)tag : -1;
+            slot_t *x = s >= 0 ? &c->slots[s % c->window] : NULL;
+            int own = s >= 0 && ring_owner(c, s) == rg->pos;
+            if (s < 0 || own || x->step == s || x->last_done >= s)
+                coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
+                          "%s (group %u, seq %" PRIu64 "): agent %s sent step %" PRIu64 " %s", pre,
+                          c->group, c->seq, rg->prev, tag,
+                          s < 0 ? "past the collective's end"
+                          : own ? "of a rank on this agent"
+                                : "twice");
+            else if ((best < 0 || s < best) && x->step == -1 && x->last_done == s - c->window) {
+                best = s;
+                take = link;
+                before = prev;
+            }
+        }
+        if (c->failed)
+            break;
+        if (!take) {
+            pthread_cond_wait(&c->cond, c->lock);
+            continue;
+        }
+        ring_frame_t *q = *take;
+        *take = q->next;
+        if (rg->q_tail == q)
+            rg->q_tail = before;
+        left--;
+        slot_t *sl = slot_take(c, best) > 0 ? &c->slots[best % c->window] : NULL;
+        blob_t *b = sl && q->f.data_len == sl->len ? blob_new(sl->len) : NULL;
+        if (sl && q->f.data_len != sl->len)
+            coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
+                      "%s (group %u, seq %" PRIu64 "): agent %s sent %zu bytes for a step of %zu",
+                      pre, c->group, c->seq, rg->prev, q->f.data_len, sl->len);
+        else if (sl && !b)
+            coll_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", pre);
+        if (b) {
+            /* Claimed and not computed: nobody else touches the slot. */
+            pthread_mutex_unlock(c->lock);
+            ps__frame_copy_data(&q->f, 0, b->data, sl->len);
+            ps__metrics_bytes(PS_M_RX, PS_M_LINK_AGENT, sl->len);
+            pthread_mutex_lock(c->lock);
+            sl->out = b;
+            sl->have = sl->need;
+            sl->computed = 1;
+            if (sl->recv_need == 0)
+                slot_consumed(c, sl);
+            pthread_cond_broadcast(&c->cond);
+        }
+        ps__frame_clear(&q->f);
+        free(q);
+    }
+}
+
 /* Takes the queued pieces in order: adds them to this agent's partials in
  * the first A - 1 rounds of a step, takes them as the result in the others
  * (the sender passes each on), and hands a step to the local ranks once its
@@ -2263,7 +2550,7 @@ static void *ring_apply_main(void *arg)
     ring_t *rg = c->ring;
     ps__hub_t *h = rg->hub;
     job_t *j = c->job;
-    int rounds = 2 * (rg->nagents - 1);
+    int rounds = ring_rounds(c);
     size_t esize = ps_dtype_size((ps_dtype_t)c->dtype);
     const char *pre = kind_name(c->kind);
     uint8_t *tmp = malloc(c->step_bytes / (size_t)rg->nagents + esize);
@@ -2271,9 +2558,11 @@ static void *ring_apply_main(void *arg)
     if (!tmp)
         coll_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", pre);
     wait_arrivals(h, c, rg->timeout_ms);
+    if (rg->pass)
+        ring_pass_apply(c);
     /* Pieces come in the order the previous agent could send them: take the
      * first whose step is here with its partial and whose round is next. */
-    for (uint64_t left = (uint64_t)c->nsteps * (uint64_t)rounds; left > 0 && !c->failed;) {
+    for (uint64_t left = rg->pass ? 0 : ring_frames_in(c); left > 0 && !c->failed;) {
         ring_frame_t *q = NULL, **link = &rg->q_head, *prev = NULL;
         slot_t *sl = NULL;
         int64_t s = 0;
@@ -2365,7 +2654,7 @@ void ps__hub_ring_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
         snprintf(msg, sizeof(msg), "paramsyncd is shutting down (SIGTERM)");
         goto done;
     }
-    if (hd->kind != K_ALL_REDUCE) {
+    if (hd->kind != K_ALL_REDUCE && !ring_passes(hd->kind)) {
         code = GRPC_STATUS_INVALID_ARGUMENT;
         snprintf(msg, sizeof(msg), "ring: %s is not served by a ring of agents",
                  kind_name(hd->kind));
@@ -2385,16 +2674,16 @@ void ps__hub_ring_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
         goto done;
     }
     int made;
-    if ((code = coll_get(h, j, hd, plan.nlocal, ring_step(h, &plan), &c, &made, msg,
-                         sizeof(msg))) != 0)
+    if ((code = coll_get(h, j, hd, ring_passes(hd->kind) ? group_size(j, hd->group) : plan.nlocal,
+                         ring_step(h, &plan, hd->kind), &c, &made, msg, sizeof(msg))) != 0)
         goto done;
     if (made)
         coll_ring_start(h, c, &plan, timeout);
     if (!c->ring && !c->failed && (int)hd->kind != c->kind) {
         coll_fail(c, GRPC_STATUS_FAILED_PRECONDITION,
-                  "collective seq %" PRIu64 " on group %u: ranks on agent %s called all_reduce "
+                  "collective seq %" PRIu64 " on group %u: ranks on agent %s called %s "
                   "but ranks here called %s",
-                  hd->seq, hd->group, plan.prev, kind_name(c->kind));
+                  hd->seq, hd->group, plan.prev, kind_name(hd->kind), kind_name(c->kind));
     } else if (!c->failed) {
         /* A different size can also mean ring here, hub there. */
         char who[300], theirs[300];
@@ -2404,16 +2693,16 @@ void ps__hub_ring_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
             coll_fail(c, GRPC_STATUS_FAILED_PRECONDITION, "%s", msg);
         else if (!c->ring)
             coll_fail(c, GRPC_STATUS_FAILED_PRECONDITION,
-                      "all_reduce (group %u, seq %" PRIu64 "): agent %s runs it in a ring and "
+                      "%s (group %u, seq %" PRIu64 "): agent %s runs it in a ring and "
                       "this one (%s) at the hub: set --ring and --ring-min-bytes alike on "
                       "every agent",
-                      hd->group, hd->seq, plan.prev, h->self);
+                      kind_name(hd->kind), hd->group, hd->seq, plan.prev, h->self);
     }
     if (c->ring && (c->ring->in_seen || c->failed)) {
         if (!c->failed)
             coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
-                      "all_reduce (group %u, seq %" PRIu64 "): a second ring link from agent %s",
-                      hd->group, hd->seq, plan.prev);
+                      "%s (group %u, seq %" PRIu64 "): a second ring link from agent %s",
+                      kind_name(c->kind), hd->group, hd->seq, plan.prev);
         code = c->code;
         snprintf(msg, sizeof(msg), "%s", c->message);
         coll_retire(j, c);
@@ -2429,6 +2718,8 @@ void ps__hub_ring_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
     }
     c->ring->in = call;
     c->ring->in_seen = 1;
+    if (ring_agrees(c) && c->ring->pos == 0)
+        c->ring->tok_ready = 1; /* its own link is taken: token 1 can start */
     c->threads++;
     pthread_cond_broadcast(&c->cond);
     pthread_mutex_unlock(&h->lock);
@@ -2443,7 +2734,7 @@ void ps__hub_ring_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
     coll_retire(j, c);
     c = NULL;
 done:
-    free(plan.local);
+    ring_plan_clear(&plan);
     if (j)
         job_release(j);
     pthread_mutex_unlock(&h->lock);
@@ -2585,8 +2876,9 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
         c = m->coll;
     } else {
         int ring = ring_wanted(h, hd) && ring_plan(h, j, hd->group, &plan), made;
-        if ((code = coll_get(h, j, hd, ring ? plan.nlocal : n, ring ? ring_step(h, &plan) : 0, &c,
-                             &made, msg, sizeof(msg))) != 0) {
+        if ((code = coll_get(h, j, hd, ring && !ring_passes(hd->kind) ? plan.nlocal : n,
+                             ring ? ring_step(h, &plan, hd->kind) : 0, &c, &made, msg,
+                             sizeof(msg))) != 0) {
             c = NULL;
             goto fail_locked;
         }
@@ -2615,10 +2907,10 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
                  * agents' settings differ (same size, other mode). */
                 if (!differs)
                     snprintf(msg, sizeof(msg),
-                             "all_reduce (group %u, seq %" PRIu64 "): agents disagree on whether "
+                             "%s (group %u, seq %" PRIu64 "): agents disagree on whether "
                              "it runs in a ring: set --ring and --ring-min-bytes alike on every "
                              "agent",
-                             hd->group, hd->seq);
+                             kind_name(hd->kind), hd->group, hd->seq);
                 if (!c->failed)
                     coll_fail(c, GRPC_STATUS_FAILED_PRECONDITION, "%s", msg);
                 code = c->code;
@@ -2645,7 +2937,7 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
         m->index = idx;
         c->members[idx] = m;
         c->narrived++;
-        if (c->narrived == c->n) {
+        if (c->narrived == coll_nlocal(c)) {
             coll_widen(h, c);
             int64_t firstms = m->arrival_ms;
             for (int i = 0; i < c->n; i++)
@@ -2725,9 +3017,11 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
     if (!status_sent && m->shm)
         member_views_wait(m);
     pthread_mutex_lock(&h->lock);
-    m->finished = 1;
-    if (!status_sent)
+    if (!status_sent) {
+        ring_agreed_wait(c);
         shm_broken_check(c);
+    }
+    m->finished = 1;
     code = c->failed ? c->code : 0;
     ps__metrics_collective_done(m->first->header->kind, code,
                                 (double)(ps__now_ms() - m->arrival_ms) / 1e3);
@@ -2736,7 +3030,7 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
     coll_retire(j, c);
     job_release(j);
     pthread_mutex_unlock(&h->lock);
-    free(plan.local);
+    ring_plan_clear(&plan);
     if (!status_sent)
         ps__rpc_call_send_status(call, code, msg);
     return;
@@ -2748,7 +3042,7 @@ fail_locked:
     if (j)
         job_release(j);
     pthread_mutex_unlock(&h->lock);
-    free(plan.local);
+    ring_plan_clear(&plan);
     PS_LOG(PS_LOG_WARN, "%s", msg);
     ps__rpc_call_send_status(call, code, msg);
     member_free(m);
@@ -3199,7 +3493,7 @@ double ps__hub_longest_wait(void *arg)
     pthread_mutex_lock(&h->lock);
     for (job_t *j = h->jobs; j; j = j->next)
         for (coll_t *c = j->colls; c; c = c->next)
-            if (!c->failed && c->narrived < c->n)
+            if (!c->failed && c->narrived < coll_nlocal(c))
                 for (int i = 0; i < c->n; i++)
                     if (c->members[i] && c->members[i]->arrival_ms < oldest)
                         oldest = c->members[i]->arrival_ms;
@@ -3312,6 +3606,8 @@ int ps__hub_status(ps__hub_t *h, const char *job, Paramsync__V1__StatusResponse 
             int64_t first = now;
             for (int i = 0; i < c->n && rc == 0; i++) {
                 member_t *m = c->members[i];
+                if (!coll_serves(c, i))
+                    continue; /* another agent says where it is */
                 if (m && m->arrival_ms < first)
                     first = m->arrival_ms;
                 rc = m ? append_int(&e->arrived, &e->n_arrived, c->ranks[i])
@@ -3319,9 +3615,9 @@ int ps__hub_status(ps__hub_t *h, const char *job, Paramsync__V1__StatusResponse 
             }
             e->waiting_seconds = (double)(now - first) / 1e3;
             rc = rc ? rc
-                    : status_set_text(&e->state, c->failed            ? "failed"
-                                                 : c->narrived < c->n ? "arriving"
-                                                                      : "running");
+                    : status_set_text(&e->state, c->failed                      ? "failed"
+                                                 : c->narrived < coll_nlocal(c) ? "arriving"
+                                                                                : "running");
             if (rc == 0 && c->failed)
                 rc = status_set_text(&e->message, c->message);
         }

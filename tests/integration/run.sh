@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Runs one integration scenario with real processes: paramsyncd (embedded, or a coordinator and
-# two agents) and N worker processes per job; checks every exit status, the outputs of examples
+# two or more agents) and N worker processes per job; checks every exit status, the outputs of examples
 # against their expected text, and that every daemon exits 0 on SIGTERM.
 #
 # usage: run.sh --daemon PATH (--worker PATH --scenario NAME | --example PATH [--arg A]... --expect FILE)
-#               [--np N] [--jobs K] [--topology embedded|split] [--init env|tcp|unix|file]
+#               [--np N] [--jobs K] [--topology embedded|split [--agents A]] [--init env|tcp|unix|file]
 #               [--daemon-arg ARG]... [--env NAME=VALUE]... [--sigterm-after SECONDS]
 #               [--then SCENARIO:NP] [--timeout SECONDS] [--metric 'SERIES>0' | --metric 'SERIES=0']...
 #               [--private-shm SIZE]
+# --agents: with --topology split, A agents (default 2); rank r joins through agent r mod A.
 # --private-shm: daemons and workers share a /dev/shm of SIZE of their own (a mount namespace;
 # skipped where one cannot be made).
 # --metric: after the scenario, SERIES (a metric with its labels, exactly as exposed) summed over
@@ -15,7 +16,7 @@
 # Exit status: 0 passed, 1 failed, 77 skipped (every worker said so). PS_IT_KEEP=1 keeps the logs.
 set -u
 
-daemon= worker= scenario= example= expect= np=2 jobs=1 topology=embedded init=env
+daemon= worker= scenario= example= expect= np=2 jobs=1 topology=embedded init=env nagents=2
 sigterm_after= then= timeout=150
 daemon_args=() example_args=() extra_env=() metric_checks=()
 orig_args=("$@")
@@ -30,6 +31,7 @@ while [ $# -gt 0 ]; do
     --np) np=$2; shift ;;
     --jobs) jobs=$2; shift ;;
     --topology) topology=$2; shift ;;
+    --agents) nagents=$2; shift ;;
     --init) init=$2; shift ;;
     --daemon-arg) daemon_args+=("$2"); shift ;;
     --env) extra_env+=("$2"); shift ;;
@@ -117,7 +119,7 @@ announce="$tmp/announce"
 if [ "$topology" = split ]; then
   start_daemon coordinator --role coordinator --listen 127.0.0.1:0 "${daemon_args[@]}"
   coord=$(wait_listening coordinator) || { dump_logs; exit 1; }
-  for a in 1 2; do
+  for a in $(seq "$nagents"); do
     start_daemon agent$a --role agent --coordinator "$coord" --listen 127.0.0.1:0 "${daemon_args[@]}"
     agent_addrs+=("$(wait_listening agent$a)") || { dump_logs; exit 1; }
   done

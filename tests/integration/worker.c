@@ -1468,6 +1468,16 @@ static int sc_mismatch(ctx_t *cx)
     TRY(expect_error(rc, "kind", "broadcast", PS_EPRECOND, PS_EINVAL));
     TRY(run_case(cx, K_ALL_REDUCE, PS_FLOAT32, PS_SUM, 9, 0, NULL, 0));
 
+    /* With --ring on, each step of an all_gather passes from its owner's
+     * agent round the others: every rank is still told. */
+    float *g = calloc((size_t)n * 2, sizeof(float));
+    CHECK(g != NULL, "out of memory");
+    clear_last_error();
+    rc = ps_all_gather(comm, g, f, odd ? 2 : 1, PS_FLOAT32, NULL);
+    free(g);
+    TRY(expect_error(rc, "all_gather count", "count", PS_EPRECOND, PS_EINVAL));
+    TRY(run_case(cx, K_ALL_REDUCE, PS_FLOAT32, PS_SUM, 9, 0, NULL, 0));
+
     clear_last_error();
     rc = ps_reduce_scatter(comm, f, f, odd ? 2 : 1, PS_FLOAT32, PS_SUM, NULL);
     TRY(expect_error(rc, "reduce_scatter count", "count", PS_EPRECOND, PS_EINVAL));
