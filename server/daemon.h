@@ -141,8 +141,8 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, struct ps__frame *first);
 
 /** 1 when this agent serves the collective of header `hd` for its own
  * ranks, with the other agents of the group over Ring links (with --ring on,
- * an all_reduce, all_gather or broadcast whose group spans several agents);
- * 0 when it goes to the job's hub. */
+ * an all_reduce, all_gather, broadcast, reduce or reduce_scatter whose group
+ * spans several agents); 0 when it goes to the job's hub. */
 int ps__hub_is_ring(ps__hub_t *h, const Paramsync__V1__CollectiveHeader *hd);
 
 /** Serves one Ring call (from the previous agent of a collective's ring)

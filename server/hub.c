@@ -317,6 +317,13 @@ typedef struct ring_frame {
     struct ring_frame *next;
 } ring_frame_t;
 
+/* How a ring moves a collective's steps (ring_mode):
+ * SPLIT: all_reduce, each step in A pieces reduced and passed round twice;
+ * PASS: all_gather, broadcast, each step passed on whole from its owner's
+ * agent to every other; ACC: reduce, reduce_scatter, each step added up
+ * whole along the agents, ending at the agent of the rank it is for. */
+enum { RING_SPLIT, RING_PASS, RING_ACC };
+
 typedef struct ring {
     struct ps__hub *hub;
     ring_frame_t *q_head, *q_tail; /* pieces read from prev, not applied yet */
@@ -327,9 +334,9 @@ typedef struct ring {
     int in_seen;                   /* the link from prev has arrived (it may be gone now) */
     int out_busy;                  /* the sender is in a send or finish: cancel `out` to fail */
     int64_t timeout_ms;
-    int pass;      /* all_gather, broadcast: steps are passed on whole (ring_forwards) */
+    int mode;      /* RING_SPLIT, RING_PASS or RING_ACC (ring_mode) */
     int nlocal;    /* the group's ranks this agent serves */
-    int *agent_of; /* pass: group rank -> position of its agent in the ring */
+    int *agent_of; /* PASS, ACC: group rank -> position of its agent in the ring */
     /* Agreement (ring_agrees): tokens this agent may send, has sent and has
      * received; agreed: every agent of the ring took its link's header. */
     int tok_ready, tok_sent, tok_in, agreed;
@@ -755,18 +762,25 @@ static int step_nreceivers(const coll_t *c, const step_plan_t *p)
     return 1;
 }
 
-/* Whether member i is a rank this agent serves: in a ring that passes steps
- * on (all_gather, broadcast) the members are the whole group, indexed by
- * group rank, and only this agent's ranks arrive here. */
-static int coll_serves(const coll_t *c, int i)
+/* Whether c is a ring collective whose members are the whole group,
+ * indexed by group rank as at the hub (PASS, ACC), of which only this
+ * agent's ranks arrive here (SPLIT: the members are this agent's ranks). */
+static int ring_whole(const coll_t *c)
 {
-    return !c->ring || !c->ring->pass || c->ring->agent_of[i] == c->ring->pos;
+    return c->ring && c->ring->mode != RING_SPLIT;
 }
 
-/* Whether c's ring needs the agreement tokens (see PS_RING_TOKEN) before its ranks are answered. */
+/* Whether member i is a rank this agent serves. */
+static int coll_serves(const coll_t *c, int i)
+{
+    return !ring_whole(c) || c->ring->agent_of[i] == c->ring->pos;
+}
+
+/* Whether c's ring needs the agreement tokens (see PS_RING_TOKEN) before
+ * its ranks are answered. */
 static int ring_agrees(const coll_t *c)
 {
-    return c->ring && c->ring->pass;
+    return ring_whole(c);
 }
 
 /* Waits, before a rank of c is answered OK, until every agent of the ring
@@ -783,30 +797,59 @@ static int coll_nlocal(const coll_t *c)
     return c->ring ? c->ring->nlocal : c->n;
 }
 
-/* Passing ring: the position of the agent whose rank contributes step s. */
-static int ring_owner(const coll_t *c, int64_t s)
+/* PASS, ACC: the position of the agent where step s starts going round
+ * (PASS: its owner's, whose rank contributes it; ACC: the one after the
+ * agent of the rank it is for) and of the agent where it ends (PASS: the
+ * one before the owner's; ACC: that rank's). */
+static void ring_path(const coll_t *c, int64_t s, int *start, int *end)
 {
     step_plan_t p;
     plan_step(c, s, &p);
-    return c->ring->agent_of[p.contrib_one];
+    int a = c->ring->nagents;
+    if (c->ring->mode == RING_PASS) {
+        *start = c->ring->agent_of[p.contrib_one];
+        *end = (*start + a - 1) % a;
+    } else {
+        *end = c->ring->agent_of[p.recv_one];
+        *start = (*end + 1) % a;
+    }
 }
 
-/* Passing ring: whether this agent passes step s on to the next one (every
- * agent but the one before the step's owner does). */
-static int ring_forwards(const coll_t *c, int64_t s)
+/* Whether this agent sends step s (or its pieces) to the next agent. */
+static int ring_sends(const coll_t *c, int64_t s)
 {
-    return ring_owner(c, s) != (c->ring->pos + 1) % c->ring->nagents;
+    if (c->ring->mode == RING_SPLIT)
+        return 1;
+    int start, end;
+    ring_path(c, s, &start, &end);
+    return end != c->ring->pos;
+}
+
+/* Whether this agent receives step s (or its pieces) from the previous one. */
+static int ring_takes(const coll_t *c, int64_t s)
+{
+    if (c->ring->mode == RING_SPLIT)
+        return 1;
+    int start, end;
+    ring_path(c, s, &start, &end);
+    return start != c->ring->pos;
+}
+
+/* ACC: whether step s ends here, with the rank it is for. */
+static int ring_ends(const coll_t *c, int64_t s)
+{
+    return !ring_sends(c, s);
 }
 
 /* The receivers of a step at this agent; in a ring, the sender to the next
- * agent is one too (all_reduce: always; passing: when it passes it on). */
+ * agent is one too when it sends the step on. */
 static int step_local_receivers(const coll_t *c, int64_t s, const step_plan_t *p)
 {
     if (!c->ring)
         return step_nreceivers(c, p);
-    if (!c->ring->pass)
+    if (!ring_whole(c))
         return step_nreceivers(c, p) + 1;
-    int k = ring_forwards(c, s);
+    int k = ring_sends(c, s);
     for (int i = 0; i < c->n; i++)
         k += coll_serves(c, i) && step_receives(c, p, i);
     return k;
@@ -1097,7 +1140,8 @@ static int slot_take(coll_t *c, int64_t s)
     }
     sl->step = s;
     sl->len = p.len;
-    sl->need = p.ncontrib;
+    /* ACC: every rank contributes, this agent's are here. */
+    sl->need = c->ring && c->ring->mode == RING_ACC ? c->ring->nlocal : p.ncontrib;
     sl->recv_need = step_local_receivers(c, s, &p);
     return 1;
 }
@@ -1204,23 +1248,22 @@ static void stager_key_init(void)
 /* Reduces one step on the device the agent was told to use; a collective
  * wider than the CUDA path takes, or a CUDA failure, falls back to the CPU
  * engine (same bits by construction). */
-static int hub_reduce(coll_t *c, void *dst, const void **srcs, size_t count)
+static int hub_reduce(coll_t *c, void *dst, const void **srcs, size_t nsrc, size_t count)
 {
     /* A ring divides an average once, where the last piece is added. */
     ps_op_t op = c->ring && c->op == PS_AVG ? PS_SUM : (ps_op_t)c->op;
-    uint64_t bytes = (uint64_t)count * ps_dtype_size((ps_dtype_t)c->dtype) * (uint64_t)c->n;
-    if (c->cuda && c->n <= PS_GPU_MAX_SRCS) {
+    uint64_t bytes = (uint64_t)count * ps_dtype_size((ps_dtype_t)c->dtype) * (uint64_t)nsrc;
+    if (c->cuda && nsrc <= PS_GPU_MAX_SRCS) {
         pthread_once(&stager_once, stager_key_init);
         ps_gpu_stager_t *st = pthread_getspecific(stager_key);
         if (!st && ps_gpu_stager_create(&st, 0, PS_GPU_MAX_SRCS, 0) == 0)
             pthread_setspecific(stager_key, st);
-        if (st &&
-            ps_gpu_reduce_host(st, op, (ps_dtype_t)c->dtype, dst, srcs, (size_t)c->n, count) == 0) {
+        if (st && ps_gpu_reduce_host(st, op, (ps_dtype_t)c->dtype, dst, srcs, nsrc, count) == 0) {
             ps__metrics_reduced(PS_M_DEV_CUDA, bytes);
             return 0;
         }
     }
-    int rc = ps_reduce_multi(op, (ps_dtype_t)c->dtype, dst, srcs, (size_t)c->n, count);
+    int rc = ps_reduce_multi(op, (ps_dtype_t)c->dtype, dst, srcs, nsrc, count);
     ps__metrics_reduced(PS_M_DEV_CPU, bytes);
     return rc;
 }
@@ -1290,7 +1333,9 @@ static void member_deposit(member_t *m)
         }
         sl->in[m->index] = b;
         if (++sl->have == sl->need) {
-            if (p.ncontrib == 1) {
+            /* ACC adds the previous agent's step into it: never a view of a
+             * rank's input (its input stays as it was). */
+            if (sl->need == 1 && !(c->ring && c->ring->mode == RING_ACC)) {
                 sl->out = b;
                 sl->in[m->index] = NULL;
             } else {
@@ -1301,9 +1346,11 @@ static void member_deposit(member_t *m)
                 const void **srcs = malloc((size_t)c->n * sizeof(void *));
                 int rc = PS_ENOMEM;
                 if (out && srcs) {
+                    size_t k = 0; /* the contributors here, in rank order */
                     for (int i = 0; i < c->n; i++)
-                        srcs[i] = sl->in[i]->data;
-                    rc = hub_reduce(c, out->data, srcs, p.len / esize);
+                        if (sl->in[i])
+                            srcs[k++] = sl->in[i]->data;
+                    rc = hub_reduce(c, out->data, srcs, k, p.len / esize);
                 }
                 free(srcs);
                 pthread_mutex_lock(c->lock);
@@ -1322,7 +1369,7 @@ static void member_deposit(member_t *m)
                 }
                 sl->out = out;
             }
-            if (c->ring && !c->ring->pass)
+            if (c->ring && c->ring->mode != RING_PASS)
                 sl->partial = 1; /* the ring makes it the result */
             else
                 sl->computed = 1;
@@ -1913,23 +1960,33 @@ static int ring_plan(const ps__hub_t *h, const job_t *j, uint32_t group, ring_pl
     return 1;
 }
 
-/* Kinds whose steps each come from one rank and go to every agent: a ring
- * passes each step on whole, from its owner's agent round to the one before
- * it (ring_forwards). */
-static int ring_passes(int kind)
+/* How a ring of agents serves a kind (RING_SPLIT, _PASS, _ACC), or -1 when
+ * the kind always goes to the job's hub. */
+static int ring_mode(int kind)
 {
-    return kind == K_ALL_GATHER || kind == K_BROADCAST;
+    switch (kind) {
+    case K_ALL_REDUCE:
+        return RING_SPLIT;
+    case K_ALL_GATHER:
+    case K_BROADCAST:
+        return RING_PASS;
+    case K_REDUCE:
+    case K_REDUCE_SCATTER:
+        return RING_ACC;
+    default:
+        return -1;
+    }
 }
 
 /* An all_reduce ring moves a step in A pieces: its steps are A times
  * --step-bytes (up to a frame's limit), so that each piece is about a step
  * of the hub's. Fewer, larger messages: 64 MiB all_reduce over 4 agents on
  * loopback, every rank on shared memory, 0.36 GB/s busbw with 1 MiB steps
- * against 0.62 with 4 MiB (the hub: 0.65 and 0.54). A passing ring moves
+ * against 0.62 with 4 MiB (the hub: 0.65 and 0.54). The other modes move
  * steps whole: --step-bytes (0). */
 static size_t ring_step(const ps__hub_t *h, const ring_plan_t *plan, int kind)
 {
-    if (ring_passes(kind))
+    if (ring_mode(kind) != RING_SPLIT)
         return 0;
     uint64_t sb = (uint64_t)h->cfg->step_bytes * (uint64_t)plan->nagents;
     uint64_t max = PS_FRAME_MAX_DATA - 4096;
@@ -1937,12 +1994,12 @@ static size_t ring_step(const ps__hub_t *h, const ring_plan_t *plan, int kind)
 }
 
 /* Whether a collective of this header goes round a ring of agents (when
- * its group spans several): all_reduce, all_gather and broadcast of
- * --ring-min-bytes or more (per rank). */
+ * its group spans several): all_reduce, all_gather, broadcast, reduce and
+ * reduce_scatter of --ring-min-bytes or more (per rank). */
 static int ring_wanted(const ps__hub_t *h, const header_t *hd)
 {
     uint64_t esize = ps_dtype_size((ps_dtype_t)hd->dtype);
-    return h->cfg->ring && (hd->kind == K_ALL_REDUCE || ring_passes(hd->kind)) && esize &&
+    return h->cfg->ring && ring_mode(hd->kind) >= 0 && esize &&
            hd->count >= (h->cfg->ring_min_bytes + esize - 1) / esize;
 }
 
@@ -2018,21 +2075,21 @@ static void ring_piece(const coll_t *c, size_t step_len, int k, size_t *off, siz
     *len = (to - from) * esize;
 }
 
-/* Frames the link carries per step: all_reduce 2(A - 1) rounds, passing 1. */
+/* Frames a link carries per step: SPLIT 2(A - 1) rounds, the others 1. */
 static int ring_rounds(const coll_t *c)
 {
-    return c->ring->pass ? 1 : 2 * (c->ring->nagents - 1);
+    return ring_whole(c) ? 1 : 2 * (c->ring->nagents - 1);
 }
 
 /* Frames the link from the previous agent carries: every round of every
- * step; passing: the steps whose owner is another agent. */
+ * step (SPLIT); the steps that do not start here (PASS, ACC). */
 static uint64_t ring_frames_in(const coll_t *c)
 {
-    if (!c->ring->pass)
+    if (!ring_whole(c))
         return (uint64_t)c->nsteps * (uint64_t)ring_rounds(c);
     uint64_t k = 0;
     for (int64_t s = 0; s < c->nsteps; s++)
-        k += ring_owner(c, s) != c->ring->pos;
+        k += ring_takes(c, s);
     return k;
 }
 
@@ -2210,7 +2267,7 @@ static void *ring_send_main(void *arg)
         while (lo < c->nsteps) {
             slot_t *x = &c->slots[lo % c->window];
             if ((x->step == lo && x->sent == rounds) || (x->step != lo && x->last_done >= lo) ||
-                (rg->pass && !ring_forwards(c, lo)))
+                !ring_sends(c, lo))
                 lo++;
             else
                 break;
@@ -2240,8 +2297,10 @@ static void *ring_send_main(void *arg)
             r = x->sent;
             if (x->step != s || r >= rounds)
                 continue;
-            if (rg->pass ? x->computed && ring_forwards(c, s)
-                         : (r == 0 ? x->partial : x->rounds >= r))
+            int ready = rg->mode == RING_PASS  ? x->computed
+                        : rg->mode == RING_ACC ? (ring_takes(c, s) ? x->rounds == 1 : x->partial)
+                                               : (r == 0 ? x->partial : x->rounds >= r);
+            if (ready && ring_sends(c, s))
                 sl = x;
         }
         s--;
@@ -2273,7 +2332,7 @@ static void *ring_send_main(void *arg)
         rg->out_busy = 1;
         pthread_mutex_unlock(c->lock);
         size_t off = 0, len = sl->len;
-        if (!rg->pass)
+        if (!ring_whole(c))
             ring_piece(c, sl->len, ring_piece_of_round(rg, r, 0), &off, &len);
         grpc_byte_buffer *bb =
             ps__frame_encode(NULL, NULL, (uint64_t)s * (uint64_t)rounds + (uint64_t)r,
@@ -2348,7 +2407,8 @@ static int coll_ring_start(ps__hub_t *h, coll_t *c, const ring_plan_t *plan, int
     rg->pos = plan->pos;
     rg->group_size = group_size(c->job, c->group);
     rg->timeout_ms = timeout_ms;
-    if (ring_passes(c->kind)) {
+    rg->mode = ring_mode(c->kind);
+    if (rg->mode != RING_SPLIT) {
         /* Members are the whole group (coll_serves says which come here). */
         rg->agent_of = malloc((size_t)rg->group_size * sizeof(int));
         if (!rg->agent_of) {
@@ -2356,7 +2416,6 @@ static int coll_ring_start(ps__hub_t *h, coll_t *c, const ring_plan_t *plan, int
             return -1;
         }
         memcpy(rg->agent_of, plan->agent_of, (size_t)rg->group_size * sizeof(int));
-        rg->pass = 1;
     } else {
         for (int i = 0; i < c->n; i++)
             c->ranks[i] = plan->local[i];
@@ -2388,7 +2447,7 @@ static int coll_ring_start(ps__hub_t *h, coll_t *c, const ring_plan_t *plan, int
  * serves that rank. */
 static int coll_index(const coll_t *c, int rank)
 {
-    if (!c->ring || c->ring->pass)
+    if (!c->ring || ring_whole(c))
         return rank >= 0 && rank < c->n && coll_serves(c, rank) ? rank : -1;
     for (int i = 0; i < c->n; i++)
         if (c->ranks[i] == rank)
@@ -2488,7 +2547,7 @@ static void ring_pass_apply(coll_t *c)
             uint64_t tag = (*link)->f.meta->offset;
             int64_t s = tag < (uint64_t)c->nsteps ? (int64_t)tag : -1;
             slot_t *x = s >= 0 ? &c->slots[s % c->window] : NULL;
-            int own = s >= 0 && ring_owner(c, s) == rg->pos;
+            int own = s >= 0 && !ring_takes(c, s);
             if (s < 0 || own || x->step == s || x->last_done >= s)
                 coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
                           "%s (group %u, seq %" PRIu64 "): agent %s sent step %" PRIu64 " %s", pre,
@@ -2553,16 +2612,18 @@ static void *ring_apply_main(void *arg)
     int rounds = ring_rounds(c);
     size_t esize = ps_dtype_size((ps_dtype_t)c->dtype);
     const char *pre = kind_name(c->kind);
-    uint8_t *tmp = malloc(c->step_bytes / (size_t)rg->nagents + esize);
+    int acc = rg->mode == RING_ACC;
+    uint8_t *tmp = malloc(acc ? c->step_bytes : c->step_bytes / (size_t)rg->nagents + esize);
     pthread_mutex_lock(c->lock);
     if (!tmp)
         coll_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", pre);
     wait_arrivals(h, c, rg->timeout_ms);
-    if (rg->pass)
+    if (rg->mode == RING_PASS)
         ring_pass_apply(c);
     /* Pieces come in the order the previous agent could send them: take the
-     * first whose step is here with its partial and whose round is next. */
-    for (uint64_t left = rg->pass ? 0 : ring_frames_in(c); left > 0 && !c->failed;) {
+     * first whose step is here with its partial and whose round is next
+     * (ACC: a step, added to this agent's partial). */
+    for (uint64_t left = rg->mode == RING_PASS ? 0 : ring_frames_in(c); left > 0 && !c->failed;) {
         ring_frame_t *q = NULL, **link = &rg->q_head, *prev = NULL;
         slot_t *sl = NULL;
         int64_t s = 0;
@@ -2571,11 +2632,12 @@ static void *ring_apply_main(void *arg)
             uint64_t tag = (*link)->f.meta->offset;
             s = (int64_t)(tag / (uint64_t)rounds);
             r = (int)(tag % (uint64_t)rounds);
-            if (s >= c->nsteps) {
+            if (s >= c->nsteps || (acc && !ring_takes(c, s))) {
                 coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
                           "%s (group %u, seq %" PRIu64 "): agent %s sent a piece of step %" PRId64
-                          " of %" PRId64,
-                          pre, c->group, c->seq, rg->prev, s, c->nsteps);
+                          " of %" PRId64 "%s",
+                          pre, c->group, c->seq, rg->prev, s, c->nsteps,
+                          s < c->nsteps ? ", which starts here" : "");
                 break;
             }
             slot_t *x = &c->slots[s % c->window];
@@ -2595,8 +2657,13 @@ static void *ring_apply_main(void *arg)
             continue;
         }
         left--;
-        size_t off, len;
-        ring_piece(c, sl->len, ring_piece_of_round(rg, r, 1), &off, &len);
+        size_t off = 0, len = sl->len;
+        if (!acc)
+            ring_piece(c, sl->len, ring_piece_of_round(rg, r, 1), &off, &len);
+        /* SPLIT: the first A - 1 rounds add, the last of them completes the
+         * piece; ACC: the step is added, and complete where it ends. */
+        int adds = acc || r < rg->nagents - 1;
+        int completes = acc ? ring_ends(c, s) : r == rg->nagents - 2;
         int rc = 0;
         if (q->f.data_len != len) {
             coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
@@ -2607,10 +2674,10 @@ static void *ring_apply_main(void *arg)
             /* The slot cannot move on before this round is counted. */
             uint8_t *dst = sl->out->data + off;
             pthread_mutex_unlock(c->lock);
-            if (r < rg->nagents - 1) {
+            if (adds) {
                 ps__frame_copy_data(&q->f, 0, tmp, len);
                 rc = ps_reduce((ps_op_t)c->op, (ps_dtype_t)c->dtype, dst, tmp, len / esize);
-                if (rc == 0 && r == rg->nagents - 2 && c->op == PS_AVG)
+                if (rc == 0 && completes && c->op == PS_AVG)
                     rc = ps_reduce_scale((ps_dtype_t)c->dtype, dst, len / esize,
                                          (uint64_t)rg->group_size);
                 ps__metrics_reduced(PS_M_DEV_CPU, 2 * (uint64_t)len);
@@ -2623,7 +2690,7 @@ static void *ring_apply_main(void *arg)
                 coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT, "%s: reduction failed: %s", pre,
                           ps_strerror(rc));
             sl->rounds = r + 1;
-            if (r == rounds - 1)
+            if (acc ? completes : r == rounds - 1)
                 sl->computed = 1;
             pthread_cond_broadcast(&c->cond);
         }
@@ -2654,7 +2721,7 @@ void ps__hub_ring_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
         snprintf(msg, sizeof(msg), "paramsyncd is shutting down (SIGTERM)");
         goto done;
     }
-    if (hd->kind != K_ALL_REDUCE && !ring_passes(hd->kind)) {
+    if (ring_mode(hd->kind) < 0) {
         code = GRPC_STATUS_INVALID_ARGUMENT;
         snprintf(msg, sizeof(msg), "ring: %s is not served by a ring of agents",
                  kind_name(hd->kind));
@@ -2674,7 +2741,8 @@ void ps__hub_ring_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
         goto done;
     }
     int made;
-    if ((code = coll_get(h, j, hd, ring_passes(hd->kind) ? group_size(j, hd->group) : plan.nlocal,
+    if ((code = coll_get(h, j, hd,
+                         ring_mode(hd->kind) != RING_SPLIT ? group_size(j, hd->group) : plan.nlocal,
                          ring_step(h, &plan, hd->kind), &c, &made, msg, sizeof(msg))) != 0)
         goto done;
     if (made)
@@ -2876,7 +2944,7 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
         c = m->coll;
     } else {
         int ring = ring_wanted(h, hd) && ring_plan(h, j, hd->group, &plan), made;
-        if ((code = coll_get(h, j, hd, ring && !ring_passes(hd->kind) ? plan.nlocal : n,
+        if ((code = coll_get(h, j, hd, ring && ring_mode(hd->kind) == RING_SPLIT ? plan.nlocal : n,
                              ring ? ring_step(h, &plan, hd->kind) : 0, &c, &made, msg,
                              sizeof(msg))) != 0) {
             c = NULL;
