@@ -800,7 +800,8 @@ static int coll_nlocal(const coll_t *c)
 /* PASS, ACC: the position of the agent where step s starts going round
  * (PASS: its owner's, whose rank contributes it; ACC: the one after the
  * agent of the rank it is for) and of the agent where it ends (PASS: the
- * one before the owner's; ACC: that rank's). */
+ * agent of the rank it is for, or, when it is for every rank, the one
+ * before the owner's; ACC: that rank's). */
 static void ring_path(const coll_t *c, int64_t s, int *start, int *end)
 {
     step_plan_t p;
@@ -808,37 +809,49 @@ static void ring_path(const coll_t *c, int64_t s, int *start, int *end)
     int a = c->ring->nagents;
     if (c->ring->mode == RING_PASS) {
         *start = c->ring->agent_of[p.contrib_one];
-        *end = (*start + a - 1) % a;
+        *end = p.recv_one >= 0 ? c->ring->agent_of[p.recv_one] : (*start + a - 1) % a;
     } else {
         *end = c->ring->agent_of[p.recv_one];
         *start = (*end + 1) % a;
     }
 }
 
+/* Where step s is at this agent: RING_AT_START, _MID or _END of its path
+ * (one agent: start and end), or 0 when the step does not come here (an
+ * all_to_all block between two other agents). SPLIT: every step, midway. */
+enum { RING_AT_START = 1, RING_AT_MID = 2, RING_AT_END = 4 };
+
+static int ring_at(const coll_t *c, int64_t s)
+{
+    if (c->ring->mode == RING_SPLIT)
+        return RING_AT_MID;
+    int start, end, a = c->ring->nagents, pos = c->ring->pos;
+    ring_path(c, s, &start, &end);
+    int d = (pos - start + a) % a, last = (end - start + a) % a;
+    if (d > last)
+        return 0;
+    return (d == 0 ? RING_AT_START : 0) | (d == last ? RING_AT_END : 0) |
+           (d > 0 && d < last ? RING_AT_MID : 0);
+}
+
 /* Whether this agent sends step s (or its pieces) to the next agent. */
 static int ring_sends(const coll_t *c, int64_t s)
 {
-    if (c->ring->mode == RING_SPLIT)
-        return 1;
-    int start, end;
-    ring_path(c, s, &start, &end);
-    return end != c->ring->pos;
+    int at = ring_at(c, s);
+    return at && !(at & RING_AT_END);
 }
 
 /* Whether this agent receives step s (or its pieces) from the previous one. */
 static int ring_takes(const coll_t *c, int64_t s)
 {
-    if (c->ring->mode == RING_SPLIT)
-        return 1;
-    int start, end;
-    ring_path(c, s, &start, &end);
-    return start != c->ring->pos;
+    int at = ring_at(c, s);
+    return at && !(at & RING_AT_START);
 }
 
 /* ACC: whether step s ends here, with the rank it is for. */
 static int ring_ends(const coll_t *c, int64_t s)
 {
-    return !ring_sends(c, s);
+    return (ring_at(c, s) & RING_AT_END) != 0;
 }
 
 /* The receivers of a step at this agent; in a ring, the sender to the next
@@ -1121,6 +1134,18 @@ static void coll_widen(const ps__hub_t *h, coll_t *c)
     }
 }
 
+/* The step that used the slot of step s before it: s - window; in a ring
+ * whose steps do not all come to this agent (all_to_all), the last earlier
+ * one that does; when there is none, the slot's initial last_done. */
+static int64_t slot_prev_step(const coll_t *c, int64_t s)
+{
+    int64_t p = s - c->window;
+    if (ring_whole(c))
+        while (p >= 0 && !ring_at(c, p))
+            p -= c->window;
+    return p >= 0 ? p : s % c->window - c->window;
+}
+
 /* Claims the slot of step s when the step `window` earlier has been
  * consumed: 1 when claimed (or already), 0 when not yet free, -1 when out of
  * memory (the collective failed). Lock held. */
@@ -1129,7 +1154,7 @@ static int slot_take(coll_t *c, int64_t s)
     slot_t *sl = &c->slots[s % c->window];
     if (sl->step == s)
         return 1;
-    if (sl->step != -1 || sl->last_done != s - c->window)
+    if (sl->step != -1 || sl->last_done != slot_prev_step(c, s))
         return 0;
     step_plan_t p;
     plan_step(c, s, &p);
@@ -1779,6 +1804,13 @@ static void check_missing_alive(ps__hub_t *h, coll_t *c)
     for (int i = 0; i < nall && !c->failed; i++) {
         if (!c->ring && c->members[i])
             continue;
+        /* PASS, ACC: once the previous agent's link came, every agent has
+         * the collective (each opens its link as soon as it has it) and
+         * watches its own ranks, and another agent's rank may be done with
+         * it and gone (a broadcast's root) while ranks here still come.
+         * Before, none can be done: no agent agrees without this link. */
+        if (ring_whole(c) && c->ring->in_seen && !coll_serves(c, i))
+            continue;
         int grank = c->ring ? i : c->ranks[i];
         int jr = job_rank(&info, c->group, grank);
         int alive = 0;
@@ -1969,6 +2001,7 @@ static int ring_mode(int kind)
         return RING_SPLIT;
     case K_ALL_GATHER:
     case K_BROADCAST:
+    case K_ALL_TO_ALL:
         return RING_PASS;
     case K_REDUCE:
     case K_REDUCE_SCATTER:
@@ -2553,9 +2586,10 @@ static void ring_pass_apply(coll_t *c)
                           "%s (group %u, seq %" PRIu64 "): agent %s sent step %" PRIu64 " %s", pre,
                           c->group, c->seq, rg->prev, tag,
                           s < 0 ? "past the collective's end"
-                          : own ? "of a rank on this agent"
+                          : own ? "that does not come from it"
                                 : "twice");
-            else if ((best < 0 || s < best) && x->step == -1 && x->last_done == s - c->window) {
+            else if ((best < 0 || s < best) && x->step == -1 &&
+                     x->last_done == slot_prev_step(c, s)) {
                 best = s;
                 take = link;
                 before = prev;

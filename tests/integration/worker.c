@@ -1484,6 +1484,20 @@ static int sc_mismatch(ctx_t *cx)
     return ps_barrier(comm, NULL);
 }
 
+/* Ranks may leave as soon as their part is done. With --ring on the ranks
+ * on other agents than rank 0's finish a broadcast (their data on its way)
+ * and a reduce to rank 0, then leave, while rank 0 has not called yet; rank
+ * 0, 2.5 s late (past its agent's liveness checks), still gets every byte
+ * and no error. At the hub the others wait for it. */
+static int sc_early_exit(ctx_t *cx)
+{
+    if (cx->rank == 0)
+        sleep_ms(2500);
+    TRY(run_case(cx, K_BROADCAST, PS_FLOAT32, PS_SUM, 300000, 1 % cx->size, NULL, 0));
+    TRY(run_case(cx, K_REDUCE, PS_INT32, PS_SUM, 300000, 0, NULL, 0));
+    return 0;
+}
+
 /* A payload over the daemon's --max-tensor-bytes (1 MiB in this test) fails
  * with PS_ENOMEM on every rank, and smaller ones still work. */
 static int sc_too_big(ctx_t *cx)
@@ -1867,6 +1881,7 @@ static const scenario_t scenarios[] = {
     {"mismatch", sc_mismatch, 1, 0},
     {"too_big", sc_too_big, 1, 0},
     {"smoke", sc_smoke, 1, 0},
+    {"early_exit", sc_early_exit, 1, 0},
     {"peer_timeout", sc_peer_timeout, 1, 2000},
     {"member_lost", sc_member_lost, 1, 0},
     {"sigterm", sc_sigterm, 1, 0},
