@@ -575,6 +575,17 @@ static job_t *job_get(ps__hub_t *h, const header_t *hd, int *code, char *msg, si
         pthread_mutex_unlock(&h->lock);
         int rc = h->lookup(h->lookup_arg, hd->job, &info, &err);
         pthread_mutex_lock(&h->lock);
+        if (h->stopping) {
+            /* ps__hub_drain ran while the lock was down: it failed the
+             * collectives in flight then, and none may begin after it. A
+             * doorbell's (a local call: the server's shutdown cannot cancel
+             * it) would wait out its timeout, and ps__hub_destroy with it. */
+            ps__job_info_clear(&info);
+            free(err);
+            *code = GRPC_STATUS_UNAVAILABLE;
+            snprintf(msg, msglen, "paramsyncd is shutting down (SIGTERM)");
+            return NULL;
+        }
         if (rc < 0) {
             *code = -rc;
             snprintf(msg, msglen, "%s: %s", kind_name(hd->kind), err ? err : ps_strerror(rc));
