@@ -22,6 +22,12 @@ typedef struct peer_channel {
     struct peer_channel *next;
 } peer_channel_t;
 
+/* A worker's unary call being forwarded to the coordinator (forward_unary). */
+typedef struct forward {
+    ps__rpc_call_t *up;
+    struct forward *next;
+} forward_t;
+
 typedef struct job_route {
     char *job;
     uint64_t incarnation;
@@ -43,6 +49,8 @@ struct ps__agent {
     int health_running;
     int stopping;
     pthread_cond_t stop_cond;
+    int draining;        /* SIGTERM: nothing more is forwarded to the coordinator */
+    forward_t *forwards; /* in flight; ps__agent_drain cancels them */
 };
 
 /* Control calls to the coordinator are short; a coordinator that does not
@@ -152,15 +160,39 @@ static void forward_unary(ps__agent_t *a, ps__rpc_call_t *down, const char *meth
     int have_auth = ps__rpc_call_metadata(down, "authorization", auth, sizeof(auth)) == 0;
     int rc = ps__rpc_call_start_auth(a->coord, method, CONTROL_TIMEOUT_MS, have_auth ? auth : NULL,
                                      a->self, &up);
+    /* The server's shutdown waits for this handler but cannot end `up`, a
+     * call of ours: the drain does (embedded, `up` goes to a server that is
+     * stopping and may hang until its deadline). */
+    forward_t fw = {up, NULL};
+    int refused = 0, cut = 0;
     if (rc == 0) {
+        pthread_mutex_lock(&a->lock);
+        if (!(refused = a->draining)) {
+            fw.next = a->forwards;
+            a->forwards = &fw;
+        }
+        pthread_mutex_unlock(&a->lock);
+    }
+    if (rc == 0 && !refused) {
         ps__rpc_call_send(up, req);
         ps__rpc_call_close_send(up);
         ps__rpc_call_recv(up, &resp);
         rc = ps__rpc_call_finish(up, &msg);
+        pthread_mutex_lock(&a->lock);
+        for (forward_t **p = &a->forwards; *p; p = &(*p)->next)
+            if (*p == &fw) {
+                *p = fw.next;
+                break;
+            }
+        cut = rc != 0 && a->draining;
+        pthread_mutex_unlock(&a->lock);
     }
     if (rc == 0 && resp)
         ps__rpc_call_send(down, resp);
-    if (rc == -GRPC_STATUS_UNAVAILABLE || rc == -GRPC_STATUS_DEADLINE_EXCEEDED) {
+    if (refused || cut) {
+        ps__rpc_call_send_status(down, GRPC_STATUS_UNAVAILABLE,
+                                 "paramsyncd is shutting down (SIGTERM)");
+    } else if (rc == -GRPC_STATUS_UNAVAILABLE || rc == -GRPC_STATUS_DEADLINE_EXCEEDED) {
         char m[512];
         snprintf(m, sizeof(m), "the coordinator at %s did not answer: %s",
                  ps__rpc_channel_target(a->coord), msg ? msg : ps_strerror(rc));
@@ -849,8 +881,15 @@ ps__hub_t *ps__agent_hub(ps__agent_t *a)
 
 void ps__agent_drain(ps__agent_t *a)
 {
-    if (a)
-        ps__hub_drain(a->hub);
+    if (!a)
+        return;
+    pthread_mutex_lock(&a->lock);
+    a->draining = 1;
+    for (forward_t *f = a->forwards; f; f = f->next)
+        ps__rpc_call_cancel(f->up, GRPC_STATUS_UNAVAILABLE,
+                            "paramsyncd is shutting down (SIGTERM)");
+    pthread_mutex_unlock(&a->lock);
+    ps__hub_drain(a->hub);
 }
 
 int ps__agent_status(ps__agent_t *a, const char *job, Paramsync__V1__StatusResponse *resp)

@@ -78,7 +78,8 @@ int ps__agent_create(const ps__config_t *cfg, ps__rpc_server_t *srv, const char 
                      const char *coordinator, ps__agent_t **out);
 void ps__agent_destroy(ps__agent_t *a);
 
-/** Drains the agent's hub (ps__hub_drain). */
+/** Ends the calls the agent forwards to the coordinator, refuses new ones,
+ * and drains its hub (ps__hub_drain). */
 void ps__agent_drain(ps__agent_t *a);
 
 /** Adds the collectives in flight on this agent's hub to resp (as
