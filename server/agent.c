@@ -22,7 +22,9 @@ typedef struct peer_channel {
     struct peer_channel *next;
 } peer_channel_t;
 
-/* A worker's unary call being forwarded to the coordinator (forward_unary). */
+/* A call this agent makes for a worker: a unary call forwarded to the
+ * coordinator (forward_unary) or a collective forwarded to another agent's
+ * hub (collective_proxy, collective_proxy_shm). */
 typedef struct forward {
     ps__rpc_call_t *up;
     struct forward *next;
@@ -49,7 +51,7 @@ struct ps__agent {
     int health_running;
     int stopping;
     pthread_cond_t stop_cond;
-    int draining;        /* SIGTERM: nothing more is forwarded to the coordinator */
+    int draining;        /* SIGTERM: nothing more is forwarded */
     forward_t *forwards; /* in flight; ps__agent_drain cancels them */
 };
 
@@ -131,6 +133,42 @@ static ps__rpc_channel_t *peer_channel(ps__agent_t *a, const char *address)
 
 static int auth_check(ps__agent_t *a, ps__rpc_call_t *call, const char *job);
 
+#define DRAINING_MSG "paramsyncd is shutting down (SIGTERM)"
+
+/* Lists fw->up among the calls SIGTERM's drain cancels, or, if the drain has
+ * begun, cancels it as the drain would and returns 1. The server's shutdown
+ * waits for our handlers but cannot end calls of ours: embedded, `up` may go
+ * to a server that is stopping too, and a doorbell's request has no server
+ * call to be cancelled at all. */
+static int forward_track(ps__agent_t *a, forward_t *fw)
+{
+    pthread_mutex_lock(&a->lock);
+    int refused = a->draining;
+    if (refused) {
+        ps__rpc_call_cancel(fw->up, GRPC_STATUS_UNAVAILABLE, DRAINING_MSG);
+    } else {
+        fw->next = a->forwards;
+        a->forwards = fw;
+    }
+    pthread_mutex_unlock(&a->lock);
+    return refused;
+}
+
+/* Takes fw off the list (before its call is destroyed); 1 if the drain has
+ * begun, so a failed call was most likely cut by it. */
+static int forward_untrack(ps__agent_t *a, forward_t *fw)
+{
+    pthread_mutex_lock(&a->lock);
+    for (forward_t **p = &a->forwards; *p; p = &(*p)->next)
+        if (*p == fw) {
+            *p = fw->next;
+            break;
+        }
+    int draining = a->draining;
+    pthread_mutex_unlock(&a->lock);
+    return draining;
+}
+
 /* Serves a unary call by forwarding it, bytes untouched, to the coordinator,
  * once the caller has shown the token of the request's job. */
 static void forward_unary(ps__agent_t *a, ps__rpc_call_t *down, const char *method,
@@ -160,38 +198,19 @@ static void forward_unary(ps__agent_t *a, ps__rpc_call_t *down, const char *meth
     int have_auth = ps__rpc_call_metadata(down, "authorization", auth, sizeof(auth)) == 0;
     int rc = ps__rpc_call_start_auth(a->coord, method, CONTROL_TIMEOUT_MS, have_auth ? auth : NULL,
                                      a->self, &up);
-    /* The server's shutdown waits for this handler but cannot end `up`, a
-     * call of ours: the drain does (embedded, `up` goes to a server that is
-     * stopping and may hang until its deadline). */
     forward_t fw = {up, NULL};
-    int refused = 0, cut = 0;
-    if (rc == 0) {
-        pthread_mutex_lock(&a->lock);
-        if (!(refused = a->draining)) {
-            fw.next = a->forwards;
-            a->forwards = &fw;
-        }
-        pthread_mutex_unlock(&a->lock);
-    }
+    int refused = rc == 0 && forward_track(a, &fw), cut = 0;
     if (rc == 0 && !refused) {
         ps__rpc_call_send(up, req);
         ps__rpc_call_close_send(up);
         ps__rpc_call_recv(up, &resp);
         rc = ps__rpc_call_finish(up, &msg);
-        pthread_mutex_lock(&a->lock);
-        for (forward_t **p = &a->forwards; *p; p = &(*p)->next)
-            if (*p == &fw) {
-                *p = fw.next;
-                break;
-            }
-        cut = rc != 0 && a->draining;
-        pthread_mutex_unlock(&a->lock);
+        cut = forward_untrack(a, &fw) && rc != 0;
     }
     if (rc == 0 && resp)
         ps__rpc_call_send(down, resp);
     if (refused || cut) {
-        ps__rpc_call_send_status(down, GRPC_STATUS_UNAVAILABLE,
-                                 "paramsyncd is shutting down (SIGTERM)");
+        ps__rpc_call_send_status(down, GRPC_STATUS_UNAVAILABLE, DRAINING_MSG);
     } else if (rc == -GRPC_STATUS_UNAVAILABLE || rc == -GRPC_STATUS_DEADLINE_EXCEEDED) {
         char m[512];
         snprintf(m, sizeof(m), "the coordinator at %s did not answer: %s",
@@ -497,15 +516,17 @@ static void worker_new_group(ps__rpc_call_t *call, void *arg)
 
 /* Starts the forwarded Collective call to the hub agent, with the worker's
  * token: 0 or a negative error. */
-static int hub_call_start(ps__agent_t *a, ps__rpc_call_t *down, const char *hub,
-                          ps__rpc_call_t **up)
+static int hub_call_start(ps__agent_t *a, ps__rpc_call_t *down, const char *hub, forward_t *fw)
 {
     ps__rpc_channel_t *ch = peer_channel(a, hub);
     char auth[600];
     int have_auth = ps__rpc_call_metadata(down, "authorization", auth, sizeof(auth)) == 0;
-    return ch ? ps__rpc_call_start_auth(ch, PS_M_WORKER_COLLECTIVE, 0, have_auth ? auth : NULL,
-                                        a->self, up)
-              : PS_ENOMEM;
+    int rc = ch ? ps__rpc_call_start_auth(ch, PS_M_WORKER_COLLECTIVE, 0, have_auth ? auth : NULL,
+                                          a->self, &fw->up)
+                : PS_ENOMEM;
+    if (rc == 0)
+        forward_track(a, fw); /* when draining, cancelled: its sends fail */
+    return rc;
 }
 
 /* The shared-memory side of a forwarded collective (collective_proxy_shm). */
@@ -556,8 +577,9 @@ static void collective_proxy_shm(ps__agent_t *a, ps__rpc_call_t *down,
         ps__rpc_call_send_status(down, code, m);
         return;
     }
-    ps__rpc_call_t *up = NULL;
-    int rc = hub_call_start(a, down, hub, &up);
+    forward_t fw = {NULL, NULL};
+    int rc = hub_call_start(a, down, hub, &fw);
+    ps__rpc_call_t *up = fw.up;
     shm_feed_t feed = {down, up, &io, 0, hd->chunk_bytes ? hd->chunk_bytes : 1u << 20};
     if (rc == 0) {
         Paramsync__V1__CollectiveHeader fwd = *hd;
@@ -595,10 +617,13 @@ static void collective_proxy_shm(ps__agent_t *a, ps__rpc_call_t *down,
         grpc_byte_buffer_destroy(bb);
     }
     char *msg = NULL;
+    int cut = 0; /* by the drain */
     if (bad || here)
         ps__rpc_call_cancel(up, GRPC_STATUS_INTERNAL, bad ? bad : here);
-    if (up)
+    if (up) {
         rc = ps__rpc_call_finish(up, &msg);
+        cut = forward_untrack(a, &fw) && rc != 0;
+    }
     if (!here && ps__hub_shm_io_broken(&io))
         here = "the worker's shared-memory segment shrank while the agent used it (truncated?): "
                "its data is lost";
@@ -616,6 +641,8 @@ static void collective_proxy_shm(ps__agent_t *a, ps__rpc_call_t *down,
     } else if (bad) {
         snprintf(m, sizeof(m), "the agent hosting this job at %s sent %s", hub, bad);
         ps__rpc_call_send_status(down, GRPC_STATUS_INTERNAL, m);
+    } else if (cut) {
+        ps__rpc_call_send_status(down, GRPC_STATUS_UNAVAILABLE, DRAINING_MSG);
     } else if (rc == -GRPC_STATUS_UNAVAILABLE || !up) {
         snprintf(m, sizeof(m), "the agent hosting this job at %s is unreachable: %s", hub,
                  msg ? msg : ps_strerror(rc));
@@ -636,10 +663,11 @@ static void collective_proxy_shm(ps__agent_t *a, ps__rpc_call_t *down,
 static void collective_proxy(ps__agent_t *a, ps__rpc_call_t *down, grpc_byte_buffer *first,
                              const char *hub)
 {
-    ps__rpc_call_t *up = NULL;
+    forward_t fw = {NULL, NULL};
     char *msg = NULL;
     pthread_t t;
-    int rc = hub_call_start(a, down, hub, &up);
+    int rc = hub_call_start(a, down, hub, &fw);
+    ps__rpc_call_t *up = fw.up;
     if (rc == 0) {
         count_frame(first, 1); /* before the send, which empties the buffer */
         rc = ps__rpc_call_send(up, first);
@@ -660,7 +688,9 @@ static void collective_proxy(ps__agent_t *a, ps__rpc_call_t *down, grpc_byte_buf
     }
     if (up) {
         rc = ps__rpc_call_finish(up, &msg);
-        if (rc == -GRPC_STATUS_UNAVAILABLE) {
+        if (forward_untrack(a, &fw) && rc != 0) {
+            ps__rpc_call_send_status(down, GRPC_STATUS_UNAVAILABLE, DRAINING_MSG);
+        } else if (rc == -GRPC_STATUS_UNAVAILABLE) {
             char m[512];
             snprintf(m, sizeof(m), "the agent hosting this job at %s is unreachable: %s", hub,
                      msg ? msg : "");
@@ -886,8 +916,7 @@ void ps__agent_drain(ps__agent_t *a)
     pthread_mutex_lock(&a->lock);
     a->draining = 1;
     for (forward_t *f = a->forwards; f; f = f->next)
-        ps__rpc_call_cancel(f->up, GRPC_STATUS_UNAVAILABLE,
-                            "paramsyncd is shutting down (SIGTERM)");
+        ps__rpc_call_cancel(f->up, GRPC_STATUS_UNAVAILABLE, DRAINING_MSG);
     pthread_mutex_unlock(&a->lock);
     ps__hub_drain(a->hub);
 }

@@ -2,8 +2,16 @@
 """SIGTERM with calls in flight: the daemon exits 0, promptly, and every call in
 flight (a collective waiting for a rank, a 64 MiB collective mid-transfer, the
 Join streams) ends with UNAVAILABLE.
+
+Also an agent that does not host the job, with a worker's small collective on
+its doorbell forwarded to the hub agent (the C client, through paramsync-bench):
+that request has no server call the shutdown could cancel, so the drain must
+end the forwarded call itself. The worker is told the agent is stopping ("shutting
+down" in the call's status, or "stopping" if the doorbell closes first), not
+that its peer was lost, and the agent exits promptly.
 """
 import os
+import subprocess
 import sys
 import time
 
@@ -60,7 +68,69 @@ def main():
              {0: {"steps": [big, END]},
               1: {"steps": [dict(big, slow_s=0.05, announce_after=8 << 20), END]}},
              transferring)
+
+        doorbell_forwarded(cl, binary, work)
     P.done()
+
+
+def waiting_at(daemon, job):
+    """Whether daemon (an agent) has a collective of job in flight."""
+    conn = P.Conn(daemon.addr)
+    try:
+        return len(conn.status(job).collectives) > 0
+    except P.grpc.RpcError:
+        return False
+    finally:
+        conn.close()
+
+
+def doorbell_forwarded(cl, binary, work):
+    if "--bench" not in sys.argv:
+        P.log("doorbell-forwarded: SKIPPED (no --bench PATH to paramsync-bench)")
+        return
+    bench = sys.argv[sys.argv.index("--bench") + 1]
+    name = "doorbell-forwarded"
+    coord, (hub, other) = P.cluster(cl, binary, work, 2, common=["--liveness-timeout-ms", "2000"],
+                                    tag="-" + name)
+    P.wait_registered(P.Conn(coord.addr), [hub.addr, other.addr])
+    # Rank 0 joins through `hub` (so it hosts the job) and never calls a collective.
+    r0 = cl.add(P.WorkerProc({"addr": hub.addr, "job": name, "world": 2, "rank": 0,
+                              "steps": [{"do": "sleep", "s": 60}]}))
+    env = dict(os.environ, RANK="1", WORLD_SIZE="2", PARAMSYNC_JOB=name,
+               PARAMSYNC_ADDR=other.addr, PARAMSYNC_SHM="1")
+    out = open(os.path.join(work, name + "-bench.log"), "w+")
+    r1 = subprocess.Popen([bench, "-t", "barrier", "-w", "1", "-n", "1"], env=env,
+                          stdout=out, stderr=subprocess.STDOUT)
+    try:
+        P.check(r0.wait("ready", 30) is not None, r0.describe())
+        # The first barrier waits at the hub for rank 0: wait until the hub has it.
+        end = time.monotonic() + 15
+        while not waiting_at(hub, name):
+            P.check(time.monotonic() < end and r1.poll() is None,
+                    "%s: rank 1's barrier never reached the hub (paramsync-bench: %s)"
+                    % (name, r1.poll()))
+            time.sleep(0.1)
+        t = time.monotonic()
+        rc = other.stop(timeout=EXIT_S + 3)
+        dt = time.monotonic() - t
+        P.log("%s: SIGTERM -> exit status %s after %.2fs" % (name, rc, dt))
+        P.expect(rc == 0 and dt <= EXIT_S, "%s: the agent exited %s after %.2fs, want 0 "
+                 "within %.0fs; its log:\n%s" % (name, rc, dt, EXIT_S, other.log_text()[-2000:]))
+        try:
+            brc = r1.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            r1.kill()
+            brc = "still waiting 10s later"
+        out.seek(0)
+        text = out.read()
+        P.log("%s: paramsync-bench exited %s: %s" % (name, brc, text.strip()[-300:]))
+        P.expect(brc == 1 and ("shutting down" in text or "it is stopping" in text),
+                 "%s: rank 1's barrier on the doorbell should fail saying the agent is "
+                 "stopping; paramsync-bench exited %s and said:\n%s" % (name, brc, text))
+    finally:
+        if r1.poll() is None:
+            r1.kill()
+            r1.wait()
 
 
 if __name__ == "__main__":
