@@ -330,6 +330,7 @@ typedef struct ring {
     int nagents, pos;              /* agents in the ring, this one's position */
     int group_size;                /* ranks in the group (AVG divides by it) */
     char *next, *prev;             /* the next and previous agents' addresses */
+    char *next_who, *prev_who;     /* the same with their ranks, for messages (ring_who) */
     ps__rpc_call_t *in, *out;      /* the links from prev and to next, while open */
     int in_seen;                   /* the link from prev has arrived (it may be gone now) */
     int out_busy;                  /* the sender is in a send or finish: cancel `out` to fail */
@@ -1062,6 +1063,8 @@ static void coll_free(coll_t *c)
         }
         free(c->ring->next);
         free(c->ring->prev);
+        free(c->ring->next_who);
+        free(c->ring->prev_who);
         free(c->ring->agent_of);
         free(c->ring);
     }
@@ -2227,7 +2230,7 @@ static void ring_link_failed(coll_t *c, int rc, const char *msg)
     else if (rc < 0)
         coll_fail(c, rc == -GRPC_STATUS_UNAVAILABLE ? GRPC_STATUS_UNAVAILABLE : -rc,
                   "%s (group %u, seq %" PRIu64 "): the link to agent %s broke: %s",
-                  kind_name(c->kind), c->group, c->seq, c->ring->next,
+                  kind_name(c->kind), c->group, c->seq, c->ring->next_who,
                   msg && *msg ? msg : ps_strerror(rc));
 }
 
@@ -2295,7 +2298,7 @@ static void *ring_send_main(void *arg)
     if (rc < 0 && !out)
         coll_fail(c, GRPC_STATUS_UNAVAILABLE,
                   "%s (group %u, seq %" PRIu64 "): cannot reach agent %s, the next in the ring: %s",
-                  kind_name(c->kind), c->group, c->seq, rg->next, ps_strerror(rc));
+                  kind_name(c->kind), c->group, c->seq, rg->next_who, ps_strerror(rc));
     int64_t start = ps__now_ms(), checked = start;
     int rounds = ring_rounds(c), broke = rc < 0;
     /* A passing ring that sends nothing (or no more) still keeps the
@@ -2431,6 +2434,33 @@ static void *ring_send_main(void *arg)
 
 static void *ring_apply_main(void *arg);
 
+/* "ADDR (rank 2, rank 3)": the agent at ring position pos with the job ranks
+ * it serves (the first few), so that a broken link names the ranks lost with
+ * it. Lock held; NULL when out of memory. */
+static char *ring_who(const job_t *j, uint32_t group, const ring_plan_t *plan, int pos,
+                      const char *addr)
+{
+    char buf[512];
+    int n = group_size(j, group), shown = 0, more = 0;
+    size_t len = (size_t)snprintf(buf, sizeof(buf), "%s (", addr);
+    for (int g = 0; g < n && len < sizeof(buf); g++) {
+        if (plan->agent_of[g] != pos)
+            continue;
+        if (shown == 4) {
+            more++;
+            continue;
+        }
+        len += (size_t)snprintf(buf + len, sizeof(buf) - len, "%srank %d", shown ? ", " : "",
+                                job_rank(&j->info, group, g));
+        shown++;
+    }
+    if (len < sizeof(buf) && more)
+        len += (size_t)snprintf(buf + len, sizeof(buf) - len, " and %d more", more);
+    if (len < sizeof(buf))
+        snprintf(buf + len, sizeof(buf) - len, ")");
+    return strdup(buf);
+}
+
 /* Makes c a ring collective and starts its link to the next agent. Lock held.
  * 0, or -1 with the collective failed. */
 static int coll_ring_start(ps__hub_t *h, coll_t *c, const ring_plan_t *plan, int64_t timeout_ms)
@@ -2439,10 +2469,14 @@ static int coll_ring_start(ps__hub_t *h, coll_t *c, const ring_plan_t *plan, int
     if (rg) {
         rg->next = strdup(plan->next);
         rg->prev = strdup(plan->prev);
+        rg->next_who =
+            ring_who(c->job, c->group, plan, (plan->pos + 1) % plan->nagents, plan->next);
+        rg->prev_who = ring_who(c->job, c->group, plan,
+                                (plan->pos + plan->nagents - 1) % plan->nagents, plan->prev);
         rg->nlocal = plan->nlocal;
     }
     c->ring = rg;
-    if (!rg || !rg->next || !rg->prev) {
+    if (!rg || !rg->next || !rg->prev || !rg->next_who || !rg->prev_who) {
         coll_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", kind_name(c->kind));
         return -1;
     }
@@ -2538,7 +2572,7 @@ static void ring_receive(coll_t *c, ps__rpc_call_t *call)
             coll_fail(c, GRPC_STATUS_ABORTED,
                       "%s (group %u, seq %" PRIu64 "): the link from agent %s %s (it failed, "
                       "or died)",
-                      pre, c->group, c->seq, rg->prev, rc < 0 ? "broke" : "ended early");
+                      pre, c->group, c->seq, rg->prev_who, rc < 0 ? "broke" : "ended early");
         } else if (rc == 0 && bb && !res && ring_agrees(c) && q->f.meta->offset > PS_RING_TOKEN &&
                    !q->f.meta->header) {
             int t = (int)(q->f.meta->offset - PS_RING_TOKEN);
