@@ -29,11 +29,18 @@ typedef struct ps__config {
     int max_groups;              /* groups per job */
     uint64_t max_inflight_bytes; /* hub memory for collectives in flight */
     int reduce_cuda;             /* reductions on the GPU (--reduce-device) */
-    int ring;                    /* multi-agent collectives over a ring of agents (--ring) */
+    int ring;                    /* PS_RING_OFF, _ON or _AUTO (--ring) */
     uint64_t ring_min_bytes;     /* smaller ones go to the hub (--ring-min-bytes) */
     uint64_t
         shm_resident_bytes; /* larger collectives let go of segment pages (--shm-resident-bytes) */
 } ps__config_t;
+
+/* --ring: which multi-agent collectives go round a ring of agents. */
+enum { PS_RING_OFF, PS_RING_ON, PS_RING_AUTO };
+/* --ring auto: an all_reduce goes round the ring when its group has this many
+ * ranks per agent (on average), any size; from 2 per agent at
+ * --ring-min-bytes. Measured in docs/PERFORMANCE.md ("--ring auto"). */
+#define PS_RING_AUTO_RANKS 8
 
 /* Method names. */
 #define PS_M_WORKER_JOIN        "/paramsync.v1.Worker/Join"

@@ -2040,14 +2040,37 @@ static size_t ring_step(const ps__hub_t *h, const ring_plan_t *plan, int kind)
     return (size_t)(sb < max ? sb : max);
 }
 
-/* Whether a collective of this header goes round a ring of agents (when
- * its group spans several): all_reduce, all_gather, broadcast, reduce and
- * reduce_scatter of --ring-min-bytes or more (per rank). */
+/* Whether a collective of this header may go round a ring of agents (when
+ * its group spans several): with --ring on, all_reduce, all_gather,
+ * broadcast, reduce, reduce_scatter and all_to_all of --ring-min-bytes or
+ * more (per rank); with --ring auto, all_reduce (ring_use decides). */
 static int ring_wanted(const ps__hub_t *h, const header_t *hd)
 {
     uint64_t esize = ps_dtype_size((ps_dtype_t)hd->dtype);
-    return h->cfg->ring && ring_mode(hd->kind) >= 0 && esize &&
+    if (h->cfg->ring == PS_RING_AUTO)
+        return hd->kind == K_ALL_REDUCE && esize;
+    return h->cfg->ring == PS_RING_ON && ring_mode(hd->kind) >= 0 && esize &&
            hd->count >= (h->cfg->ring_min_bytes + esize - 1) / esize;
+}
+
+/* Whether the collective goes round the ring of agents, with *plan made
+ * (ring_plan_clear after) if so. --ring auto takes the ring where its
+ * hierarchy pays (each agent reduces its ranks first, where the hub takes
+ * every rank's tensor): PS_RING_AUTO_RANKS ranks per agent at any size,
+ * 2 from --ring-min-bytes. With one rank per agent the hub was as fast or
+ * faster here. Lock held. */
+static int ring_use(const ps__hub_t *h, const job_t *j, const header_t *hd, ring_plan_t *plan)
+{
+    if (!ring_wanted(h, hd) || !ring_plan(h, j, hd->group, plan))
+        return 0;
+    if (h->cfg->ring != PS_RING_AUTO)
+        return 1;
+    uint64_t n = (uint64_t)group_size(j, hd->group), a = (uint64_t)plan->nagents;
+    uint64_t bytes = hd->count * ps_dtype_size((ps_dtype_t)hd->dtype);
+    if (n >= PS_RING_AUTO_RANKS * a || (n >= 2 * a && bytes >= h->cfg->ring_min_bytes))
+        return 1;
+    ring_plan_clear(plan);
+    return 0;
 }
 
 int ps__hub_is_ring(ps__hub_t *h, const header_t *hd)
@@ -2059,7 +2082,7 @@ int ps__hub_is_ring(ps__hub_t *h, const header_t *hd)
     pthread_mutex_lock(&h->lock);
     job_t *j = h->stopping ? NULL : job_get(h, hd, &code, msg, sizeof(msg));
     ring_plan_t plan;
-    if (j && ring_plan(h, j, hd->group, &plan)) {
+    if (j && ring_use(h, j, hd, &plan)) {
         for (int i = 0; i < plan.nlocal; i++)
             ring |= plan.local[i] == hd->rank;
         ring_plan_clear(&plan);
@@ -2808,8 +2831,7 @@ void ps__hub_ring_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
     }
     if (!(j = job_get(h, hd, &code, msg, sizeof(msg))))
         goto done;
-    if (!ring_wanted(h, hd) || !ring_plan(h, j, hd->group, &plan) ||
-        hd->rank != (plan.pos + plan.nagents - 1) % plan.nagents) {
+    if (!ring_use(h, j, hd, &plan) || hd->rank != (plan.pos + plan.nagents - 1) % plan.nagents) {
         code = GRPC_STATUS_FAILED_PRECONDITION;
         snprintf(msg, sizeof(msg),
                  "%s (group %u, seq %" PRIu64 "): a ring link from position %d, but this agent "
@@ -3022,7 +3044,7 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
         }
         c = m->coll;
     } else {
-        int ring = ring_wanted(h, hd) && ring_plan(h, j, hd->group, &plan), made;
+        int ring = ring_use(h, j, hd, &plan), made;
         if ((code = coll_get(h, j, hd, ring && ring_mode(hd->kind) == RING_SPLIT ? plan.nlocal : n,
                              ring ? ring_step(h, &plan, hd->kind) : 0, &c, &made, msg,
                              sizeof(msg))) != 0) {

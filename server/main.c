@@ -91,16 +91,19 @@ static void usage(FILE *out)
         "  --reduce-device DEV      cpu, cuda or auto (default): where agents reduce; auto\n"
         "                           takes a CUDA device when one is usable, cuda requires one\n"
         "                           [PARAMSYNC_REDUCE_DEVICE]\n"
-        "  --ring on|off            on: an all_reduce whose ranks span several agents is\n"
+        "  --ring auto|on|off       on: an all_reduce whose ranks span several agents is\n"
         "                           reduced at each agent for its ranks, then around a ring of\n"
         "                           those agents; all_gather, broadcast and all_to_all pass\n"
         "                           each rank's data round that ring, reduce and\n"
-        "                           reduce_scatter add it up along it; off (default): every\n"
-        "                           collective (and gather, scatter always) goes to the\n"
-        "                           job's hub agent. Set it alike on every agent\n"
+        "                           reduce_scatter add it up along it; off: every collective\n"
+        "                           goes to the job's hub agent; auto (default): only an\n"
+        "                           all_reduce, when its ranks average 8 or more per agent, or\n"
+        "                           2 or more and it has --ring-min-bytes per rank. gather,\n"
+        "                           scatter and barrier always go to the hub. Set it alike on\n"
+        "                           every agent\n"
         "                           [PARAMSYNC_RING] (docs/PERFORMANCE.md: when each is faster)\n"
-        "  --ring-min-bytes N       with --ring on, those of fewer bytes per rank still go to\n"
-        "                           the hub, where they take fewer hops\n"
+        "  --ring-min-bytes N       smaller collectives (bytes per rank) go to the hub, where\n"
+        "                           they take fewer hops; with auto, see above\n"
         "                           [PARAMSYNC_RING_MIN_BYTES] (default 1M)\n"
         "  --shm-resident-bytes N   a collective that touches more than N bytes of its ranks'\n"
         "                           shared-memory segments (summed over its ranks) reads and\n"
@@ -260,6 +263,7 @@ int main(int argc, char **argv)
         .max_world_size = 65536,
         .max_groups = 4096,
         .max_inflight_bytes = 4ull << 30,
+        .ring = PS_RING_AUTO,
         .ring_min_bytes = 1u << 20,
         .shm_resident_bytes = 512u << 20,
     };
@@ -499,11 +503,18 @@ int main(int argc, char **argv)
         }
         cfg.step_bytes = (size_t)v;
     }
-    if (val[O_RING] && strcmp(val[O_RING], "on") != 0 && strcmp(val[O_RING], "off") != 0) {
-        fprintf(stderr, "paramsyncd: --ring must be on or off, not '%s'\n", val[O_RING]);
-        return 2;
+    if (val[O_RING]) {
+        if (strcmp(val[O_RING], "on") == 0)
+            cfg.ring = PS_RING_ON;
+        else if (strcmp(val[O_RING], "off") == 0)
+            cfg.ring = PS_RING_OFF;
+        else if (strcmp(val[O_RING], "auto") == 0)
+            cfg.ring = PS_RING_AUTO;
+        else {
+            fprintf(stderr, "paramsyncd: --ring must be auto, on or off, not '%s'\n", val[O_RING]);
+            return 2;
+        }
     }
-    cfg.ring = val[O_RING] && strcmp(val[O_RING], "on") == 0;
     if (val[O_RING_MIN]) {
         if (parse_bytes(val[O_RING_MIN], &v) < 0) {
             fprintf(stderr, "paramsyncd: --ring-min-bytes must be a byte count, not '%s'\n",
