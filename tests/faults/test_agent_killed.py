@@ -11,6 +11,11 @@
    1 must get ABORTED or UNAVAILABLE naming rank 0 or agent2's address within
    the bound; Status must show rank 0 "lost".
 3. agent0 still serves: a new job through it all_reduces correctly.
+
+--ring MODE goes to every paramsyncd: with auto (the default) the 64 MiB
+all_reduce of job "split" (2 ranks per agent) goes round the ring of agent0
+and agent1, so agent1's death breaks a ring link; with off it goes through
+the hub, which loses agent1's forwarded ranks.
 """
 import os
 import sys
@@ -59,13 +64,15 @@ def check_error(p, t_kill, ok_names, what):
              (what, p.name, ev["message"]))
     P.expect(dt <= BOUND_S, "%s: %s's error came %.2fs after the kill (bound %.1fs)" %
              (what, p.name, dt, BOUND_S))
-    return dt
+    return dt, ev["message"]
 
 
 def main():
     binary = P.paramsyncd_path()
     work = P.workdir("ps-faults-agent-")
     live = ["--liveness-timeout-ms", str(LIVENESS_MS)]
+    if "--ring" in sys.argv:
+        live += ["--ring", sys.argv[sys.argv.index("--ring") + 1]]
     with P.Cleanup() as cl:
         coord, agents = P.cluster(cl, binary, work, 3, common=live)
         P.wait_registered(P.Conn(coord.addr), [a.addr for a in agents])
@@ -90,9 +97,9 @@ def main():
         t_kill = time.monotonic()
         a1.kill()
         for p in procs[:2]:
-            dt = check_error(p, t_kill, [lambda m: P.names_rank(m, 2),
-                                         lambda m: P.names_rank(m, 3)], "agent1 killed")
-            P.log("agent1 killed mid-collective: %s failed %.2fs later" % (p.name, dt))
+            dt, msg = check_error(p, t_kill, [lambda m: P.names_rank(m, 2),
+                                              lambda m: P.names_rank(m, 3)], "agent1 killed")
+            P.log("agent1 killed mid-collective: %s failed %.2fs later: %s" % (p.name, dt, msg))
         # The survivors stay members for a while: the job is still there to look at.
         P.expect_alive(coord, a0)
         states, st = rank_states(coord.addr, "split", {0: "joined", 1: "joined", 2: "lost",
@@ -132,9 +139,9 @@ def main():
                 procs[1].describe())
         t_kill = time.monotonic()
         a2.kill()
-        dt = check_error(procs[1], t_kill, [lambda m: P.names_rank(m, 0),
-                                            lambda m: a2.addr in m], "agent2 (hub) killed")
-        P.log("agent2 (the hub) killed: rank 1 on agent0 failed %.2fs later" % dt)
+        dt, msg = check_error(procs[1], t_kill, [lambda m: P.names_rank(m, 0),
+                                                 lambda m: a2.addr in m], "agent2 (hub) killed")
+        P.log("agent2 (the hub) killed: rank 1 on agent0 failed %.2fs later: %s" % (dt, msg))
         P.expect_alive(coord, a0)
         states, st = rank_states(coord.addr, "remote-hub", {0: "lost", 1: "joined"},
                                  t_kill + BOUND_S)
