@@ -2016,6 +2016,7 @@ static int ring_mode(int kind)
     case K_ALL_GATHER:
     case K_BROADCAST:
     case K_ALL_TO_ALL:
+    case K_BARRIER: /* no steps: only the tokens go round (ring_tok_held) */
         return RING_PASS;
     case K_REDUCE:
     case K_REDUCE_SCATTER:
@@ -2043,22 +2044,27 @@ static size_t ring_step(const ps__hub_t *h, const ring_plan_t *plan, int kind)
 /* Whether a collective of this header may go round a ring of agents (when
  * its group spans several): with --ring on, all_reduce, all_gather,
  * broadcast, reduce, reduce_scatter and all_to_all of --ring-min-bytes or
- * more (per rank); with --ring auto, all_reduce (ring_use decides). */
+ * more (per rank), and barrier (0 bytes) when that is 0; with --ring auto,
+ * all_reduce and barrier (ring_use decides). */
 static int ring_wanted(const ps__hub_t *h, const header_t *hd)
 {
     uint64_t esize = ps_dtype_size((ps_dtype_t)hd->dtype);
     if (h->cfg->ring == PS_RING_AUTO)
-        return hd->kind == K_ALL_REDUCE && esize;
-    return h->cfg->ring == PS_RING_ON && ring_mode(hd->kind) >= 0 && esize &&
-           hd->count >= (h->cfg->ring_min_bytes + esize - 1) / esize;
+        return (hd->kind == K_ALL_REDUCE && esize) || hd->kind == K_BARRIER;
+    if (h->cfg->ring != PS_RING_ON || ring_mode(hd->kind) < 0)
+        return 0;
+    if (hd->kind == K_BARRIER)
+        return h->cfg->ring_min_bytes == 0;
+    return esize && hd->count >= (h->cfg->ring_min_bytes + esize - 1) / esize;
 }
 
 /* Whether the collective goes round the ring of agents, with *plan made
  * (ring_plan_clear after) if so. --ring auto takes the ring where its
  * hierarchy pays (each agent reduces its ranks first, where the hub takes
  * every rank's tensor): PS_RING_AUTO_RANKS ranks per agent at any size,
- * 2 from --ring-min-bytes. With one rank per agent the hub was as fast or
- * faster here. Lock held. */
+ * 2 from --ring-min-bytes; a barrier (no bytes, two laps of tokens) from
+ * PS_RING_AUTO_BARRIER_RANKS. With one rank per agent the hub was as fast
+ * or faster here. Lock held. */
 static int ring_use(const ps__hub_t *h, const job_t *j, const header_t *hd, ring_plan_t *plan)
 {
     if (!ring_wanted(h, hd) || !ring_plan(h, j, hd->group, plan))
@@ -2066,8 +2072,9 @@ static int ring_use(const ps__hub_t *h, const job_t *j, const header_t *hd, ring
     if (h->cfg->ring != PS_RING_AUTO)
         return 1;
     uint64_t n = (uint64_t)group_size(j, hd->group), a = (uint64_t)plan->nagents;
-    uint64_t bytes = hd->count * ps_dtype_size((ps_dtype_t)hd->dtype);
-    if (n >= PS_RING_AUTO_RANKS * a || (n >= 2 * a && bytes >= h->cfg->ring_min_bytes))
+    uint64_t bytes = hd->kind == K_BARRIER ? 0 : hd->count * ps_dtype_size((ps_dtype_t)hd->dtype);
+    uint64_t many = hd->kind == K_BARRIER ? PS_RING_AUTO_BARRIER_RANKS : PS_RING_AUTO_RANKS;
+    if (n >= many * a || (n >= 2 * a && bytes >= h->cfg->ring_min_bytes))
         return 1;
     ring_plan_clear(plan);
     return 0;
@@ -2104,6 +2111,8 @@ static int ring_mismatch(const coll_t *c, const header_t *hd, const char *who, c
         f = "called";
         a = kind_name(hd->kind);
         b = kind_name(c->kind);
+    } else if (c->kind == K_BARRIER) {
+        /* nothing else to agree on (header_mismatch) */
     } else if ((int)hd->dtype != c->dtype) {
         f = "dtype";
         a = ps_dtype_name((ps_dtype_t)hd->dtype);
@@ -2182,7 +2191,8 @@ static int ring_piece_of_round(const ring_t *rg, int r, int recv)
  * link; each agent passes it on as it comes (its link carried it, so was
  * taken); back at position 0 every link was taken, and token 2 tells the
  * others so, going round to position A - 1. Ranks are answered OK only once
- * their agent has agreed.
+ * their agent has agreed. A barrier is nothing but these tokens, each agent
+ * passing token 1 on only once its own ranks are all there (ring_tok_held).
  */
 #define PS_RING_TOKEN (UINT64_MAX - 2) /* + 1, + 2: the tag of token 1, 2 */
 
@@ -2196,6 +2206,14 @@ static int ring_tok_out(const ring_t *rg)
 static int ring_tok_in(const ring_t *rg)
 {
     return rg->pos == 0 ? 1 : 2;
+}
+
+/* A barrier's agent holds token 1 until its own ranks have all arrived: back
+ * at position 0 it then says every rank of the group has, and token 2 lets
+ * them go. Lock held. */
+static int ring_tok_held(const coll_t *c)
+{
+    return c->kind == K_BARRIER && c->ring->tok_sent == 0 && c->narrived < coll_nlocal(c);
 }
 
 /* Token t arrived from the previous agent. Lock held. */
@@ -2343,7 +2361,7 @@ static void *ring_send_main(void *arg)
                 break;
         }
         int tok_due = ring_agrees(c) ? ring_tok_out(rg) : 0;
-        if (rg->tok_ready > rg->tok_sent) {
+        if (rg->tok_ready > rg->tok_sent && !ring_tok_held(c)) {
             /* A token goes before any piece: it only says links were taken. */
             uint64_t tag = PS_RING_TOKEN + (uint64_t)++rg->tok_sent;
             rg->out_busy = 1;

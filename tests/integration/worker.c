@@ -1550,6 +1550,44 @@ static int sc_peer_timeout(ctx_t *cx)
     return 0;
 }
 
+/* A barrier that ranks never come to: the others fail with PS_ETIMEDOUT
+ * within the collective timeout (2 s here), naming them ("want" in the
+ * message). The absent ones stay joined until well past that, then leave. */
+static int barrier_absent(ctx_t *cx, int absent, const char *want)
+{
+    if (absent) {
+        sleep_ms(4500);
+        return 0;
+    }
+    int64_t t0 = now_ms();
+    clear_last_error();
+    int rc = ps_barrier(cx->comm, NULL);
+    int64_t took = now_ms() - t0;
+    char msg[1024];
+    last_error(msg, sizeof(msg));
+    CHECK(rc == PS_ETIMEDOUT, "absent ranks: %d (%s), want PS_ETIMEDOUT", rc, ps_strerror(rc));
+    CHECK(took >= 1500 && took <= 4000, "absent ranks: failed after %lld ms; the timeout is 2000",
+          (long long)took);
+    CHECK(strstr(msg, want) && strstr(msg, "did not arrive"),
+          "absent ranks: the message does not say '%s' did not arrive: %s", want, msg);
+    return 0;
+}
+
+/* The last rank never comes to the barrier (its agent has the others). */
+static int sc_barrier_late_rank(ctx_t *cx)
+{
+    char want[32];
+    snprintf(want, sizeof(want), "rank %d ", cx->size - 1);
+    return barrier_absent(cx, cx->rank == cx->size - 1, want);
+}
+
+/* The odd ranks never come (with --topology split, every rank of agent 1:
+ * that agent has the barrier only from the ring's link). */
+static int sc_barrier_late_half(ctx_t *cx)
+{
+    return barrier_absent(cx, cx->rank % 2 == 1, "ranks 1, 3");
+}
+
 /* A member that dies without leaving: the others' collective fails soon,
  * naming it, instead of waiting for the (long) timeout. */
 static int sc_member_lost(ctx_t *cx)
@@ -1883,6 +1921,8 @@ static const scenario_t scenarios[] = {
     {"smoke", sc_smoke, 1, 0},
     {"early_exit", sc_early_exit, 1, 0},
     {"peer_timeout", sc_peer_timeout, 1, 2000},
+    {"barrier_late_rank", sc_barrier_late_rank, 1, 2000},
+    {"barrier_late_half", sc_barrier_late_half, 1, 2000},
     {"member_lost", sc_member_lost, 1, 0},
     {"sigterm", sc_sigterm, 1, 0},
     {"device", sc_device, 1, 0},
