@@ -2045,12 +2045,14 @@ static size_t ring_step(const ps__hub_t *h, const ring_plan_t *plan, int kind)
  * its group spans several): with --ring on, all_reduce, all_gather,
  * broadcast, reduce, reduce_scatter and all_to_all of --ring-min-bytes or
  * more (per rank), and barrier (0 bytes) when that is 0; with --ring auto,
- * all_reduce and barrier (ring_use decides). */
+ * all_reduce, barrier, broadcast, reduce and all_gather (ring_use decides). */
 static int ring_wanted(const ps__hub_t *h, const header_t *hd)
 {
     uint64_t esize = ps_dtype_size((ps_dtype_t)hd->dtype);
     if (h->cfg->ring == PS_RING_AUTO)
-        return (hd->kind == K_ALL_REDUCE && esize) || hd->kind == K_BARRIER;
+        return hd->kind == K_BARRIER ||
+               (esize && (hd->kind == K_ALL_REDUCE || hd->kind == K_BROADCAST ||
+                          hd->kind == K_REDUCE || hd->kind == K_ALL_GATHER));
     if (h->cfg->ring != PS_RING_ON || ring_mode(hd->kind) < 0)
         return 0;
     if (hd->kind == K_BARRIER)
@@ -2061,10 +2063,12 @@ static int ring_wanted(const ps__hub_t *h, const header_t *hd)
 /* Whether the collective goes round the ring of agents, with *plan made
  * (ring_plan_clear after) if so. --ring auto takes the ring where its
  * hierarchy pays (each agent reduces its ranks first, where the hub takes
- * every rank's tensor): PS_RING_AUTO_RANKS ranks per agent at any size,
- * 2 from --ring-min-bytes; a barrier (no bytes, two laps of tokens) from
- * PS_RING_AUTO_BARRIER_RANKS. With one rank per agent the hub was as fast
- * or faster here. Lock held. */
+ * every rank's tensor): an all_reduce from PS_RING_AUTO_RANKS ranks per
+ * agent at any size, 2 from --ring-min-bytes; a barrier (no bytes, two laps
+ * of tokens), broadcast, reduce or all_gather from PS_RING_AUTO_OTHER_RANKS.
+ * With one rank per agent the hub was as fast or faster here, and
+ * reduce_scatter and all_to_all were slower round the ring even with 16 per
+ * agent. Lock held. */
 static int ring_use(const ps__hub_t *h, const job_t *j, const header_t *hd, ring_plan_t *plan)
 {
     if (!ring_wanted(h, hd) || !ring_plan(h, j, hd->group, plan))
@@ -2072,12 +2076,16 @@ static int ring_use(const ps__hub_t *h, const job_t *j, const header_t *hd, ring
     if (h->cfg->ring != PS_RING_AUTO)
         return 1;
     uint64_t n = (uint64_t)group_size(j, hd->group), a = (uint64_t)plan->nagents;
-    uint64_t bytes = hd->kind == K_BARRIER ? 0 : hd->count * ps_dtype_size((ps_dtype_t)hd->dtype);
-    uint64_t many = hd->kind == K_BARRIER ? PS_RING_AUTO_BARRIER_RANKS : PS_RING_AUTO_RANKS;
-    if (n >= many * a || (n >= 2 * a && bytes >= h->cfg->ring_min_bytes))
-        return 1;
-    ring_plan_clear(plan);
-    return 0;
+    int use;
+    if (hd->kind == K_ALL_REDUCE)
+        use = n >= PS_RING_AUTO_RANKS * a ||
+              (n >= 2 * a &&
+               hd->count * ps_dtype_size((ps_dtype_t)hd->dtype) >= h->cfg->ring_min_bytes);
+    else
+        use = n >= PS_RING_AUTO_OTHER_RANKS * a;
+    if (!use)
+        ring_plan_clear(plan);
+    return use;
 }
 
 int ps__hub_is_ring(ps__hub_t *h, const header_t *hd)
