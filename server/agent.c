@@ -133,8 +133,6 @@ static ps__rpc_channel_t *peer_channel(ps__agent_t *a, const char *address)
 
 static int auth_check(ps__agent_t *a, ps__rpc_call_t *call, const char *job);
 
-#define DRAINING_MSG "paramsyncd is shutting down (SIGTERM)"
-
 /* Lists fw->up among the calls SIGTERM's drain cancels, or, if the drain has
  * begun, cancels it as the drain would and returns 1. The server's shutdown
  * waits for our handlers but cannot end calls of ours: embedded, `up` may go
@@ -145,7 +143,7 @@ static int forward_track(ps__agent_t *a, forward_t *fw)
     pthread_mutex_lock(&a->lock);
     int refused = a->draining;
     if (refused) {
-        ps__rpc_call_cancel(fw->up, GRPC_STATUS_UNAVAILABLE, DRAINING_MSG);
+        ps__rpc_call_cancel(fw->up, GRPC_STATUS_UNAVAILABLE, PS_MSG_STOPPING);
     } else {
         fw->next = a->forwards;
         a->forwards = fw;
@@ -154,9 +152,10 @@ static int forward_track(ps__agent_t *a, forward_t *fw)
     return refused;
 }
 
-/* Takes fw off the list (before its call is destroyed); 1 if the drain has
- * begun, so a failed call was most likely cut by it. */
-static int forward_untrack(ps__agent_t *a, forward_t *fw)
+/* Takes fw off the list (before its call is destroyed), its call having
+ * ended with rc: 1 if that failed after the drain began, so was most likely
+ * cut by it. */
+static int forward_untrack(ps__agent_t *a, forward_t *fw, int rc)
 {
     pthread_mutex_lock(&a->lock);
     for (forward_t **p = &a->forwards; *p; p = &(*p)->next)
@@ -164,9 +163,9 @@ static int forward_untrack(ps__agent_t *a, forward_t *fw)
             *p = fw->next;
             break;
         }
-    int draining = a->draining;
+    int cut = rc != 0 && a->draining;
     pthread_mutex_unlock(&a->lock);
-    return draining;
+    return cut;
 }
 
 /* Serves a unary call by forwarding it, bytes untouched, to the coordinator,
@@ -205,12 +204,12 @@ static void forward_unary(ps__agent_t *a, ps__rpc_call_t *down, const char *meth
         ps__rpc_call_close_send(up);
         ps__rpc_call_recv(up, &resp);
         rc = ps__rpc_call_finish(up, &msg);
-        cut = forward_untrack(a, &fw) && rc != 0;
+        cut = forward_untrack(a, &fw, rc);
     }
     if (rc == 0 && resp)
         ps__rpc_call_send(down, resp);
     if (refused || cut) {
-        ps__rpc_call_send_status(down, GRPC_STATUS_UNAVAILABLE, DRAINING_MSG);
+        ps__rpc_call_send_status(down, GRPC_STATUS_UNAVAILABLE, PS_MSG_STOPPING);
     } else if (rc == -GRPC_STATUS_UNAVAILABLE || rc == -GRPC_STATUS_DEADLINE_EXCEEDED) {
         char m[512];
         snprintf(m, sizeof(m), "the coordinator at %s did not answer: %s",
@@ -622,7 +621,7 @@ static void collective_proxy_shm(ps__agent_t *a, ps__rpc_call_t *down,
         ps__rpc_call_cancel(up, GRPC_STATUS_INTERNAL, bad ? bad : here);
     if (up) {
         rc = ps__rpc_call_finish(up, &msg);
-        cut = forward_untrack(a, &fw) && rc != 0;
+        cut = forward_untrack(a, &fw, rc);
     }
     if (!here && ps__hub_shm_io_broken(&io))
         here = "the worker's shared-memory segment shrank while the agent used it (truncated?): "
@@ -642,7 +641,7 @@ static void collective_proxy_shm(ps__agent_t *a, ps__rpc_call_t *down,
         snprintf(m, sizeof(m), "the agent hosting this job at %s sent %s", hub, bad);
         ps__rpc_call_send_status(down, GRPC_STATUS_INTERNAL, m);
     } else if (cut) {
-        ps__rpc_call_send_status(down, GRPC_STATUS_UNAVAILABLE, DRAINING_MSG);
+        ps__rpc_call_send_status(down, GRPC_STATUS_UNAVAILABLE, PS_MSG_STOPPING);
     } else if (rc == -GRPC_STATUS_UNAVAILABLE || !up) {
         snprintf(m, sizeof(m), "the agent hosting this job at %s is unreachable: %s", hub,
                  msg ? msg : ps_strerror(rc));
@@ -688,8 +687,8 @@ static void collective_proxy(ps__agent_t *a, ps__rpc_call_t *down, grpc_byte_buf
     }
     if (up) {
         rc = ps__rpc_call_finish(up, &msg);
-        if (forward_untrack(a, &fw) && rc != 0) {
-            ps__rpc_call_send_status(down, GRPC_STATUS_UNAVAILABLE, DRAINING_MSG);
+        if (forward_untrack(a, &fw, rc)) {
+            ps__rpc_call_send_status(down, GRPC_STATUS_UNAVAILABLE, PS_MSG_STOPPING);
         } else if (rc == -GRPC_STATUS_UNAVAILABLE) {
             char m[512];
             snprintf(m, sizeof(m), "the agent hosting this job at %s is unreachable: %s", hub,
@@ -916,7 +915,7 @@ void ps__agent_drain(ps__agent_t *a)
     pthread_mutex_lock(&a->lock);
     a->draining = 1;
     for (forward_t *f = a->forwards; f; f = f->next)
-        ps__rpc_call_cancel(f->up, GRPC_STATUS_UNAVAILABLE, DRAINING_MSG);
+        ps__rpc_call_cancel(f->up, GRPC_STATUS_UNAVAILABLE, PS_MSG_STOPPING);
     pthread_mutex_unlock(&a->lock);
     ps__hub_drain(a->hub);
 }

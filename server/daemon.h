@@ -45,6 +45,9 @@ enum { PS_RING_OFF, PS_RING_ON, PS_RING_AUTO };
  * ring from this many ranks per agent (measured the same place). */
 #define PS_RING_AUTO_OTHER_RANKS 4
 
+/* What a call cut by SIGTERM's drain is told (UNAVAILABLE). */
+#define PS_MSG_STOPPING "paramsyncd is shutting down (SIGTERM)"
+
 /* Method names. */
 #define PS_M_WORKER_JOIN        "/paramsync.v1.Worker/Join"
 #define PS_M_WORKER_LEAVE       "/paramsync.v1.Worker/Leave"

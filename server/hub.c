@@ -584,7 +584,7 @@ static job_t *job_get(ps__hub_t *h, const header_t *hd, int *code, char *msg, si
             ps__job_info_clear(&info);
             free(err);
             *code = GRPC_STATUS_UNAVAILABLE;
-            snprintf(msg, msglen, "paramsyncd is shutting down (SIGTERM)");
+            snprintf(msg, msglen, PS_MSG_STOPPING);
             return NULL;
         }
         if (rc < 0) {
@@ -2041,6 +2041,23 @@ static size_t ring_step(const ps__hub_t *h, const ring_plan_t *plan, int kind)
     return (size_t)(sb < max ? sb : max);
 }
 
+/* --ring auto: the ranks per agent (on average) from which a kind goes round
+ * the ring at any size, or 0 for a kind that stays at the hub. */
+static uint64_t ring_auto_ranks(int kind)
+{
+    switch (kind) {
+    case K_ALL_REDUCE:
+        return PS_RING_AUTO_RANKS;
+    case K_BARRIER:
+    case K_BROADCAST:
+    case K_REDUCE:
+    case K_ALL_GATHER:
+        return PS_RING_AUTO_OTHER_RANKS;
+    default:
+        return 0;
+    }
+}
+
 /* Whether a collective of this header may go round a ring of agents (when
  * its group spans several): with --ring on, all_reduce, all_gather,
  * broadcast, reduce, reduce_scatter and all_to_all of --ring-min-bytes or
@@ -2050,9 +2067,7 @@ static int ring_wanted(const ps__hub_t *h, const header_t *hd)
 {
     uint64_t esize = ps_dtype_size((ps_dtype_t)hd->dtype);
     if (h->cfg->ring == PS_RING_AUTO)
-        return hd->kind == K_BARRIER ||
-               (esize && (hd->kind == K_ALL_REDUCE || hd->kind == K_BROADCAST ||
-                          hd->kind == K_REDUCE || hd->kind == K_ALL_GATHER));
+        return ring_auto_ranks(hd->kind) && (esize || hd->kind == K_BARRIER);
     if (h->cfg->ring != PS_RING_ON || ring_mode(hd->kind) < 0)
         return 0;
     if (hd->kind == K_BARRIER)
@@ -2076,13 +2091,9 @@ static int ring_use(const ps__hub_t *h, const job_t *j, const header_t *hd, ring
     if (h->cfg->ring != PS_RING_AUTO)
         return 1;
     uint64_t n = (uint64_t)group_size(j, hd->group), a = (uint64_t)plan->nagents;
-    int use;
-    if (hd->kind == K_ALL_REDUCE)
-        use = n >= PS_RING_AUTO_RANKS * a ||
-              (n >= 2 * a &&
+    int use = n >= ring_auto_ranks(hd->kind) * a ||
+              (hd->kind == K_ALL_REDUCE && n >= 2 * a &&
                hd->count * ps_dtype_size((ps_dtype_t)hd->dtype) >= h->cfg->ring_min_bytes);
-    else
-        use = n >= PS_RING_AUTO_OTHER_RANKS * a;
     if (!use)
         ring_plan_clear(plan);
     return use;
@@ -2846,7 +2857,7 @@ void ps__hub_ring_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
     job_t *j = NULL;
     if (h->stopping) {
         code = GRPC_STATUS_UNAVAILABLE;
-        snprintf(msg, sizeof(msg), "paramsyncd is shutting down (SIGTERM)");
+        snprintf(msg, sizeof(msg), PS_MSG_STOPPING);
         goto done;
     }
     if (ring_mode(hd->kind) < 0) {
@@ -2967,7 +2978,7 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
     pthread_mutex_lock(&h->lock);
     if (h->stopping) {
         code = GRPC_STATUS_UNAVAILABLE;
-        snprintf(msg, sizeof(msg), "paramsyncd is shutting down (SIGTERM)");
+        snprintf(msg, sizeof(msg), PS_MSG_STOPPING);
         goto fail_locked;
     }
     j = job_get(h, hd, &code, msg, sizeof(msg));
@@ -3030,7 +3041,7 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
             if (h->stopping) {
                 list_remove(list, m);
                 code = GRPC_STATUS_UNAVAILABLE;
-                snprintf(msg, sizeof(msg), "paramsyncd is shutting down (SIGTERM)");
+                snprintf(msg, sizeof(msg), PS_MSG_STOPPING);
                 goto fail_locked;
             }
             if (m->refused) {
@@ -3703,8 +3714,7 @@ void ps__hub_drain(ps__hub_t *h)
     doorbells_close(h);
     for (job_t *j = h->jobs; j; j = j->next)
         for (coll_t *c = j->colls; c; c = c->next)
-            coll_fail(c, GRPC_STATUS_UNAVAILABLE,
-                      "paramsyncd is shutting down (SIGTERM): the collective was stopped");
+            coll_fail(c, GRPC_STATUS_UNAVAILABLE, PS_MSG_STOPPING ": the collective was stopped");
     pthread_cond_broadcast(&h->p2p_changed);
     pthread_mutex_unlock(&h->lock);
 }
