@@ -362,6 +362,7 @@ typedef struct coll {
     uint64_t block;  /* bytes per rank block */
     uint64_t chunks; /* steps per block */
     size_t step_bytes;
+    int packed; /* one step carries every block (coll_packs) */
     int window;
     slot_t *slots;
     pthread_cond_t cond;
@@ -697,19 +698,41 @@ static void coll_fail(coll_t *c, int code, const char *fmt, ...)
 /* ---- the step plan ---- */
 
 typedef struct step_plan {
-    size_t len;
+    size_t len;     /* bytes each contributor puts in */
+    size_t out_len; /* bytes of the step's output (step_slice: which a receiver takes) */
     int ncontrib;
     int contrib_one; /* the single contributor, or -1 for all */
     int recv_one;    /* the single receiver, -1 for all, -2 all but root */
 } step_plan_t;
 
+/* A packed collective's one step (coll_packs): every rank contributes its
+ * whole input (a scatter: the root alone), and the output holds every block:
+ * all_gather, gather: the blocks in rank order; reduce_scatter: the reduced
+ * input; scatter: the root's input; all_to_all: the blocks grouped by the
+ * rank they are for (step_slice). */
+static void plan_packed(const coll_t *c, step_plan_t *p)
+{
+    size_t all = (size_t)c->block * (size_t)c->n;
+    int gathers = c->kind == K_ALL_GATHER || c->kind == K_GATHER;
+    p->len = gathers ? (size_t)c->block : all;
+    p->out_len = c->kind == K_ALL_TO_ALL ? all * (size_t)c->n : all;
+    p->contrib_one = c->kind == K_SCATTER ? c->root : -1;
+    p->recv_one = c->kind == K_GATHER ? c->root : -1;
+    p->ncontrib = p->contrib_one >= 0 ? 1 : c->n;
+}
+
 static void plan_step(const coll_t *c, int64_t s, step_plan_t *p)
 {
+    if (c->packed) {
+        plan_packed(c, p);
+        return;
+    }
     uint64_t m = c->chunks;
     uint64_t ch = (uint64_t)s % m;
     uint64_t blk = (uint64_t)s / m;
     uint64_t left = c->block - ch * c->step_bytes;
     p->len = left < c->step_bytes ? left : c->step_bytes;
+    p->out_len = p->len;
     switch (c->kind) {
     case K_BROADCAST:
         p->contrib_one = c->root;
@@ -749,6 +772,39 @@ static void plan_step(const coll_t *c, int64_t s, step_plan_t *p)
         break;
     }
     p->ncontrib = p->contrib_one >= 0 ? 1 : c->n;
+}
+
+/* The part of a step's output that receiver i takes: all of it, but in a
+ * packed reduce_scatter, scatter (block i) or all_to_all (the n blocks for i). */
+static void step_slice(const coll_t *c, const step_plan_t *p, int i, size_t *off, size_t *len)
+{
+    size_t b = (size_t)c->block;
+    *off = 0;
+    *len = p->out_len;
+    if (!c->packed || c->kind == K_ALL_GATHER || c->kind == K_GATHER)
+        return;
+    if (c->kind == K_ALL_TO_ALL)
+        b *= (size_t)c->n;
+    *off = (size_t)i * b;
+    *len = b;
+}
+
+/* Puts a packed step's output together from its contributors' inputs
+ * (in[i]: rank i's, NULL where it gave none), other than by reduction. */
+static void packed_combine(const coll_t *c, uint8_t *out, blob_t *const *in)
+{
+    size_t b = (size_t)c->block, n = (size_t)c->n;
+    for (size_t i = 0; i < n; i++) {
+        if (!in[i])
+            continue;
+        if (c->kind == K_ALL_TO_ALL) /* rank i's block for rank k goes to k's part */
+            for (size_t k = 0; k < n; k++)
+                memcpy(out + (k * n + i) * b, in[i]->data + k * b, b);
+        else if (c->kind == K_SCATTER)
+            memcpy(out, in[i]->data, n * b);
+        else
+            memcpy(out + i * b, in[i]->data, b);
+    }
 }
 
 static int step_contributes(const step_plan_t *p, int i)
@@ -952,11 +1008,39 @@ static int shm_by_file(const ps__hub_t *h, const shm_map_t *m, const coll_t *c, 
 
 /* ---- collective instances ---- */
 
+/* Whether c, a collective of `blocks` blocks (all_gather, gather, scatter,
+ * reduce_scatter: one per rank; all_to_all: one per pair of ranks) at the
+ * hub, goes as one step (packed, plan_packed) rather than a step per block
+ * (and per piece of one): when all its blocks fit in a step, and the memory
+ * the one step holds, every contributor's whole input and the output, fits
+ * in what --max-inflight-bytes leaves (*reserve: that memory). One round of
+ * hand-offs between the ranks' threads instead of one per block: 1.4-10x
+ * faster for p = 4 and 8 up to 1 MiB here (docs/PERFORMANCE.md, "Small
+ * collectives of many blocks: one step"). Lock held. */
+static int coll_packs(const ps__hub_t *h, const coll_t *c, uint64_t blocks, uint64_t *reserve)
+{
+    if (blocks < 2 || !c->block || c->block * blocks > c->step_bytes)
+        return 0;
+    uint64_t all = c->block * blocks, n = (uint64_t)c->n;
+    switch (c->kind) {
+    case K_SCATTER:
+        *reserve = all; /* the root's input is the output */
+        break;
+    case K_REDUCE_SCATTER:
+        *reserve = (n + 1) * all; /* every rank's input, and their sum */
+        break;
+    default: /* all_gather, gather, all_to_all: the inputs, and as much out */
+        *reserve = 2 * all;
+        break;
+    }
+    return h->inflight_bytes + *reserve <= h->cfg->max_inflight_bytes;
+}
+
 /* A new collective; NULL with *over set when it would take the agent past
  * --max-inflight-bytes (the memory its window can hold, reserved up front),
  * NULL with *over clear when out of memory. Lock held. */
-static coll_t *coll_new(ps__hub_t *h, job_t *j, const header_t *hd, int n, int p2p, size_t step,
-                        int *over)
+static coll_t *coll_new(ps__hub_t *h, job_t *j, const header_t *hd, int n, int p2p, int ring,
+                        size_t step, int *over)
 {
     *over = 0;
     coll_t *c = calloc(1, sizeof(*c));
@@ -1003,6 +1087,10 @@ static coll_t *coll_new(ps__hub_t *h, job_t *j, const header_t *hd, int n, int p
     uint64_t live = (uint64_t)(c->nsteps < c->window ? c->nsteps : c->window);
     uint64_t piece = c->block < c->step_bytes ? c->block : c->step_bytes;
     c->reserved = live * (uint64_t)(n + 1) * piece;
+    if (!ring && !p2p && coll_packs(h, c, blocks, &c->reserved)) {
+        c->packed = 1;
+        c->nsteps = 1;
+    }
     if (h->inflight_bytes + c->reserved > h->cfg->max_inflight_bytes) {
         free(c->members);
         free(c->ranks);
@@ -1378,13 +1466,18 @@ static void member_deposit(member_t *m)
                 sl->out = b;
                 sl->in[m->index] = NULL;
             } else {
-                /* The last contributor reduces, outside the lock, in rank
-                 * order so every run gives the same bits. */
+                /* The last contributor reduces (or, packed, puts the
+                 * blocks together), outside the lock, in rank order so
+                 * every run gives the same bits. */
                 pthread_mutex_unlock(c->lock);
-                blob_t *out = blob_new(p.len);
-                const void **srcs = malloc((size_t)c->n * sizeof(void *));
+                blob_t *out = blob_new(p.out_len);
+                int combine = c->packed && c->kind != K_REDUCE_SCATTER;
+                const void **srcs = combine ? NULL : malloc((size_t)c->n * sizeof(void *));
                 int rc = PS_ENOMEM;
-                if (out && srcs) {
+                if (out && combine) {
+                    packed_combine(c, out->data, sl->in);
+                    rc = 0;
+                } else if (out && srcs) {
                     size_t k = 0; /* the contributors here, in rank order */
                     for (int i = 0; i < c->n; i++)
                         if (sl->in[i])
@@ -1424,12 +1517,12 @@ static void member_deposit(member_t *m)
 
 /* Sends one output frame; with `last`, the OK status goes in the same batch. */
 static int send_frame(member_t *m, const Paramsync__V1__CollectiveResult *res, uint64_t off,
-                      blob_t *b, size_t len, int last)
+                      blob_t *b, size_t boff, size_t len, int last)
 {
     if (b)
         blob_ref(b);
     grpc_byte_buffer *bb =
-        ps__frame_encode(NULL, res, off, b ? b->data : NULL, len, b ? blob_unref : NULL, b);
+        ps__frame_encode(NULL, res, off, b ? b->data + boff : NULL, len, b ? blob_unref : NULL, b);
     if (!bb)
         return PS_ENOMEM;
     int rc = last ? ps__rpc_call_send_last(m->call, bb, GRPC_STATUS_OK, "")
@@ -1514,22 +1607,25 @@ static int member_write(member_t *m, int finish)
         blob_t *out = sl->out;
         blob_ref(out);
         pthread_mutex_unlock(c->lock);
+        size_t soff, len;
+        step_slice(c, &p, m->index, &soff, &len);
+        uint8_t *src = out->data + soff;
         int rc = 0;
         if (m->shm) { /* the result frame follows the data, below */
             uint8_t *dst = m->shm->base + m->shm_out + off;
             if (m->by_file) {
-                rc = seg_io(m->shm->fd, 1, out->data, p.len, m->shm_out + off);
+                rc = seg_io(m->shm->fd, 1, src, len, m->shm_out + off);
                 seg_failed(m, 1, rc);
-            } else if (dst != out->data) /* else reduced in place */
-                memcpy(dst, out->data, p.len);
+            } else if (dst != src) /* else reduced in place */
+                memcpy(dst, src, len);
             if (rc == 0)
-                ps__metrics_shm_bytes(PS_M_TX, m->by_file ? PS_M_SHM_FILE : PS_M_SHM_MAPPED, p.len);
+                ps__metrics_shm_bytes(PS_M_TX, m->by_file ? PS_M_SHM_FILE : PS_M_SHM_MAPPED, len);
         } else {
-            rc = send_frame(m, first ? &res : NULL, off, out, p.len, s == last_step);
+            rc = send_frame(m, first ? &res : NULL, off, out, soff, len, s == last_step);
         }
         blob_unref(out);
         first = 0;
-        off += p.len;
+        off += len;
         pthread_mutex_lock(c->lock);
         if (rc < 0)
             coll_fail(c, GRPC_STATUS_ABORTED,
@@ -1557,7 +1653,7 @@ static int member_write(member_t *m, int finish)
             if (failed)
                 return 0;
         }
-        return send_frame(m, &res, 0, NULL, 0, finish) == 0 && finish;
+        return send_frame(m, &res, 0, NULL, 0, 0, finish) == 0 && finish;
     }
     return 0;
 }
@@ -1666,7 +1762,7 @@ static void mailbox_match(ps__hub_t *h, job_t *j, mailbox_t *mb)
         mb->next_send_seq[s->first->header->rank]++;
         const header_t *sh = s->first->header;
         int over;
-        coll_t *c = coll_new(h, j, sh, 2, 1, 0, &over);
+        coll_t *c = coll_new(h, j, sh, 2, 1, 0, 0, &over);
         if (!c) {
             /* Neither side can go on: both fail alike. */
             s->refused = r->refused = over ? 1 : 2;
@@ -1893,8 +1989,8 @@ static void wait_arrivals(ps__hub_t *h, coll_t *c, int64_t timeout_ms)
  * members and steps of `step` bytes (0: --step-bytes); *made says which.
  * 0, or a gRPC code with msg: the tombstone's answer for a collective that
  * has failed already, or RESOURCE_EXHAUSTED. Lock held. */
-static int coll_get(ps__hub_t *h, job_t *j, const header_t *hd, int n, size_t step, coll_t **out,
-                    int *made, char *msg, size_t len)
+static int coll_get(ps__hub_t *h, job_t *j, const header_t *hd, int n, int ring, size_t step,
+                    coll_t **out, int *made, char *msg, size_t len)
 {
     coll_t *c = NULL;
     *made = 0;
@@ -1908,7 +2004,7 @@ static int coll_get(ps__hub_t *h, job_t *j, const header_t *hd, int n, size_t st
         }
     if (!c) {
         int over;
-        c = coll_new(h, j, hd, n, 0, step, &over);
+        c = coll_new(h, j, hd, n, 0, ring, step, &over);
         if (!c) {
             snprintf(msg, len, "%s (group %u, seq %" PRIu64 "): %s", kind_name(hd->kind), hd->group,
                      hd->seq,
@@ -2080,10 +2176,11 @@ static int ring_wanted(const ps__hub_t *h, const header_t *hd)
  * hierarchy pays (each agent reduces its ranks first, where the hub takes
  * every rank's tensor): an all_reduce from PS_RING_AUTO_RANKS ranks per
  * agent at any size, 2 from --ring-min-bytes; a barrier (no bytes, two laps
- * of tokens), broadcast, reduce or all_gather from PS_RING_AUTO_OTHER_RANKS.
- * With one rank per agent the hub was as fast or faster here, and
- * reduce_scatter and all_to_all were slower round the ring even with 16 per
- * agent. Lock held. */
+ * of tokens), broadcast, reduce or all_gather from PS_RING_AUTO_OTHER_RANKS,
+ * but not an all_gather whose output fits in a step (--step-bytes: one step
+ * at the hub, coll_packs). With one rank per agent the hub was as fast or
+ * faster here, and reduce_scatter and all_to_all were slower round the ring
+ * even with 16 per agent. Lock held. */
 static int ring_use(const ps__hub_t *h, const job_t *j, const header_t *hd, ring_plan_t *plan)
 {
     if (!ring_wanted(h, hd) || !ring_plan(h, j, hd->group, plan))
@@ -2091,9 +2188,13 @@ static int ring_use(const ps__hub_t *h, const job_t *j, const header_t *hd, ring
     if (h->cfg->ring != PS_RING_AUTO)
         return 1;
     uint64_t n = (uint64_t)group_size(j, hd->group), a = (uint64_t)plan->nagents;
+    uint64_t bytes = hd->count * ps_dtype_size((ps_dtype_t)hd->dtype);
     int use = n >= ring_auto_ranks(hd->kind) * a ||
-              (hd->kind == K_ALL_REDUCE && n >= 2 * a &&
-               hd->count * ps_dtype_size((ps_dtype_t)hd->dtype) >= h->cfg->ring_min_bytes);
+              (hd->kind == K_ALL_REDUCE && n >= 2 * a && bytes >= h->cfg->ring_min_bytes);
+    /* An all_gather whose output fits in a step is one step at the hub
+     * (coll_packs): faster there than a step per rank round the ring. */
+    if (hd->kind == K_ALL_GATHER && bytes * n <= h->cfg->step_bytes)
+        use = 0;
     if (!use)
         ring_plan_clear(plan);
     return use;
@@ -2870,18 +2971,20 @@ void ps__hub_ring_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
         goto done;
     if (!ring_use(h, j, hd, &plan) || hd->rank != (plan.pos + plan.nagents - 1) % plan.nagents) {
         code = GRPC_STATUS_FAILED_PRECONDITION;
-        snprintf(msg, sizeof(msg),
-                 "%s (group %u, seq %" PRIu64 "): a ring link from position %d, but this agent "
-                 "(%s) is %s",
-                 kind_name(hd->kind), hd->group, hd->seq, hd->rank, h->self,
-                 plan.local ? "not next to it"
-                            : "not in a ring for it (--ring or --ring-min-bytes differ here?)");
+        snprintf(
+            msg, sizeof(msg),
+            "%s (group %u, seq %" PRIu64 "): a ring link from position %d, but this agent "
+            "(%s) is %s",
+            kind_name(hd->kind), hd->group, hd->seq, hd->rank, h->self,
+            plan.local
+                ? "not next to it"
+                : "not in a ring for it (--ring, --ring-min-bytes or --step-bytes differ here?)");
         goto done;
     }
     int made;
     if ((code = coll_get(h, j, hd,
                          ring_mode(hd->kind) != RING_SPLIT ? group_size(j, hd->group) : plan.nlocal,
-                         ring_step(h, &plan, hd->kind), &c, &made, msg, sizeof(msg))) != 0)
+                         1, ring_step(h, &plan, hd->kind), &c, &made, msg, sizeof(msg))) != 0)
         goto done;
     if (made)
         coll_ring_start(h, c, &plan, timeout);
@@ -2900,8 +3003,8 @@ void ps__hub_ring_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
         else if (!c->ring)
             coll_fail(c, GRPC_STATUS_FAILED_PRECONDITION,
                       "%s (group %u, seq %" PRIu64 "): agent %s runs it in a ring and "
-                      "this one (%s) at the hub: set --ring and --ring-min-bytes alike on "
-                      "every agent",
+                      "this one (%s) at the hub: set --ring, --ring-min-bytes and "
+                      "--step-bytes alike on every agent",
                       kind_name(hd->kind), hd->group, hd->seq, plan.prev, h->self);
     }
     if (c->ring && (c->ring->in_seen || c->failed)) {
@@ -3083,7 +3186,7 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
     } else {
         int ring = ring_use(h, j, hd, &plan), made;
         if ((code = coll_get(h, j, hd, ring && ring_mode(hd->kind) == RING_SPLIT ? plan.nlocal : n,
-                             ring ? ring_step(h, &plan, hd->kind) : 0, &c, &made, msg,
+                             ring, ring ? ring_step(h, &plan, hd->kind) : 0, &c, &made, msg,
                              sizeof(msg))) != 0) {
             c = NULL;
             goto fail_locked;
@@ -3114,8 +3217,8 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
                 if (!differs)
                     snprintf(msg, sizeof(msg),
                              "%s (group %u, seq %" PRIu64 "): agents disagree on whether "
-                             "it runs in a ring: set --ring and --ring-min-bytes alike on every "
-                             "agent",
+                             "it runs in a ring: set --ring, --ring-min-bytes and --step-bytes "
+                             "alike on every agent",
                              kind_name(hd->kind), hd->group, hd->seq);
                 if (!c->failed)
                     coll_fail(c, GRPC_STATUS_FAILED_PRECONDITION, "%s", msg);
