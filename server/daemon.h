@@ -41,8 +41,9 @@ enum { PS_RING_OFF, PS_RING_ON, PS_RING_AUTO };
  * ranks per agent (on average), any size; from 2 per agent at
  * --ring-min-bytes. Measured in docs/PERFORMANCE.md ("--ring auto"). */
 #define PS_RING_AUTO_RANKS 8
-/* --ring auto: a barrier, broadcast, reduce or all_gather goes round the
- * ring from this many ranks per agent (measured the same place). */
+/* --ring auto: a barrier, broadcast, reduce or all_gather (one whose output
+ * is over a step: a smaller one is one step at the hub) goes round the ring
+ * from this many ranks per agent (measured the same place). */
 #define PS_RING_AUTO_OTHER_RANKS 4
 
 /* What a call cut by SIGTERM's drain is told (UNAVAILABLE). */

@@ -699,7 +699,8 @@ static void coll_fail(coll_t *c, int code, const char *fmt, ...)
 
 typedef struct step_plan {
     size_t len;     /* bytes each contributor puts in */
-    size_t out_len; /* bytes of the step's output (step_slice: which a receiver takes) */
+    size_t out_len; /* bytes of the step's output */
+    size_t slice;   /* bytes of it each receiver takes (step_slice) */
     int ncontrib;
     int contrib_one; /* the single contributor, or -1 for all */
     int recv_one;    /* the single receiver, -1 for all, -2 all but root */
@@ -707,15 +708,17 @@ typedef struct step_plan {
 
 /* A packed collective's one step (coll_packs): every rank contributes its
  * whole input (a scatter: the root alone), and the output holds every block:
- * all_gather, gather: the blocks in rank order; reduce_scatter: the reduced
- * input; scatter: the root's input; all_to_all: the blocks grouped by the
- * rank they are for (step_slice). */
+ * all_gather, gather: the blocks in rank order, each receiver takes them
+ * all; reduce_scatter: the reduced input; scatter: the root's input;
+ * all_to_all: the blocks grouped by the rank they are for; receiver i takes
+ * the i-th slice (its block, or its n blocks). */
 static void plan_packed(const coll_t *c, step_plan_t *p)
 {
     size_t all = (size_t)c->block * (size_t)c->n;
     int gathers = c->kind == K_ALL_GATHER || c->kind == K_GATHER;
     p->len = gathers ? (size_t)c->block : all;
     p->out_len = c->kind == K_ALL_TO_ALL ? all * (size_t)c->n : all;
+    p->slice = gathers ? all : p->out_len / (size_t)c->n;
     p->contrib_one = c->kind == K_SCATTER ? c->root : -1;
     p->recv_one = c->kind == K_GATHER ? c->root : -1;
     p->ncontrib = p->contrib_one >= 0 ? 1 : c->n;
@@ -732,7 +735,7 @@ static void plan_step(const coll_t *c, int64_t s, step_plan_t *p)
     uint64_t blk = (uint64_t)s / m;
     uint64_t left = c->block - ch * c->step_bytes;
     p->len = left < c->step_bytes ? left : c->step_bytes;
-    p->out_len = p->len;
+    p->out_len = p->slice = p->len;
     switch (c->kind) {
     case K_BROADCAST:
         p->contrib_one = c->root;
@@ -774,19 +777,11 @@ static void plan_step(const coll_t *c, int64_t s, step_plan_t *p)
     p->ncontrib = p->contrib_one >= 0 ? 1 : c->n;
 }
 
-/* The part of a step's output that receiver i takes: all of it, but in a
- * packed reduce_scatter, scatter (block i) or all_to_all (the n blocks for i). */
-static void step_slice(const coll_t *c, const step_plan_t *p, int i, size_t *off, size_t *len)
+/* Where in a step's output the part receiver i takes starts: all of it
+ * (offset 0), or its slice. */
+static size_t step_slice(const step_plan_t *p, int i)
 {
-    size_t b = (size_t)c->block;
-    *off = 0;
-    *len = p->out_len;
-    if (!c->packed || c->kind == K_ALL_GATHER || c->kind == K_GATHER)
-        return;
-    if (c->kind == K_ALL_TO_ALL)
-        b *= (size_t)c->n;
-    *off = (size_t)i * b;
-    *len = b;
+    return p->slice == p->out_len ? 0 : (size_t)i * p->slice;
 }
 
 /* Puts a packed step's output together from its contributors' inputs
@@ -1008,31 +1003,33 @@ static int shm_by_file(const ps__hub_t *h, const shm_map_t *m, const coll_t *c, 
 
 /* ---- collective instances ---- */
 
+/* The bytes of a step of elements of esize (0: plain bytes): `step` (0:
+ * --step-bytes) in whole elements, so reductions never split one. */
+static size_t step_whole(const ps__hub_t *h, size_t step, size_t esize)
+{
+    size_t sb = step ? step : h->cfg->step_bytes;
+    if (esize)
+        sb -= sb % esize;
+    return sb ? sb : esize;
+}
+
 /* Whether c, a collective of `blocks` blocks (all_gather, gather, scatter,
  * reduce_scatter: one per rank; all_to_all: one per pair of ranks) at the
  * hub, goes as one step (packed, plan_packed) rather than a step per block
  * (and per piece of one): when all its blocks fit in a step, and the memory
  * the one step holds, every contributor's whole input and the output, fits
  * in what --max-inflight-bytes leaves (*reserve: that memory). One round of
- * hand-offs between the ranks' threads instead of one per block: 1.4-10x
+ * hand-offs between the ranks' threads instead of one per block: 1.1-9x
  * faster for p = 4 and 8 up to 1 MiB here (docs/PERFORMANCE.md, "Small
  * collectives of many blocks: one step"). Lock held. */
 static int coll_packs(const ps__hub_t *h, const coll_t *c, uint64_t blocks, uint64_t *reserve)
 {
     if (blocks < 2 || !c->block || c->block * blocks > c->step_bytes)
         return 0;
-    uint64_t all = c->block * blocks, n = (uint64_t)c->n;
-    switch (c->kind) {
-    case K_SCATTER:
-        *reserve = all; /* the root's input is the output */
-        break;
-    case K_REDUCE_SCATTER:
-        *reserve = (n + 1) * all; /* every rank's input, and their sum */
-        break;
-    default: /* all_gather, gather, all_to_all: the inputs, and as much out */
-        *reserve = 2 * all;
-        break;
-    }
+    step_plan_t p;
+    plan_packed(c, &p);
+    /* The inputs, and the output unless it is the one input (scatter). */
+    *reserve = (uint64_t)p.ncontrib * p.len + (p.ncontrib > 1 ? p.out_len : 0);
     return h->inflight_bytes + *reserve <= h->cfg->max_inflight_bytes;
 }
 
@@ -1071,11 +1068,7 @@ static coll_t *coll_new(ps__hub_t *h, job_t *j, const header_t *hd, int n, int p
         c->ranks[i] = i;
     size_t esize = ps_dtype_size((ps_dtype_t)hd->dtype);
     c->block = hd->count * (esize ? esize : 1);
-    /* Steps hold whole elements, so reductions never split one. */
-    size_t sb = step ? step : h->cfg->step_bytes;
-    if (esize)
-        sb -= sb % esize;
-    c->step_bytes = sb ? sb : esize;
+    c->step_bytes = step_whole(h, step, esize);
     c->chunks = c->block ? (c->block + c->step_bytes - 1) / c->step_bytes : 0;
     uint64_t blocks = 1;
     if (c->kind == K_ALL_GATHER || c->kind == K_GATHER || c->kind == K_SCATTER ||
@@ -1607,8 +1600,7 @@ static int member_write(member_t *m, int finish)
         blob_t *out = sl->out;
         blob_ref(out);
         pthread_mutex_unlock(c->lock);
-        size_t soff, len;
-        step_slice(c, &p, m->index, &soff, &len);
+        size_t soff = step_slice(&p, m->index), len = p.slice;
         uint8_t *src = out->data + soff;
         int rc = 0;
         if (m->shm) { /* the result frame follows the data, below */
@@ -2188,12 +2180,13 @@ static int ring_use(const ps__hub_t *h, const job_t *j, const header_t *hd, ring
     if (h->cfg->ring != PS_RING_AUTO)
         return 1;
     uint64_t n = (uint64_t)group_size(j, hd->group), a = (uint64_t)plan->nagents;
-    uint64_t bytes = hd->count * ps_dtype_size((ps_dtype_t)hd->dtype);
+    size_t esize = ps_dtype_size((ps_dtype_t)hd->dtype);
+    uint64_t bytes = hd->count * esize;
     int use = n >= ring_auto_ranks(hd->kind) * a ||
               (hd->kind == K_ALL_REDUCE && n >= 2 * a && bytes >= h->cfg->ring_min_bytes);
     /* An all_gather whose output fits in a step is one step at the hub
      * (coll_packs): faster there than a step per rank round the ring. */
-    if (hd->kind == K_ALL_GATHER && bytes * n <= h->cfg->step_bytes)
+    if (hd->kind == K_ALL_GATHER && bytes * n <= step_whole(h, 0, esize))
         use = 0;
     if (!use)
         ring_plan_clear(plan);
