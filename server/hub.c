@@ -2303,9 +2303,10 @@ static int ring_piece_of_round(const ring_t *rg, int r, int recv)
  * round: the first agent (position 0) sends token 1 once it took its own
  * link; each agent passes it on as it comes (its link carried it, so was
  * taken); back at position 0 every link was taken, and token 2 tells the
- * others so, going round to position A - 1. Ranks are answered OK only once
- * their agent has agreed. A barrier is nothing but these tokens, each agent
- * passing token 1 on only once its own ranks are all there (ring_tok_held).
+ * others so, going round to position A - 1. Each agent passes token 1 on
+ * (position 0: starts it) only once its own ranks are all there
+ * (ring_tok_held), so ranks are answered OK only once every rank of the
+ * group came and agreed. A barrier is nothing but these tokens.
  */
 #define PS_RING_TOKEN (UINT64_MAX - 2) /* + 1, + 2: the tag of token 1, 2 */
 
@@ -2321,12 +2322,15 @@ static int ring_tok_in(const ring_t *rg)
     return rg->pos == 0 ? 1 : 2;
 }
 
-/* A barrier's agent holds token 1 until its own ranks have all arrived: back
- * at position 0 it then says every rank of the group has, and token 2 lets
- * them go. Lock held. */
+/* An agent holds token 1 until its own ranks have all arrived (each checked
+ * against the collective's header as it came): back at position 0 it then
+ * says every rank of the group has come and agrees, and token 2 lets them
+ * go. Without the wait a rank coming late with another root or count would
+ * fail the collective at its agent after the others were answered OK. Lock
+ * held. */
 static int ring_tok_held(const coll_t *c)
 {
-    return c->kind == K_BARRIER && c->ring->tok_sent == 0 && c->narrived < coll_nlocal(c);
+    return c->ring->tok_sent == 0 && c->narrived < coll_nlocal(c);
 }
 
 /* Token t arrived from the previous agent. Lock held. */

@@ -1459,9 +1459,20 @@ static int sc_mismatch(ctx_t *cx)
     TRY(expect_error(rc, "op", "op", PS_EPRECOND, PS_EINVAL));
     TRY(run_case(cx, K_ALL_REDUCE, PS_FLOAT32, PS_SUM, 9, 0, NULL, 0));
 
+    /* The odd rank comes late: across the ring the root's agent (and a
+     * reduce's other ranks) must not answer OK before it came and agreed. */
     clear_last_error();
+    if (odd)
+        sleep_ms(300);
     rc = ps_broadcast(comm, f, 4, PS_FLOAT32, odd ? 1 : 0, NULL);
     TRY(expect_error(rc, "root", "root", PS_EPRECOND, PS_EINVAL));
+    TRY(run_case(cx, K_ALL_REDUCE, PS_FLOAT32, PS_SUM, 9, 0, NULL, 0));
+
+    clear_last_error();
+    if (odd)
+        sleep_ms(300);
+    rc = ps_reduce_to(comm, f, 4, PS_FLOAT32, PS_SUM, odd ? 1 : 0, NULL);
+    TRY(expect_error(rc, "reduce root", "root", PS_EPRECOND, PS_EINVAL));
     TRY(run_case(cx, K_ALL_REDUCE, PS_FLOAT32, PS_SUM, 9, 0, NULL, 0));
 
     clear_last_error();
@@ -1486,11 +1497,12 @@ static int sc_mismatch(ctx_t *cx)
     return ps_barrier(comm, NULL);
 }
 
-/* Ranks may leave as soon as their part is done. With --ring on the ranks
- * on other agents than rank 0's finish a broadcast (their data on its way)
- * and a reduce to rank 0, then leave, while rank 0 has not called yet; rank
- * 0, 2.5 s late (past its agent's liveness checks), still gets every byte
- * and no error. At the hub the others wait for it. */
+/* Ranks may leave as soon as their part is done. Rank 0 comes 2.5 s late
+ * (past its agent's liveness checks); the others wait for it (every rank
+ * must have come and agreed before any is answered OK), then, with --ring
+ * on, the ranks on other agents finish a broadcast (their data on its way)
+ * and a reduce to rank 0 and leave while rank 0's agent still passes the
+ * data on; rank 0 still gets every byte and no error. */
 static int sc_early_exit(ctx_t *cx)
 {
     if (cx->rank == 0)
