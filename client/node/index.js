@@ -23,7 +23,9 @@
  * Uint16Array with { dtype: 'float16' } or { dtype: 'bfloat16' }; bool in a
  * Uint8Array with { dtype: 'bool' }. Anything else is a TypeError.
  */
+const crypto = require('crypto');
 const fs = require('fs');
+const os = require('os');
 const path = require('path');
 const grpc = require('@grpc/grpc-js');
 const protoLoader = require('@grpc/proto-loader');
@@ -196,6 +198,167 @@ function snapshot(ins, outs) {
   return ins.map((v) => ({ ...v, buf: Buffer.from(v.buf) }));
 }
 
+// ------------------------------------------------------------------ shared memory
+
+/*
+ * The shared-memory path (client/shm.c's rules, as the Python client's
+ * _shm.py): when the agent runs on this host, a collective whose input plus
+ * output reach SHM_MIN_BYTES goes through a POSIX segment the agent maps. The
+ * worker writes its input into the segment, sends only the header, and reads
+ * its output back once the call has succeeded. Node cannot map memory, but a
+ * POSIX segment is a file in /dev/shm: pwrite and pread on it touch the very
+ * pages the agent maps, one copy each way, as memcpy into a mapping would be.
+ * One segment per World (its groups share it), grown by doubling, used by one
+ * collective at a time (a concurrent one takes frames). PARAMSYNC_SHM=0 turns
+ * it off; an agent that cannot map it (another host, another /dev/shm) turns
+ * it off for the World for good.
+ */
+const SHM_MIN_BYTES = 64 << 10;
+const SHM_ALIGN = 4096;
+let shmCounter = 0;
+
+function shmEnabled() { return process.env.PARAMSYNC_SHM !== '0'; }
+
+/** The agent will never map this World's segments: stay on gRPC frames. */
+class ShmRefused extends Error {}
+
+/** [output offset, segment bytes needed]: all_reduce and reduce write their output over
+ * the input (offset 0); other kinds put it after the input, a page aligned. */
+function shmLayout(inPlace, inBytes, outBytes) {
+  if (inPlace) return [0, Math.max(inBytes, outBytes)];
+  const outOff = Math.ceil(inBytes / SHM_ALIGN) * SHM_ALIGN;
+  return [outOff, outOff + outBytes];
+}
+
+function pwriteAll(fd, buf, pos) {
+  for (let done = 0; done < buf.length;) {
+    done += fs.writeSync(fd, buf, done, buf.length - done, pos + done);
+  }
+}
+
+function preadAll(fd, buf, pos) {
+  for (let done = 0; done < buf.length;) {
+    const n = fs.readSync(fd, buf, done, buf.length - done, pos + done);
+    if (n === 0) throw new Error('the shared segment is shorter than its result');
+    done += n;
+  }
+}
+
+class ShmSegment {
+  /** attach(name, size, magic) resolves once the agent mapped the segment; rejects with
+   * ShmRefused when it never will, with anything else for this time only. */
+  constructor(attach) {
+    this.attach = attach;
+    this.fd = null;
+    this.name = null;
+    this.size = 0;
+    this.inUse = false;
+    this.disabled = false;
+    this.closed = false;
+    this.refused = ''; // why the agent refused our segments, once it has
+  }
+
+  /** Claims the segment for one collective, grown to fit, with its input written in.
+   * Resolves to the output offset, or null: this collective takes gRPC frames. */
+  async begin(inPlace, send, recv) {
+    const inBytes = send ? send.total : 0;
+    const outBytes = recv ? recv.total : 0;
+    if (inBytes + outBytes < SHM_MIN_BYTES || !shmEnabled()) return null;
+    if (this.disabled || this.closed || this.inUse) return null;
+    this.inUse = true; // before any await: a concurrent collective takes frames
+    const [outOff, need] = shmLayout(inPlace, inBytes, outBytes);
+    try {
+      if (this.size < need) {
+        let size = this.size || SHM_ALIGN;
+        while (size < need) size *= 2;
+        this._close();
+        await this._create(size);
+        if (this.closed) throw new Error('the process group was destroyed');
+      }
+      if (send) {
+        let pos = 0;
+        for (const b of send.bufs) { pwriteAll(this.fd, b, pos); pos += b.length; }
+      }
+      return outOff;
+    } catch (e) {
+      if (e instanceof ShmRefused) {
+        this.disabled = true;
+        this.refused = e.message;
+      }
+      this.end(); // anything else (ENOSPC in /dev/shm, a failed call): frames this time
+      return null;
+    }
+  }
+
+  /** Reads n output bytes at offset into recv (a Segments). */
+  get(offset, n, recv) {
+    let pos = 0;
+    for (const b of recv.bufs) {
+      if (pos >= n) break;
+      preadAll(this.fd, b.subarray(0, Math.min(b.length, n - pos)), offset + pos);
+      pos += b.length;
+    }
+  }
+
+  /** Ends the collective's use once its call is over (the agent answers only when it has
+   * let go of the segment). With discard (the call was cancelled here, so the agent may
+   * still use it) the next collective makes a new one; the agent keeps the old memory for
+   * as long as it uses it. */
+  end(discard = false) {
+    if (discard || this.closed) this._close();
+    this.inUse = false;
+  }
+
+  /** destroy(): a collective still using the segment closes it when it ends. */
+  close() {
+    this.closed = true;
+    if (!this.inUse) this._close();
+  }
+
+  _close() {
+    const fd = this.fd;
+    this.fd = null;
+    this.name = null;
+    this.size = 0;
+    if (fd !== null) fs.closeSync(fd);
+  }
+
+  async _create(size) {
+    const name = `/paramsync.${process.pid}.${++shmCounter}.${crypto.randomBytes(3)
+      .toString('hex')}`;
+    const file = `/dev/shm${name}`; // where glibc's shm_open(name) puts it
+    const { O_RDWR, O_CREAT, O_EXCL } = fs.constants;
+    let fd;
+    try {
+      fd = fs.openSync(file, O_RDWR | O_CREAT | O_EXCL, 0o600);
+    } catch (e) {
+      // No usable /dev/shm here: it will not appear later.
+      throw new ShmRefused(`open ${file}: ${e.message}`);
+    }
+    try {
+      fs.ftruncateSync(fd, size);
+      // Random bytes the agent must read through its own mapping, in this host's
+      // byte order (it memcpy's them into a uint64).
+      const magic = crypto.randomBytes(8);
+      pwriteAll(fd, magic, 0);
+      const value = os.endianness() === 'LE' ? magic.readBigUInt64LE(0)
+        : magic.readBigUInt64BE(0);
+      await this.attach(name, size, value.toString());
+      pwriteAll(fd, Buffer.alloc(8), 0);
+    } catch (e) {
+      fs.closeSync(fd);
+      throw e;
+    } finally {
+      // The agent unlinks the name once it maps the segment; so do we, whatever
+      // happened, so that nothing is left in /dev/shm.
+      try { fs.unlinkSync(file); } catch (e) { /* gone already */ }
+    }
+    this.fd = fd;
+    this.name = name;
+    this.size = size;
+  }
+}
+
 // ------------------------------------------------------------------ groups
 
 const WORLD = Object.freeze({ toString: () => 'GroupMember.WORLD' });
@@ -353,6 +516,7 @@ class World {
     }
     this.failure = null;
     this.inflight = new Set();
+    this.shm = new ShmSegment((name, size, magic) => this._shmAttach(name, size, magic));
     this.leaving = false;
     this.nNewGroups = 0;
     try {
@@ -436,6 +600,26 @@ class World {
     });
   }
 
+  /** Offers a segment to the agent (Worker.ShmAttach); rejects with ShmRefused when it
+   * will never map ours (it said so, or it lacks or cannot serve the method). */
+  _shmAttach(name, size, magic) {
+    return new Promise((res, rej) => {
+      this.client.ShmAttach({ job: this.job, rank: this.rank, name, size: String(size), magic },
+        this.md, { deadline: Date.now() + 10000 }, (err, resp) => {
+          if (err) {
+            const never = err.code === grpc.status.UNIMPLEMENTED ||
+              err.code === grpc.status.UNAVAILABLE;
+            rej(never ? new ShmRefused(`ShmAttach: ${STATUS_NAMES[err.code]}: ${err.details}`)
+              : err);
+          } else if (!resp.attached) {
+            rej(new ShmRefused(resp.reason || 'the agent did not attach the segment'));
+          } else {
+            res();
+          }
+        });
+    });
+  }
+
   _fail(err) {
     if (!this.failure) this.failure = err;
     for (const c of this.inflight) c.cancel();
@@ -465,6 +649,7 @@ class World {
       }
     } finally {
       this.closed = true;
+      this.shm.close();
       this.client.close();
     }
   }
@@ -473,25 +658,42 @@ class World {
   abort() {
     this.leaving = true;
     this.closed = true;
+    this.shm.close();
     if (this.joinCall) this.joinCall.cancel();
     this.client.close();
   }
 
   // -------------------------------------------------------------- collectives engine
 
-  _run(g, header, send, recv, name) {
+  async _run(g, header, send, recv, name) {
     const chunk = chunkBytes();
     const what = `${name} (group ${g.id}, seq ${header.seq})`;
     header.chunk_bytes = chunk;
     this._check();
+    // all_reduce and reduce: the agent writes the output over the input.
+    const inPlace = header.kind === KIND.ALL_REDUCE || header.kind === KIND.REDUCE;
+    const shmOff = await this.shm.begin(inPlace, send, recv);
+    const shm = shmOff === null ? null : this.shm;
+    if (shm) {
+      header.shm = shm.name;
+      header.shm_out_offset = String(shmOff);
+    }
+    try {
+      this._check();
+    } catch (e) {
+      if (shm) shm.end();
+      throw e;
+    }
     const deadline = Date.now() + (header.timeout_ms || this.timeoutMs) + 30000;
     const call = this.client.Collective(this.md, { deadline });
     this.inflight.add(call);
+    const want = recv ? recv.total : 0;
     return new Promise((resolveRun, rejectRun) => {
       let result = null;
       let got = 0;
       let failure = null;
       let finished = false;
+      let inShm = false;
       const finish = new Promise((res) => call.on('status', res));
       call.on('data', (frame) => {
         if (failure) return;
@@ -501,6 +703,20 @@ class World {
             failure = makeError(what, result.code, result.message);
             call.cancel();
             return;
+          }
+          if (result.shm) {
+            if (!shm) {
+              failure = new ParamsyncError(`${what}: the daemon answered in shared memory ` +
+                'this call did not use', grpc.status.INTERNAL);
+            } else if (Number(result.bytes) !== want) {
+              failure = new ParamsyncError(`${what}: the daemon announced ${result.bytes} ` +
+                `result bytes; this rank expects ${want}`, grpc.status.DATA_LOSS);
+            }
+            if (failure) {
+              call.cancel();
+              return;
+            }
+            inShm = true;
           }
         }
         if (frame.data && frame.data.length) {
@@ -524,10 +740,23 @@ class World {
           failure = makeError(what, e.code, e.details || e.message);
         }
       });
-      call.on('status', () => {
+      call.on('status', (st) => {
         finished = true;
         this.inflight.delete(call);
-        const want = recv ? recv.total : 0;
+        if (shm) {
+          // Only an OK status makes the output in the segment the answer. A call
+          // cancelled here may still have the agent using the segment: a new one next.
+          if (!failure && st.code === grpc.status.OK && inShm && want) {
+            try {
+              shm.get(Number(header.shm_out_offset), want, recv);
+              got = want;
+            } catch (e) {
+              failure = new ParamsyncError(`${what}: reading the result from shared memory: ` +
+                `${e.message}`, grpc.status.DATA_LOSS);
+            }
+          }
+          shm.end(st.code === grpc.status.CANCELLED);
+        }
         if (!failure && got !== want) {
           failure = new ParamsyncError(`${what}: received ${got} bytes, expected ${want}`,
             grpc.status.DATA_LOSS);
@@ -536,7 +765,8 @@ class World {
       });
       // Send concurrently with receiving, respecting flow control.
       (async () => {
-        const it = send ? send.chunks(chunk) : [][Symbol.iterator]();
+        // With shared memory the header travels alone.
+        const it = send && !shm ? send.chunks(chunk) : [][Symbol.iterator]();
         let n = it.next();
         let off = 0;
         let frame = { header, data: n.done ? Buffer.alloc(0) : n.value };

@@ -1,0 +1,210 @@
+'use strict';
+// The shared-memory path: payloads of 64 KiB and more go through a segment the
+// agent maps, not gRPC frames. The daemon's /metrics says which way the bytes
+// went; every element is checked; PARAMSYNC_SHM=0 takes frames again.
+const test = require('node:test');
+const assert = require('node:assert');
+const fs = require('fs');
+const dist = require('..');
+const { startDaemon, worlds } = require('./helpers');
+
+const N = 2;
+let daemon;
+let metricsUrl;
+let ws;
+
+test.before(async () => {
+  daemon = await startDaemon(['--metrics-addr', '127.0.0.1:0']);
+  if (!daemon) return;
+  const end = Date.now() + 10000;
+  while (!metricsUrl && Date.now() < end) {
+    const m = /metrics on (http:\/\/\S+)/.exec(daemon.log());
+    if (m) metricsUrl = m[1];
+    else await new Promise((r) => setTimeout(r, 20));
+  }
+  ws = await worlds(dist, daemon.addr, 'node-shm', N);
+});
+test.after(async () => {
+  delete process.env.PARAMSYNC_SHM;
+  if (ws) await Promise.all(ws.map((w) => w.destroy()));
+  if (daemon) await daemon.stop();
+});
+
+function needDaemon(t) {
+  if (!daemon) {
+    t.skip('SKIPPED: no paramsyncd (set PARAMSYNC_DAEMON or build build/server/paramsyncd)');
+    return false;
+  }
+  assert.ok(metricsUrl, `the daemon announced no metrics address:\n${daemon.log()}`);
+  return true;
+}
+
+const all = (fn) => Promise.all(ws.map((w, r) => fn(w, r)));
+
+async function scrape() {
+  const text = await (await fetch(metricsUrl)).text();
+  const get = (series) => {
+    const line = text.split('\n').find((l) => l.startsWith(`${series} `));
+    assert.ok(line, `no ${series} in /metrics`);
+    return Number(line.split(' ')[1]);
+  };
+  return {
+    grpc: get('paramsync_payload_bytes_total{direction="received",link="worker"}') +
+      get('paramsync_payload_bytes_total{direction="sent",link="worker"}'),
+    shm: get('paramsync_shm_bytes_total{direction="received",access="mapped"}') +
+      get('paramsync_shm_bytes_total{direction="sent",access="mapped"}') +
+      get('paramsync_shm_bytes_total{direction="received",access="file"}') +
+      get('paramsync_shm_bytes_total{direction="sent",access="file"}'),
+  };
+}
+
+// The agent counts a sent frame when gRPC reports it sent, which can come just
+// after the worker has it: read until the counts hold still.
+async function settled() {
+  let last = await scrape();
+  for (;;) {
+    await new Promise((r) => setTimeout(r, 100));
+    const now = await scrape();
+    if (now.grpc === last.grpc && now.shm === last.shm) return now;
+    last = now;
+  }
+}
+
+/** Runs fn between scrapes; resolves to the bytes that went each way meanwhile. */
+async function bytesOf(fn) {
+  const before = await settled();
+  await fn();
+  const after = await settled();
+  return { grpc: after.grpc - before.grpc, shm: after.shm - before.shm };
+}
+
+function namesLeft() {
+  try {
+    return fs.readdirSync('/dev/shm').filter((n) => n.startsWith(`paramsync.${process.pid}.`));
+  } catch (e) {
+    return [];
+  }
+}
+
+const n = 300001; // 1.2 MiB of float32: a few segment pages, not a multiple of them
+function filled(r, k = n) {
+  const x = new Float32Array(k);
+  for (let i = 0; i < k; i++) x[i] = (r + 1) * ((i % 1000) + 1);
+  return x;
+}
+
+// Every kind with a payload, each element checked. Resolves when all are done.
+async function everyKind() {
+  const xs = ws.map((_, r) => filled(r));
+  await all((w, r) => w.allReduce(xs[r]));
+  for (const x of xs) {
+    assert.strictEqual(x[0], 3);
+    assert.strictEqual(x[n - 1], 3 * ((n - 1) % 1000 + 1));
+  }
+  const b = ws.map((_, r) => (r === 1 ? filled(1) : new Float32Array(n)));
+  await all((w, r) => w.broadcast(b[r], 1));
+  b.forEach((x) => assert.deepStrictEqual(x, filled(1)));
+  const red = ws.map((_, r) => filled(r));
+  await all((w, r) => w.reduce(red[r], 0, { op: dist.ReduceOp.MAX }));
+  assert.deepStrictEqual(red[0], filled(1));
+  assert.deepStrictEqual(red[1], filled(1)); // not the root: its input stays
+  const ag = ws.map(() => new Float32Array(N * n));
+  await all((w, r) => w.allGatherIntoTensor(ag[r], filled(r)));
+  const want = new Float32Array(N * n);
+  want.set(filled(0), 0);
+  want.set(filled(1), n);
+  ag.forEach((x) => assert.deepStrictEqual(x, want));
+  const rs = ws.map(() => new Float32Array(n));
+  await all((w, r) => w.reduceScatterTensor(rs[r], want));
+  rs.forEach((x, r) => assert.deepStrictEqual(x, filled(r).map((v) => 2 * v)));
+  const a2a = ws.map(() => new Float32Array(N * n));
+  await all((w, r) => w.allToAllSingle(a2a[r], r ? want.map((v) => -v) : want));
+  a2a.forEach((x, r) => {
+    assert.deepStrictEqual(x.subarray(0, n), filled(r));
+    assert.deepStrictEqual(x.subarray(n), filled(r).map((v) => -v));
+  });
+  const g = [new Float32Array(n), new Float32Array(n)];
+  await all((w, r) => w.gather(filled(r), r === 1 ? g : null, 1));
+  g.forEach((x, r) => assert.deepStrictEqual(x, filled(r)));
+  const sc = ws.map(() => new Float32Array(n));
+  await all((w, r) => w.scatter(sc[r], r === 0 ? [filled(5), filled(6)] : null, 0));
+  sc.forEach((x, r) => assert.deepStrictEqual(x, filled(5 + r)));
+  const got = new Float32Array(n);
+  await Promise.all([ws[0].send(filled(3), 1), ws[1].recv(got, 0)]);
+  assert.deepStrictEqual(got, filled(3));
+}
+
+test('every kind through shared memory: no payload byte in gRPC frames', async (t) => {
+  if (!needDaemon(t)) return;
+  const moved = await bytesOf(everyKind);
+  assert.strictEqual(moved.grpc, 0, `${moved.grpc} payload bytes went as gRPC frames`);
+  assert.ok(moved.shm > 10 * 4 * n, `only ${moved.shm} bytes through shared memory`);
+  ws.forEach((w) => {
+    assert.ok(w.shm.fd !== null && !w.shm.disabled, `no segment: ${w.shm.refused}`);
+    assert.ok(w.shm.size >= 2 * 4 * n && w.shm.size <= 8 * 4 * n, `segment of ${w.shm.size}`);
+  });
+  assert.deepStrictEqual(namesLeft(), [], 'segment names left in /dev/shm');
+});
+
+test('PARAMSYNC_SHM=0 and small payloads take gRPC frames', async (t) => {
+  if (!needDaemon(t)) return;
+  process.env.PARAMSYNC_SHM = '0';
+  let moved;
+  try {
+    moved = await bytesOf(everyKind);
+  } finally {
+    delete process.env.PARAMSYNC_SHM;
+  }
+  assert.strictEqual(moved.shm, 0);
+  assert.ok(moved.grpc > 10 * 4 * n, `only ${moved.grpc} bytes as frames`);
+  const small = ws.map((_, r) => filled(r, 1000)); // 4 KB: under 64 KiB
+  moved = await bytesOf(() => all((w, r) => w.allReduce(small[r])));
+  assert.strictEqual(moved.shm, 0);
+  assert.strictEqual(moved.grpc, 2 * N * 4000);
+  small.forEach((x) => assert.deepStrictEqual(x, filled(2, 1000)));
+});
+
+test('collectives in flight together: one takes the segment, the other frames', async (t) => {
+  if (!needDaemon(t)) return;
+  const a = ws.map((_, r) => filled(r));
+  const b = ws.map((_, r) => filled(r + 2));
+  const moved = await bytesOf(() => all((w, r) => Promise.all([w.allReduce(a[r]),
+    w.allReduce(b[r], { op: dist.ReduceOp.MAX })])));
+  a.forEach((x) => assert.deepStrictEqual(x, filled(2)));
+  b.forEach((x) => assert.deepStrictEqual(x, filled(3)));
+  assert.strictEqual(moved.grpc, 2 * N * 4 * n, 'the second all_reduce did not take frames');
+  assert.ok(moved.shm >= 2 * N * 4 * n, `${moved.shm} bytes through shared memory`);
+});
+
+test('a failed ShmAttach takes frames for that call only; errors lose nothing', async (t) => {
+  if (!needDaemon(t)) return;
+  // Grow past the segment, with the offer failing once on rank 0.
+  const k = 8 * n; // 9.6 MB: more than any segment the tests above made
+  const attach = ws[0].shm.attach;
+  let offers = 0;
+  ws[0].shm.attach = (...args) => {
+    offers += 1;
+    return offers === 1 ? Promise.reject(new Error('injected')) : attach(...args);
+  };
+  try {
+    const xs = ws.map((_, r) => filled(r, k));
+    const moved = await bytesOf(() => all((w, r) => w.allReduce(xs[r])));
+    xs.forEach((x) => assert.deepStrictEqual(x, filled(2, k)));
+    assert.strictEqual(moved.grpc, 2 * 4 * k, 'rank 0 should have taken frames');
+    assert.ok(!ws[0].shm.disabled, 'a failure other than a refusal turned the path off');
+    // The daemon's errors (here: counts that differ) reject, and the next call works.
+    const ys = ws.map((_, r) => filled(r, k - r));
+    const res = await all((w, r) => w.allReduce(ys[r]).then(() => null, (e) => e));
+    res.forEach((e) => assert.ok(e instanceof dist.ParamsyncError && /count/.test(e.message),
+      `want a count mismatch, got ${e}`));
+    assert.deepStrictEqual(ys[0], filled(0, k), 'a failed all_reduce changed its input');
+    const zs = ws.map((_, r) => filled(r, k));
+    const moved2 = await bytesOf(() => all((w, r) => w.allReduce(zs[r])));
+    zs.forEach((x) => assert.deepStrictEqual(x, filled(2, k)));
+    assert.strictEqual(moved2.grpc, 0);
+    assert.ok(offers >= 2, `${offers} offers`);
+  } finally {
+    ws[0].shm.attach = attach;
+  }
+  assert.deepStrictEqual(namesLeft(), []);
+});
