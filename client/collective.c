@@ -219,7 +219,7 @@ int ps__coll_run(ps__coll_t *c)
 
     /* Small inputs travel with the header: one message, one round trip.
      * With shared memory the header travels alone. */
-    int shm = ps__shm_begin(comm, c);
+    int shm = ps__shm_begin(comm, c, 0);
     size_t first = shm ? 0 : first_frame_len(c);
     int more = !shm && first < c->in_bytes;
     rc = send_frame(c, &c->hdr, 0, first, !more);

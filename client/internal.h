@@ -151,17 +151,19 @@ void ps__stage_free(ps_comm_t *comm);
 
 /* ---- shared memory (shm.c) ---- */
 
-/** Puts c's input in the comm's shared segment and marks its header, when
- * the agent is on this host and the payload is large enough. Returns 1
- * when c uses shared memory, 0 when it goes over gRPC. Never fails: any
- * problem means gRPC. */
-int ps__shm_begin(ps_comm_t *comm, ps__coll_t *c);
+/** Puts c's input in the comm's shared segment (or finds it in registered
+ * memory) and marks its header, when the agent is on this host and the
+ * payload is large enough for a call (any size when the doorbell is to be
+ * rung instead: rung). Returns 1 when c uses shared memory, 0 when it goes
+ * over gRPC. Never fails: any problem means gRPC. */
+int ps__shm_begin(ps_comm_t *comm, ps__coll_t *c, int rung);
 
 /** Releases the segment after c (no-op when c did not use it). */
 void ps__shm_end(ps_comm_t *comm, ps__coll_t *c);
 
 /** Runs c through the doorbell segment when it can (the agent is on this host,
- * input and output fit, the doorbell is free): returns 1 with *rc and
+ * the doorbell is free, and input and output fit in it or in the payload
+ * segment or registered memory, which the agent takes): returns 1 with *rc and
  * *msg (malloc'd, on error) set, or 0 when c must go as a gRPC call. */
 int ps__doorbell_run(ps_comm_t *comm, ps__coll_t *c, int *rc, char **msg);
 

@@ -38,6 +38,7 @@ struct ps__shm {
     size_t size;
     int in_use;   /* one collective at a time uses the segment */
     int disabled; /* the agent cannot map our segments */
+    int segments; /* a doorbell that may name the rank's other segments */
 };
 
 /* PARAMSYNC_SHM=0: neither segment; read on every collective. */
@@ -104,6 +105,7 @@ static int segment_create(ps_comm_t *comm, struct ps__shm *s, size_t size, int k
                        &paramsync__v1__shm_attach_response__descriptor, (ProtobufCMessage **)&resp,
                        PS__CONTROL_TIMEOUT_MS, NULL);
     int attached = rc == 0 && resp->attached;
+    s->segments = attached && resp->doorbell_segments;
     if (resp)
         protobuf_c_message_free_unpacked(&resp->base, NULL);
     /* The agent unlinks the name once it maps the segment; do it here too
@@ -269,7 +271,7 @@ static int mem_begin(ps_comm_t *comm, ps__coll_t *c)
     return 1;
 }
 
-int ps__shm_begin(ps_comm_t *comm, ps__coll_t *c)
+int ps__shm_begin(ps_comm_t *comm, ps__coll_t *c, int rung)
 {
     if (mem_begin(comm, c))
         return 1;
@@ -283,7 +285,7 @@ int ps__shm_begin(ps_comm_t *comm, ps__coll_t *c)
         in_place ? 0 : (c->in_bytes + PS__SHM_ALIGN - 1) / PS__SHM_ALIGN * PS__SHM_ALIGN;
     size_t need = in_place ? (c->in_bytes > c->out_bytes ? c->in_bytes : c->out_bytes)
                            : out_off + c->out_bytes;
-    if (c->in_bytes + c->out_bytes < PS__SHM_MIN_BYTES)
+    if (!rung && c->in_bytes + c->out_bytes < PS__SHM_MIN_BYTES)
         return 0;
     if (shm_off())
         return 0;
@@ -322,15 +324,21 @@ int ps__shm_begin(ps_comm_t *comm, ps__coll_t *c)
     return 1;
 }
 
-void ps__shm_end(ps_comm_t *comm, ps__coll_t *c)
+/* With discard (a doorbell request abandoned: the agent may still write
+ * into the segment) the payload segment is unmapped, and the next
+ * collective makes a new one. */
+static void shm_end(ps_comm_t *comm, ps__coll_t *c, int discard)
 {
     if (!c->shm_out)
         return;
     pthread_mutex_lock(&comm->lock);
-    if (c->mem)
+    if (c->mem) {
         c->mem->in_use = 0;
-    else
+    } else {
+        if (discard)
+            segment_unmap(comm->shm);
         comm->shm->in_use = 0;
+    }
     pthread_mutex_unlock(&comm->lock);
     c->mem = NULL;
     c->shm_out = NULL;
@@ -339,16 +347,24 @@ void ps__shm_end(ps_comm_t *comm, ps__coll_t *c)
     c->hdr.shm_out_offset = 0;
 }
 
+void ps__shm_end(ps_comm_t *comm, ps__coll_t *c)
+{
+    shm_end(comm, c, 0);
+}
+
 /*
  * The doorbell (proto/paramsync/v1/doorbell.h): when the agent is on this
  * host (it serves the request, or forwards it to the job's hub agent), a
- * collective whose input and output fit in a page goes without a gRPC call:
- * the header and input into a second, small segment, a futex wake, a futex
- * wait for the answer. A gRPC call costs several thread hand-offs in gRPC's
- * core on both sides; this costs two wake-ups. One collective at a time uses
- * it (a concurrent one takes a call); a request abandoned (the job broke
- * while it waited) retires the doorbell, since the agent may still answer
- * into it.
+ * collective goes without a gRPC call: the header into a second, small
+ * segment, a futex wake, a futex wait for the answer. A gRPC call costs
+ * several thread hand-offs in gRPC's core on both sides; this costs two
+ * wake-ups. Input and output that fit in the doorbell go in it; larger ones
+ * go through the payload segment or registered memory, whatever their size
+ * (PS__SHM_MIN_BYTES is for calls), when the agent takes such requests
+ * (ShmAttachResponse.doorbell_segments). One collective at a time uses it
+ * (a concurrent one takes a call); a request abandoned (the job broke while
+ * it waited) retires the doorbell and the payload segment, since the agent
+ * may still answer into them.
  */
 
 struct ps__doorbell {
@@ -358,55 +374,65 @@ struct ps__doorbell {
     int disabled;
 };
 
-int ps__doorbell_run(ps_comm_t *comm, ps__coll_t *c, int *rc, char **msg)
+/* The comm's doorbell, claimed for one request (made on first use), or
+ * NULL: this collective takes a call. */
+static struct ps__doorbell *doorbell_claim(ps_comm_t *comm)
 {
-    if (c->in_bytes > PS_DOORBELL_PAYLOAD || c->out_bytes > PS_DOORBELL_PAYLOAD)
-        return 0;
     if (shm_off())
-        return 0;
+        return NULL;
     pthread_mutex_lock(&comm->lock);
     struct ps__doorbell *d = comm->doorbell;
     if (!d && (d = calloc(1, sizeof(*d))))
         comm->doorbell = d;
     if (!d || d->disabled || d->in_use || comm->broken || comm->finalizing) {
         pthread_mutex_unlock(&comm->lock);
-        return 0;
+        return NULL;
     }
     d->in_use = 1;
     pthread_mutex_unlock(&comm->lock);
 
     if (!d->seg.base) {
-        int err = segment_create(comm, &d->seg, PS_DOORBELL_SIZE, SEG_DOORBELL);
-        if (err < 0) {
+        if (segment_create(comm, &d->seg, PS_DOORBELL_SIZE, SEG_DOORBELL) < 0) {
             pthread_mutex_lock(&comm->lock);
             d->in_use = 0;
             /* Refused (another host, an older agent) or
              * failed: calls it is, for good. */
             d->disabled = 1;
             pthread_mutex_unlock(&comm->lock);
-            return 0;
+            return NULL;
         }
         d->ctl = (ps_doorbell_ctl_t *)(void *)(d->seg.base + PS_DOORBELL_CTL);
     }
-    ps_doorbell_ctl_t *ctl = d->ctl;
-    c->hdr.shm = d->seg.name;
-    c->hdr.shm_out_offset = PS_DOORBELL_OUT;
-    size_t hl = protobuf_c_message_get_packed_size(&c->hdr.base);
-    if (hl > PS_DOORBELL_HEADER || __atomic_load_n(&ctl->closed, __ATOMIC_ACQUIRE)) {
-        c->hdr.shm = (char *)protobuf_c_empty_string;
-        c->hdr.shm_out_offset = 0;
+    if (__atomic_load_n(&d->ctl->closed, __ATOMIC_ACQUIRE)) {
         pthread_mutex_lock(&comm->lock);
         d->in_use = 0;
-        d->disabled |= ctl->closed != 0;
+        d->disabled = 1;
         pthread_mutex_unlock(&comm->lock);
-        return 0;
+        return NULL;
     }
+    return d;
+}
+
+static void doorbell_release(ps_comm_t *comm, struct ps__doorbell *d)
+{
+    pthread_mutex_lock(&comm->lock);
+    d->in_use = 0;
+    pthread_mutex_unlock(&comm->lock);
+}
+
+/* Rings d with c's header (whose shm names where the payload is) and waits
+ * for the answer: 0 when answered (ctl holds it), 1 when abandoned (*rc and
+ * *msg say why; the doorbell is retired), -1 when not rung (the header does
+ * not fit: a call it is). */
+static int doorbell_ring(ps_comm_t *comm, struct ps__doorbell *d, ps__coll_t *c, int *rc,
+                         char **msg)
+{
+    ps_doorbell_ctl_t *ctl = d->ctl;
+    size_t hl = protobuf_c_message_get_packed_size(&c->hdr.base);
+    if (hl > PS_DOORBELL_HEADER)
+        return -1;
     protobuf_c_message_pack(&c->hdr.base, ctl->header);
     ctl->header_len = (uint32_t)hl;
-    c->hdr.shm = (char *)protobuf_c_empty_string;
-    c->hdr.shm_out_offset = 0;
-    if (c->in_bytes)
-        memcpy(d->seg.base, c->in, c->in_bytes);
     uint32_t req = __atomic_load_n(&ctl->req, __ATOMIC_RELAXED) + 1;
     __atomic_store_n(&ctl->req, req, __ATOMIC_RELEASE);
     ps_doorbell_futex(&ctl->req, FUTEX_WAKE, 1, NULL);
@@ -414,13 +440,13 @@ int ps__doorbell_run(ps_comm_t *comm, ps__coll_t *c, int *rc, char **msg)
     for (;;) {
         uint32_t r = __atomic_load_n(&ctl->resp, __ATOMIC_ACQUIRE);
         if (r == req)
-            break;
+            return 0;
         /* Short waits: a job that breaks meanwhile (a peer lost, the agent
          * gone) is noticed on the next turn. */
         struct timespec slice = {0, 50 * 1000 * 1000};
         ps_doorbell_futex(&ctl->resp, FUTEX_WAIT, r, &slice);
         if (__atomic_load_n(&ctl->resp, __ATOMIC_ACQUIRE) == req)
-            break;
+            return 0;
         pthread_mutex_lock(&comm->lock);
         int broken = comm->broken, gone = comm->join_ended;
         char *why = broken && comm->broken_msg ? strdup(comm->broken_msg) : NULL;
@@ -436,23 +462,50 @@ int ps__doorbell_run(ps_comm_t *comm, ps__coll_t *c, int *rc, char **msg)
         }
         free(why);
     }
-    int code = ctl->code;
-    if (code != 0) {
-        *rc = code > 0 ? -code : PS_EUNKNOWN;
-        *msg = strndup(ctl->message, sizeof(ctl->message) - 1); /* NUL-ended by the agent */
-    } else if (c->out_bytes && !ctl->shm) {
-        *rc = PS_EINTERNAL;
-        *msg = strdup("the agent answered the doorbell without the output");
-    } else {
-        if (c->out_bytes)
-            memcpy(c->out, d->seg.base + PS_DOORBELL_OUT, c->out_bytes);
-        c->source = ctl->source;
-        *rc = 0;
+}
+
+int ps__doorbell_run(ps_comm_t *comm, ps__coll_t *c, int *rc, char **msg)
+{
+    int small = c->in_bytes <= PS_DOORBELL_PAYLOAD && c->out_bytes <= PS_DOORBELL_PAYLOAD;
+    struct ps__doorbell *d = doorbell_claim(comm);
+    if (!d)
+        return 0;
+    if (small) {
+        c->hdr.shm = d->seg.name;
+        c->hdr.shm_out_offset = PS_DOORBELL_OUT;
+        if (c->in_bytes)
+            memcpy(d->seg.base, c->in, c->in_bytes);
+    } else if (!d->seg.segments || !ps__shm_begin(comm, c, 1)) {
+        doorbell_release(comm, d);
+        return 0;
     }
-    pthread_mutex_lock(&comm->lock);
-    d->in_use = 0;
-    pthread_mutex_unlock(&comm->lock);
-    return 1;
+    int rung = doorbell_ring(comm, d, c, rc, msg);
+    if (rung == 0) {
+        ps_doorbell_ctl_t *ctl = d->ctl;
+        int code = ctl->code;
+        if (code != 0) {
+            *rc = code > 0 ? -code : PS_EUNKNOWN;
+            *msg = strndup(ctl->message, sizeof(ctl->message) - 1); /* NUL-ended by the agent */
+        } else if (c->out_bytes && !ctl->shm) {
+            *rc = PS_EINTERNAL;
+            *msg = strdup("the agent answered the doorbell without the output");
+        } else {
+            const uint8_t *out = small ? d->seg.base + PS_DOORBELL_OUT : c->shm_out;
+            if (c->out_bytes && c->out != out) /* else registered memory */
+                memcpy(c->out, out, c->out_bytes);
+            c->source = ctl->source;
+            *rc = 0;
+        }
+    }
+    if (small) {
+        c->hdr.shm = (char *)protobuf_c_empty_string;
+        c->hdr.shm_out_offset = 0;
+    } else {
+        shm_end(comm, c, rung == 1);
+    }
+    if (rung != 1)
+        doorbell_release(comm, d);
+    return rung >= 0;
 }
 
 void ps__shm_free(ps_comm_t *comm)

@@ -3419,6 +3419,20 @@ static void shms_drop(ps__hub_t *h, const char *job, int rank, int kind)
     }
 }
 
+/* Whether a doorbell request may name segment `name`: the doorbell itself
+ * (its payload in it), or another segment of the same job and rank, its
+ * payload segment or registered memory (ShmAttachResponse.doorbell_segments). */
+static int doorbell_may_name(ps__hub_t *h, const shm_map_t *map, const char *name)
+{
+    if (strcmp(name, map->name) == 0)
+        return 1;
+    pthread_mutex_lock(&h->lock);
+    const shm_map_t *sm = shms_find(h, map->job, name);
+    int ok = sm && sm->rank == map->rank && sm->kind != PS_SHM_DOORBELL;
+    pthread_mutex_unlock(&h->lock);
+    return ok;
+}
+
 /* Answers one request rung on a doorbell: serves it as a Collective call
  * whose first frame is the packed header, through a local call. */
 static void doorbell_serve(ps__hub_t *h, shm_map_t *map)
@@ -3436,8 +3450,9 @@ static void doorbell_serve(ps__hub_t *h, shm_map_t *map)
     if (!hd || !meta) {
         msg = strdup(hd ? "out of memory" : "a malformed header on the doorbell");
         code = hd ? GRPC_STATUS_RESOURCE_EXHAUSTED : code;
-    } else if (strcmp(hd->job, map->job) != 0 || strcmp(hd->shm, map->name) != 0) {
-        msg = strdup("a doorbell request must name the segment's own job and the segment");
+    } else if (strcmp(hd->job, map->job) != 0 || !doorbell_may_name(h, map, hd->shm)) {
+        msg = strdup("a doorbell request must name the segment's own job, and the doorbell or "
+                     "another segment of the same rank");
     } else if (ps__rpc_call_local(&call) < 0) {
         msg = strdup("out of memory");
         code = GRPC_STATUS_RESOURCE_EXHAUSTED;

@@ -23,6 +23,12 @@
  *           output at PS_DOORBELL_OUT; fills code, message, source; then
  *           resp = req (release) and FUTEX_WAKE on resp.
  *
+ * An agent whose ShmAttach answer had doorbell_segments set also takes a
+ * request whose header names another segment of the same rank (its payload
+ * segment or registered memory: shm, shm_in_offset, shm_out_offset as in a
+ * Collective call) with the input there, of any size; the output goes there
+ * too, and nothing is read from or written to this segment's payload bytes.
+ *
  * One request at a time per segment. `closed`, set by the agent, says it
  * serves no more requests here (the worker goes back to gRPC calls). The
  * words are shared between processes: futexes without FUTEX_PRIVATE_FLAG.
