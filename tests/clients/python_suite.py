@@ -1058,6 +1058,28 @@ def w_doorbell():
         assert rung >= 150 * 4, "the doorbell answered %d requests in 150 rounds" % rung
     else:
         assert rung == 0 and w.doorbell.map is None, "a doorbell with PARAMSYNC_SHM=0"
+    # Past the doorbell's own 2 KiB, up to 800 KB: the payload goes through the segment
+    # (or empty() memory, in place) and still no call is made. Each result checked.
+    before = w.doorbell.rung
+    z = np.arange(4096, dtype=np.float32) * (r + 1)  # 16 KiB
+    dist.all_reduce(z)
+    expect_eq(z, np.arange(4096, dtype=np.float32) * tri, "all_reduce 16 KiB")
+    e = dist.empty(200000, dtype=np.float32)  # 800 KB in memory the agent uses in place
+    e[:] = r + 1
+    dist.all_reduce(e)
+    expect_eq(e, np.full(200000, tri, np.float32), "all_reduce 800 KB of empty()")
+    big = np.full(3000, r * 2 + 1, np.int32)
+    dist.broadcast(big, src=n - 1)
+    expect_eq(big, np.full(3000, (n - 1) * 2 + 1, np.int32), "broadcast 12 KB")
+    lst = [np.zeros(1000, np.int64) for _ in range(n)]
+    dist.all_gather(lst, np.full(1000, r, np.int64))
+    for q in range(n):
+        expect_eq(lst[q], np.full(1000, q, np.int64), "all_gather of 8 KB [%d]" % q)
+    mid = w.doorbell.rung - before
+    if shm:
+        assert mid == 4, "%d of 4 collectives of 8 KB to 800 KB went through the doorbell" % mid
+    else:
+        assert mid == 0
     dist.destroy_process_group()
     print("rank %d: 150 rounds of small collectives checked; %d through the doorbell"
           % (r, rung))

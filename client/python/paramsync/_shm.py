@@ -102,10 +102,11 @@ class Segment:
         self.closed = False
         self.refused = ""  # why the agent refused our segments, once it has
 
-    def begin(self, in_place, in_bytes, out_bytes):
+    def begin(self, in_place, in_bytes, out_bytes, rung=False):
         """Claims the segment for one collective, grown to fit. Returns the output offset,
-        or None: this collective takes gRPC frames (too small, in use, refused)."""
-        if in_bytes + out_bytes < MIN_BYTES or not enabled():
+        or None: this collective takes gRPC frames (too small for a call, in use, refused).
+        rung: the doorbell carries it (no call), so any size goes."""
+        if (not rung and in_bytes + out_bytes < MIN_BYTES) or not enabled():
             return None
         out_off, need = layout(in_place, in_bytes, out_bytes)
         with self._lock:
@@ -379,18 +380,23 @@ def _syscall():
 
 
 class Doorbell:
-    """Small collectives without a gRPC call, as the C client does: when the agent is on
-    this host, a collective whose input and output each fit in DB_PAYLOAD bytes goes as the
-    packed header and input in a small segment, a futex wake, and a futex wait for the
-    answer. One at a time (a concurrent one takes a call). A request abandoned (the job
-    broke while it waited) retires the doorbell, since the agent may still answer into it.
+    """Collectives without a gRPC call, as the C client does: when the agent is on this
+    host, a collective goes as the packed header in a small segment, a futex wake, and a
+    futex wait for the answer. Input and output that each fit in DB_PAYLOAD bytes go in the
+    doorbell; larger ones in the payload segment or empty() memory, whatever their size,
+    when the agent takes such requests (`segments`: ShmAttachResponse.doorbell_segments).
+    One at a time (a concurrent one takes a call). A request abandoned (the job broke while
+    it waited) retires the doorbell, since the agent may still answer into it.
 
     Stores to the segment are ordered by a lock's acquire and release around the request
     and answer words (a full barrier in CPython's locks), so this holds beyond x86's
     ordering too."""
 
     def __init__(self, attach):
-        self._attach = attach  # attach(name, size, magic), as a doorbell segment
+        # attach(name, size, magic), as a doorbell segment: whether the agent takes
+        # requests naming the rank's other segments.
+        self._attach = attach
+        self.segments = False
         self._lock = threading.Lock()
         self._fence = threading.Lock()
         self._syscall = _syscall()
@@ -412,9 +418,12 @@ class Doorbell:
     def _u32(self, off):
         return struct.unpack_from("=I", self.map, off)[0]
 
-    def begin(self, in_bytes, out_bytes):
+    def _attach_doorbell(self, name, size, magic):
+        self.segments = bool(self._attach(name, size, magic))
+
+    def begin(self):
         """Claims the doorbell (making it on first use); False: use a call."""
-        if in_bytes > DB_PAYLOAD or out_bytes > DB_PAYLOAD or not enabled():
+        if not enabled():
             return False
         with self._lock:
             if self.disabled or self.in_use:
@@ -422,7 +431,7 @@ class Doorbell:
             self.in_use = True
         if self.map is None:
             try:
-                self.name, self.map = create(DB_SIZE, self._attach)
+                self.name, self.map = create(DB_SIZE, self._attach_doorbell)
             except Exception:  # noqa: B902 - refused (not the hub, another host) or failed
                 with self._lock:
                     self.disabled = True
@@ -439,7 +448,8 @@ class Doorbell:
 
     def run(self, header, mvs, broken):
         """Rings for one collective whose header names this segment (the caller sets
-        header.shm and shm_out_offset = DB_OUT), with its input mvs. Waits for the answer,
+        header.shm and shm_out_offset = DB_OUT), with its input mvs, or another segment of
+        the rank's with the input in it already (mvs empty). Waits for the answer,
         checking broken() (None, or the exception that ends the wait) between short
         waits. Returns (code, message, source, output memoryview or None), or None when
         the header does not fit (then use a call). The caller calls end()."""

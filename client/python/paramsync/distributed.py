@@ -407,15 +407,16 @@ class _World:
             raise
         if not resp.attached:
             raise _shm.AttachRefused(resp.reason or "the agent did not attach the segment")
+        return resp.doorbell_segments
 
     def _shm_detach(self, name):
         self.stub.ShmDetach(pb.ShmDetachRequest(job=self.job, rank=self.rank, name=name),
                             timeout=10, metadata=self.md)
 
-    def _shm_begin(self, header, send, recv):
+    def _shm_begin(self, header, send, recv, rung=False):
         """Takes this collective through shared memory when it can: in place in memory
         from empty(), else through the process group's segment (the input copied in).
-        Returns a _ShmUse, or None (gRPC frames)."""
+        Returns a _ShmUse, or None (gRPC frames). rung: for the doorbell, any size."""
         # all_reduce and reduce: the agent writes the output over the input.
         in_place = header.kind in (_K.ALL_REDUCE, _K.REDUCE)
         got = self.mem.begin(in_place, send, recv)
@@ -428,7 +429,7 @@ class _World:
         if self.shm is None:
             return None
         off = self.shm.begin(in_place, send.total if send is not None else 0,
-                             recv.total if recv is not None else 0)
+                             recv.total if recv is not None else 0, rung)
         if off is None:
             return None
         try:
@@ -455,19 +456,36 @@ class _World:
         return None
 
     def _doorbell_run(self, header, send, recv, what):
-        """Runs a small collective through the doorbell when it can; returns its result,
-        or None (it takes a call)."""
+        """Runs a collective through the doorbell when it can: its payload in the doorbell
+        when small, else in the segment or empty() memory (the agent permitting). Returns
+        its result, or None (it takes a call)."""
         d = self.doorbell
         want = recv.total if recv is not None else 0
-        if not d.begin(send.total if send is not None else 0, want):
+        small = (send.total if send is not None else 0) <= _shm.DB_PAYLOAD and \
+            want <= _shm.DB_PAYLOAD
+        if not d.begin():
             return None
+        use = None
+        abandoned = False
         try:
-            header.shm = d.name
-            header.shm_out_offset = _shm.DB_OUT
+            if small:
+                header.shm = d.name
+                header.shm_out_offset = _shm.DB_OUT
+            elif not d.segments:
+                return None
+            else:
+                use = self._shm_begin(header, send, recv, rung=True)
+                if use is None:
+                    return None
             try:
-                got = d.run(header, send.mvs if send is not None else [], self._broken)
+                got = d.run(header, send.mvs if send is not None and small else [],
+                            self._broken)
+            except BaseException:
+                abandoned = True
+                raise
             finally:
                 header.shm = ""
+                header.shm_in_offset = 0
                 header.shm_out_offset = 0
             if got is None:
                 return None
@@ -478,9 +496,14 @@ class _World:
                 if out is None:
                     raise ParamsyncError("%s: the agent answered the doorbell without the "
                                          "output" % what, grpc.StatusCode.INTERNAL)
-                recv.write(0, out[:want])
+                if small:
+                    recv.write(0, out[:want])
+                else:
+                    use.get(want, recv)
             return pb.CollectiveResult(source=source)
         finally:
+            if use is not None:
+                use.end(discard=abandoned)
             d.end()
 
     def check(self):
