@@ -159,7 +159,10 @@ function runJob(d, p, transport, a, job) {
   return Promise.all(procs);
 }
 
-const median = (xs) => { const s = [...xs].sort((u, v) => u - v); return s[Math.floor(s.length / 2)]; };
+function median(xs) {
+  const s = [...xs].sort((u, v) => u - v);
+  return s[Math.floor(s.length / 2)];
+}
 
 function busFactor(op, p) {
   return op === 'all_reduce' ? 2 * (p - 1) / p : op === 'all_gather' ? (p - 1) / p : 1;
@@ -175,8 +178,8 @@ async function main() {
   const bytes = a.mib * (1 << 20);
   console.log(`node_shm: ${a.mib} MiB float32, ${a.iters} timed calls per op, ` +
     `median of the slowest rank (node ${process.version}, ${os.cpus().length} cpus)`);
-  console.log('| op | p | frames µs | shm µs | frames busbw GB/s | shm busbw GB/s | shm / frames |' +
-    ' payload bytes as frames (frames / shm run) |');
+  console.log('| op | p | frames µs | shm µs | frames busbw GB/s | shm busbw GB/s |' +
+    ' shm / frames | payload bytes as frames (frames / shm run) |');
   console.log('| --- | --- | --- | --- | --- | --- | --- | --- |');
   for (const p of a.np) {
     const d = await startDaemon(a.paramsyncd);

@@ -13,16 +13,22 @@ let daemon;
 let metricsUrl;
 let ws;
 
-test.before(async () => {
-  daemon = await startDaemon(['--metrics-addr', '127.0.0.1:0']);
-  if (!daemon) return;
+/** A daemon with /metrics on a free port: [daemon, its metrics URL], or [null]. */
+async function daemonWithMetrics(extra = []) {
+  const d = await startDaemon(['--metrics-addr', '127.0.0.1:0', ...extra]);
+  if (!d) return [null];
   const end = Date.now() + 10000;
-  while (!metricsUrl && Date.now() < end) {
-    const m = /metrics on (http:\/\/\S+)/.exec(daemon.log());
-    if (m) metricsUrl = m[1];
-    else await new Promise((r) => setTimeout(r, 20));
+  while (Date.now() < end) {
+    const m = /metrics on (http:\/\/\S+)/.exec(d.log());
+    if (m) return [d, m[1]];
+    await new Promise((r) => setTimeout(r, 20));
   }
-  ws = await worlds(dist, daemon.addr, 'node-shm', N);
+  return [d, undefined];
+}
+
+test.before(async () => {
+  [daemon, metricsUrl] = await daemonWithMetrics();
+  if (daemon) ws = await worlds(dist, daemon.addr, 'node-shm', N);
 });
 test.after(async () => {
   delete process.env.PARAMSYNC_SHM;
@@ -41,8 +47,8 @@ function needDaemon(t) {
 
 const all = (fn) => Promise.all(ws.map((w, r) => fn(w, r)));
 
-async function scrape() {
-  const text = await (await fetch(metricsUrl)).text();
+async function scrape(url) {
+  const text = await (await fetch(url)).text();
   const get = (series) => {
     const line = text.split('\n').find((l) => l.startsWith(`${series} `));
     assert.ok(line, `no ${series} in /metrics`);
@@ -60,21 +66,21 @@ async function scrape() {
 
 // The agent counts a sent frame when gRPC reports it sent, which can come just
 // after the worker has it: read until the counts hold still.
-async function settled() {
-  let last = await scrape();
+async function settled(url) {
+  let last = await scrape(url);
   for (;;) {
     await new Promise((r) => setTimeout(r, 100));
-    const now = await scrape();
+    const now = await scrape(url);
     if (now.grpc === last.grpc && now.shm === last.shm) return now;
     last = now;
   }
 }
 
-/** Runs fn between scrapes; resolves to the bytes that went each way meanwhile. */
-async function bytesOf(fn) {
-  const before = await settled();
+/** Runs fn between scrapes of url; resolves to the bytes that went each way meanwhile. */
+async function bytesOf(fn, url = metricsUrl) {
+  const before = await settled(url);
   await fn();
-  const after = await settled();
+  const after = await settled(url);
   return { grpc: after.grpc - before.grpc, shm: after.shm - before.shm };
 }
 
@@ -207,4 +213,40 @@ test('a failed ShmAttach takes frames for that call only; errors lose nothing', 
     ws[0].shm.attach = attach;
   }
   assert.deepStrictEqual(namesLeft(), []);
+});
+
+test('an agent that refuses the segment turns the path off for good', async (t) => {
+  if (!needDaemon(t)) return;
+  // Segments may be at most 2 x --max-tensor-bytes + 4 KiB: an all_to_all of
+  // 1.4 MB each way fits the limit on payloads but needs a 4 MiB segment.
+  const [d, url] = await daemonWithMetrics(['--max-tensor-bytes', '1536K']);
+  assert.ok(url, `the daemon announced no metrics address:\n${d.log()}`);
+  let mine;
+  try {
+    mine = await worlds(dist, d.addr, 'node-shm-refused', N);
+    const k = 350000;
+    const ins = mine.map((_, r) => filled(r, k));
+    const outs = mine.map(() => new Float32Array(k));
+    let moved = await bytesOf(
+      () => Promise.all(mine.map((w, r) => w.allToAllSingle(outs[r], ins[r]))), url);
+    const h = k / 2; // a block
+    outs.forEach((o, r) => {
+      assert.deepStrictEqual(o.subarray(0, h), filled(0, k).subarray(r * h, (r + 1) * h));
+      assert.deepStrictEqual(o.subarray(h), filled(1, k).subarray(r * h, (r + 1) * h));
+    });
+    assert.strictEqual(moved.shm, 0);
+    assert.strictEqual(moved.grpc, 2 * N * 4 * k);
+    mine.forEach((w) => assert.ok(w.shm.disabled && /size/.test(w.shm.refused),
+      `not turned off: ${w.shm.refused}`));
+    // A collective the limit would allow still takes frames: no new offer.
+    const xs = mine.map((_, r) => filled(r, 50000));
+    moved = await bytesOf(() => Promise.all(mine.map((w, r) => w.allReduce(xs[r]))), url);
+    xs.forEach((x) => assert.deepStrictEqual(x, filled(2, 50000)));
+    assert.strictEqual(moved.shm, 0);
+    assert.strictEqual(moved.grpc, 2 * N * 4 * 50000);
+    assert.deepStrictEqual(namesLeft(), []);
+  } finally {
+    if (mine) await Promise.all(mine.map((w) => w.destroy()));
+    await d.stop();
+  }
 });
