@@ -96,44 +96,15 @@ async function worker() {
 
 // ------------------------------------------------------------------ driver
 
-function startDaemon(bin) {
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ps-node-bench-'));
-  const file = path.join(dir, 'addr');
-  const proc = spawn(bin, ['--listen', '127.0.0.1:0', '--announce-file', file, '--metrics-addr',
-    '127.0.0.1:0'], { stdio: ['ignore', 'pipe', 'pipe'] });
-  let log = '';
-  proc.stdout.on('data', (d) => { log += d; });
-  proc.stderr.on('data', (d) => { log += d; });
-  return new Promise((resolve, reject) => {
-    const end = Date.now() + 30000;
-    const poll = () => {
-      const m = /metrics on (http:\/\/\S+)/.exec(log);
-      let addr = null;
-      try {
-        const t = fs.readFileSync(file, 'utf8');
-        if (t.endsWith('\n')) addr = t.trim();
-      } catch (e) { /* not yet */ }
-      if (addr && m) {
-        resolve({ addr, metrics: m[1], stop: () => {
-          proc.kill('SIGTERM');
-          fs.rmSync(dir, { recursive: true, force: true });
-        } });
-      } else if (proc.exitCode !== null || Date.now() > end) {
-        reject(new Error(`paramsyncd did not start:\n${log}`));
-      } else {
-        setTimeout(poll, 20);
-      }
-    };
-    poll();
-  });
-}
+// The Node client tests' daemon launcher and /metrics reader (client/node/test/helpers.js).
+const helpers = require(path.join(REPO, 'client', 'node', 'test', 'helpers'));
 
+/** Payload bytes between workers and agent as gRPC frames so far, both directions. */
 async function payloadBytes(url) {
-  const text = await (await fetch(url)).text();
   let sum = 0;
-  for (const l of text.split('\n')) {
-    if (l.startsWith('paramsync_payload_bytes_total{') && l.includes('link="worker"')) {
-      sum += Number(l.split(' ')[1]);
+  for (const [series, v] of await helpers.scrapeMetrics(url)) {
+    if (series.startsWith('paramsync_payload_bytes_total{') && series.includes('link="worker"')) {
+      sum += v;
     }
   }
   return sum;
@@ -182,15 +153,17 @@ async function main() {
     ' shm / frames | payload bytes as frames (frames / shm run) |');
   console.log('| --- | --- | --- | --- | --- | --- | --- | --- |');
   for (const p of a.np) {
-    const d = await startDaemon(a.paramsyncd);
+    process.env.PARAMSYNC_DAEMON = a.paramsyncd; // which binary helpers start
+    const [d, metrics] = await helpers.daemonWithMetrics();
+    if (!metrics) throw new Error(`paramsyncd announced no metrics address:\n${d.log()}`);
     try {
       const res = {};
       const moved = {};
       for (const t of ['grpc', 'shm']) {
         process.stderr.write(`node_shm: p=${p} ${t} ...\n`);
-        const before = await payloadBytes(d.metrics);
+        const before = await payloadBytes(metrics);
         const ranks = await runJob(d, p, t, a, `node-bench-${p}-${t}`);
-        moved[t] = (await payloadBytes(d.metrics)) - before;
+        moved[t] = (await payloadBytes(metrics)) - before;
         res[t] = {};
         for (const op of OPS) {
           const slowest = ranks[0][op].map((_, i) => Math.max(...ranks.map((x) => x[op][i])));
@@ -207,7 +180,7 @@ async function main() {
           `${(g / s).toFixed(2)}× | ${moved.grpc} / ${moved.shm} |`);
       }
     } finally {
-      d.stop();
+      await d.stop();
     }
   }
   return undefined;

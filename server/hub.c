@@ -2300,13 +2300,13 @@ static int ring_piece_of_round(const ring_t *rg, int r, int recv)
  * taken. In a passing ring the owner's ranks (a broadcast's root) are done
  * without hearing from anyone: its ranks must not be answered OK while
  * another agent fails the collective for a mismatch. So two tokens go
- * round: the first agent (position 0) sends token 1 once it took its own
- * link; each agent passes it on as it comes (its link carried it, so was
- * taken); back at position 0 every link was taken, and token 2 tells the
- * others so, going round to position A - 1. Each agent passes token 1 on
- * (position 0: starts it) only once its own ranks are all there
- * (ring_tok_held), so ranks are answered OK only once every rank of the
- * group came and agreed. A barrier is nothing but these tokens.
+ * round: the first agent (position 0) starts token 1 once it took its own
+ * link and its own ranks are all there; each agent passes it on once it
+ * came (its link carried it, so was taken) and its own ranks are all there
+ * too (ring_tok_held: each was checked against the header as it came).
+ * Back at position 0 every rank of the group came and agreed, and token 2
+ * tells the others so, going round to position A - 1; ranks are answered OK
+ * only then. A barrier is nothing but these tokens.
  */
 #define PS_RING_TOKEN (UINT64_MAX - 2) /* + 1, + 2: the tag of token 1, 2 */
 

@@ -748,7 +748,7 @@ class World {
           // cancelled here may still have the agent using the segment: a new one next.
           if (!failure && st.code === grpc.status.OK && inShm && want) {
             try {
-              shm.get(Number(header.shm_out_offset), want, recv);
+              shm.get(shmOff, want, recv);
               got = want;
             } catch (e) {
               failure = new ParamsyncError(`${what}: reading the result from shared memory: ` +

@@ -784,10 +784,11 @@ static int doorbell_foreign(ctx_t *cx, ps_doorbell_ctl_t *ctl)
     if (cx->rank == 1) {
         Paramsync__V1__CollectiveHeader *last =
             paramsync__v1__collective_header__unpack(NULL, ctl->header_len, ctl->header);
-        CHECK(last && strlen(last->shm) > 0 && strlen(last->shm) < sizeof(theirs),
-              "the last doorbell request's header names no segment");
-        snprintf(theirs, sizeof(theirs), "%s", last->shm);
-        protobuf_c_message_free_unpacked(&last->base, NULL);
+        if (last && strlen(last->shm) < sizeof(theirs))
+            snprintf(theirs, sizeof(theirs), "%s", last->shm);
+        if (last)
+            protobuf_c_message_free_unpacked(&last->base, NULL);
+        CHECK(*theirs, "the last doorbell request's header names no segment");
     }
     CHECK_OK(ps_broadcast(cx->comm, theirs, sizeof(theirs), PS_UINT8, 1, NULL));
     CHECK(strncmp(theirs, "/paramsync.", 11) == 0, "rank 1's segment is called '%s'", theirs);

@@ -4,7 +4,7 @@
 const test = require('node:test');
 const assert = require('node:assert');
 const dist = require('..');
-const { startDaemon, worlds } = require('./helpers');
+const { startDaemon, haveDaemon, worlds } = require('./helpers');
 
 const N = 3;
 let daemon;
@@ -19,13 +19,7 @@ test.after(async () => {
   if (daemon) await daemon.stop();
 });
 
-function needDaemon(t) {
-  if (!daemon) {
-    t.skip('SKIPPED: no paramsyncd (set PARAMSYNC_DAEMON or build build/server/paramsyncd)');
-    return false;
-  }
-  return true;
-}
+const needDaemon = (t) => haveDaemon(t, daemon);
 
 // Every rank calls fn(world, rank) at once; resolves to their results.
 const all = (fn) => Promise.all(ws.map((w, r) => fn(w, r)));

@@ -4,11 +4,11 @@
 const test = require('node:test');
 const assert = require('node:assert');
 const dist = require('..');
-const { startDaemon, worlds } = require('./helpers');
+const { startDaemon, haveDaemon, worlds } = require('./helpers');
 
 test('a rank that never arrives: DEADLINE_EXCEEDED naming it', async (t) => {
   const d = await startDaemon();
-  if (!d) { t.skip('SKIPPED: no paramsyncd (set PARAMSYNC_DAEMON)'); return; }
+  if (!haveDaemon(t, d)) return;
   const ws = await worlds(dist, d.addr, 'node-timeout', 2, { timeout: 1500 });
   try {
     const t0 = Date.now();
@@ -25,7 +25,7 @@ test('a rank that never arrives: DEADLINE_EXCEEDED naming it', async (t) => {
 
 test('a rank whose stream breaks: in-flight and later collectives fail naming it', async (t) => {
   const d = await startDaemon();
-  if (!d) { t.skip('SKIPPED: no paramsyncd (set PARAMSYNC_DAEMON)'); return; }
+  if (!haveDaemon(t, d)) return;
   const ws = await worlds(dist, d.addr, 'node-lost', 3);
   try {
     const inflight = ws[0].allReduce(new Float32Array(4));

@@ -49,6 +49,39 @@ async function startDaemon(extra = [], announce) {
   }
 }
 
+/** Starts paramsyncd with /metrics on a free port: resolves to [daemon, metrics URL]
+ * ([null] without a paramsyncd; the URL undefined if the daemon never announced it). */
+async function daemonWithMetrics(extra = []) {
+  const d = await startDaemon(['--metrics-addr', '127.0.0.1:0', ...extra]);
+  if (!d) return [null];
+  const end = Date.now() + 10000;
+  while (Date.now() < end) {
+    const m = /metrics on (http:\/\/\S+)/.exec(d.log());
+    if (m) return [d, m[1]];
+    await new Promise((r) => setTimeout(r, 20));
+  }
+  return [d, undefined];
+}
+
+/** The daemon's /metrics at url: a Map from each series (name and labels) to its value. */
+async function scrapeMetrics(url) {
+  const text = await (await fetch(url)).text();
+  const series = new Map();
+  for (const line of text.split('\n')) {
+    if (!line || line.startsWith('#')) continue;
+    const cut = line.lastIndexOf(' ');
+    series.set(line.slice(0, cut), Number(line.slice(cut + 1)));
+  }
+  return series;
+}
+
+/** Skips test t, saying so, when there is no daemon d: true when t may go on. */
+function haveDaemon(t, d) {
+  if (d) return true;
+  t.skip('SKIPPED: no paramsyncd (set PARAMSYNC_DAEMON or build build/server/paramsyncd)');
+  return false;
+}
+
 /** Joins n ranks of one job as World objects of this process. */
 async function worlds(dist, addr, job, n, extra = {}) {
   return Promise.all([...Array(n).keys()].map((rank) => dist.World.init({
@@ -67,4 +100,5 @@ function runNode(code, env) {
   });
 }
 
-module.exports = { startDaemon, worlds, runNode, daemonBinary, REPO };
+module.exports = { startDaemon, daemonWithMetrics, scrapeMetrics, haveDaemon, worlds, runNode,
+  daemonBinary, REPO };

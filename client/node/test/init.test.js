@@ -6,7 +6,7 @@ const assert = require('node:assert');
 const fs = require('fs');
 const os = require('os');
 const path = require('path');
-const { startDaemon, runNode, daemonBinary } = require('./helpers');
+const { startDaemon, haveDaemon, runNode, daemonBinary } = require('./helpers');
 
 const WORKER = `
 const dist = require('.');
@@ -48,7 +48,7 @@ const clean = { PARAMSYNC_ADDR: '', MASTER_ADDR: '', MASTER_PORT: '', RANK: '', 
 
 test('env:// with PARAMSYNC_ADDR, and with MASTER_ADDR/MASTER_PORT', async (t) => {
   const d = await startDaemon();
-  if (!d) { t.skip('SKIPPED: no paramsyncd (set PARAMSYNC_DAEMON)'); return; }
+  if (!haveDaemon(t, d)) return;
   try {
     check(await pair([0, 1].map((r) => ({ ...clean, PARAMSYNC_ADDR: d.addr, WORLD_SIZE: '2',
       RANK: String(r), PARAMSYNC_JOB: 'node-env' }))));
@@ -62,7 +62,7 @@ test('env:// with PARAMSYNC_ADDR, and with MASTER_ADDR/MASTER_PORT', async (t) =
 
 test('tcp:// with ranks assigned by the daemon', async (t) => {
   const d = await startDaemon();
-  if (!d) { t.skip('SKIPPED: no paramsyncd (set PARAMSYNC_DAEMON)'); return; }
+  if (!haveDaemon(t, d)) return;
   try {
     check(await pair([0, 1].map(() => ({ ...clean,
       INIT: `tcp://${d.addr}?job=node-tcp&world_size=2` }))));
@@ -72,7 +72,7 @@ test('tcp:// with ranks assigned by the daemon', async (t) => {
 });
 
 test('file:// waits for the daemon to announce itself', async (t) => {
-  if (!daemonBinary()) { t.skip('SKIPPED: no paramsyncd (set PARAMSYNC_DAEMON)'); return; }
+  if (!haveDaemon(t, daemonBinary())) return;
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ps-node-file-'));
   const file = path.join(dir, 'shared');
   const workers = pair([0, 1].map((r) => ({ ...clean, INIT: `file://${file}?world_size=2&rank=${r}` })));

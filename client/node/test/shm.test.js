@@ -6,25 +6,12 @@ const test = require('node:test');
 const assert = require('node:assert');
 const fs = require('fs');
 const dist = require('..');
-const { startDaemon, worlds } = require('./helpers');
+const { daemonWithMetrics, scrapeMetrics, haveDaemon, worlds } = require('./helpers');
 
 const N = 2;
 let daemon;
 let metricsUrl;
 let ws;
-
-/** A daemon with /metrics on a free port: [daemon, its metrics URL], or [null]. */
-async function daemonWithMetrics(extra = []) {
-  const d = await startDaemon(['--metrics-addr', '127.0.0.1:0', ...extra]);
-  if (!d) return [null];
-  const end = Date.now() + 10000;
-  while (Date.now() < end) {
-    const m = /metrics on (http:\/\/\S+)/.exec(d.log());
-    if (m) return [d, m[1]];
-    await new Promise((r) => setTimeout(r, 20));
-  }
-  return [d, undefined];
-}
 
 test.before(async () => {
   [daemon, metricsUrl] = await daemonWithMetrics();
@@ -37,30 +24,28 @@ test.after(async () => {
 });
 
 function needDaemon(t) {
-  if (!daemon) {
-    t.skip('SKIPPED: no paramsyncd (set PARAMSYNC_DAEMON or build build/server/paramsyncd)');
-    return false;
-  }
+  if (!haveDaemon(t, daemon)) return false;
   assert.ok(metricsUrl, `the daemon announced no metrics address:\n${daemon.log()}`);
   return true;
 }
 
 const all = (fn) => Promise.all(ws.map((w, r) => fn(w, r)));
 
+/** Payload bytes between workers and the agent so far: as gRPC frames, and through
+ * shared memory (mapped or through the segments' files), both directions. */
 async function scrape(url) {
-  const text = await (await fetch(url)).text();
-  const get = (series) => {
-    const line = text.split('\n').find((l) => l.startsWith(`${series} `));
-    assert.ok(line, `no ${series} in /metrics`);
-    return Number(line.split(' ')[1]);
-  };
+  const m = await scrapeMetrics(url);
+  const sum = (name, labels) => labels.reduce((acc, l) => {
+    const v = m.get(`${name}{${l}}`);
+    assert.ok(v !== undefined, `no ${name}{${l}} in /metrics`);
+    return acc + v;
+  }, 0);
   return {
-    grpc: get('paramsync_payload_bytes_total{direction="received",link="worker"}') +
-      get('paramsync_payload_bytes_total{direction="sent",link="worker"}'),
-    shm: get('paramsync_shm_bytes_total{direction="received",access="mapped"}') +
-      get('paramsync_shm_bytes_total{direction="sent",access="mapped"}') +
-      get('paramsync_shm_bytes_total{direction="received",access="file"}') +
-      get('paramsync_shm_bytes_total{direction="sent",access="file"}'),
+    grpc: sum('paramsync_payload_bytes_total',
+      ['direction="received",link="worker"', 'direction="sent",link="worker"']),
+    shm: sum('paramsync_shm_bytes_total', ['direction="received",access="mapped"',
+      'direction="sent",access="mapped"', 'direction="received",access="file"',
+      'direction="sent",access="file"']),
   };
 }
 
