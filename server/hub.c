@@ -432,6 +432,9 @@ static const char *kind_name(int k);
 #define PS_HUB_NOT_ATTACHED                                                                        \
     "its shared-memory segment is not attached to this agent (ShmAttach first)"
 
+#define PS_HUB_FOREIGN                                                                             \
+    "its shared-memory segment was attached by another rank (a rank uses only its own)"
+
 /* The attached segment `name` of job, or NULL. Lock held. */
 static shm_map_t *shms_find(const ps__hub_t *h, const char *job, const char *name)
 {
@@ -439,6 +442,22 @@ static shm_map_t *shms_find(const ps__hub_t *h, const char *job, const char *nam
         if (strcmp(sm->name, name) == 0 && strcmp(sm->job, job) == 0)
             return sm;
     return NULL;
+}
+
+static int job_rank(const ps__job_info_t *info, uint32_t group, int grank);
+
+/* The segment a collective's header names, when the rank that calls attached
+ * it; else NULL, with *msg saying why. Lock held; hd passed header_check. */
+static shm_map_t *shms_find_own(const ps__hub_t *h, const ps__job_info_t *info, const header_t *hd,
+                                const char **msg)
+{
+    shm_map_t *sm = shms_find(h, hd->job, hd->shm);
+    *msg = !sm ? PS_HUB_NOT_ATTACHED : NULL;
+    if (sm && sm->rank != job_rank(info, hd->group, hd->rank)) {
+        *msg = PS_HUB_FOREIGN;
+        sm = NULL;
+    }
+    return sm;
 }
 
 /* Whether a member's output goes exactly over its input in its segment
@@ -3096,13 +3115,14 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
         goto fail_locked;
     }
     if (hd->shm && *hd->shm) {
-        m->shm = shms_find(h, hd->job, hd->shm);
+        const char *why;
+        m->shm = shms_find_own(h, &j->info, hd, &why);
         if (!m->shm || m->frame.data_len || shm_broken(m->shm)) {
             code =
                 m->shm && !m->frame.data_len ? GRPC_STATUS_DATA_LOSS : GRPC_STATUS_INVALID_ARGUMENT;
             snprintf(msg, sizeof(msg), "%s (group %u): rank %d: %s", kind_name(hd->kind), hd->group,
                      hd->rank,
-                     !m->shm             ? PS_HUB_NOT_ATTACHED
+                     !m->shm             ? why
                      : m->frame.data_len ? "a collective in shared memory carries no data frames"
                                          : "its shared-memory segment shrank under the agent "
                                            "earlier (truncated?): make a new one");
@@ -3692,11 +3712,12 @@ int ps__hub_shm_io_open(ps__hub_t *h, const header_t *hd, ps__shm_io_t *io, char
     job_t *j = job_get(h, hd, &code, msg, len);
     int n = j ? group_size(j, hd->group) : -1;
     shm_map_t *map = NULL;
+    const char *why;
     if (j && (code = header_check(h->cfg, hd, n, msg, len)) == 0 &&
-        !(map = shms_find(h, hd->job, hd->shm))) {
+        !(map = shms_find_own(h, &j->info, hd, &why))) {
         code = GRPC_STATUS_INVALID_ARGUMENT;
         snprintf(msg, len, "%s (group %u): rank %d: %s", kind_name(hd->kind), hd->group, hd->rank,
-                 PS_HUB_NOT_ATTACHED);
+                 why);
     }
     if (map) {
         /* The payload sizes of the member, as the hub will see them. */

@@ -760,14 +760,15 @@ def case_malformed_calls(d, rng):
     still_serves(d, "malformed_calls")
 
 
-def two_ranks(d, job, what):
-    """Job `job` of 2 ranks, each on a connection of its own: (conns, members,
-    incarnation)."""
-    conns = [pw.Conn(d.addr) for _ in range(2)]
+def join_ranks(addrs, job, what):
+    """Job `job` of len(addrs) ranks, rank i joining through addrs[i] on a
+    connection of its own: (conns, members, incarnation)."""
+    n = len(addrs)
+    conns = [pw.Conn(a) for a in addrs]
     members = [pw.Member(c) for c in conns]
-    ready = [None, None]
-    ts = [threading.Thread(target=lambda i=i: ready.__setitem__(i, members[i].join(job, 2, i)))
-          for i in range(2)]
+    ready = [None] * n
+    ts = [threading.Thread(target=lambda i=i: ready.__setitem__(i, members[i].join(job, n, i)))
+          for i in range(n)]
     for t in ts:
         t.start()
     for t in ts:
@@ -775,6 +776,11 @@ def two_ranks(d, job, what):
     pw.check(all(r is not None and not isinstance(r, pw.RpcOutcome) for r in ready),
              "%s: cannot form job %s: %r" % (what, job, ready))
     return conns, members, ready[0].incarnation
+
+
+def two_ranks(d, job, what):
+    """Job `job` of 2 ranks on daemon d: (conns, members, incarnation)."""
+    return join_ranks([d.addr, d.addr], job, what)
 
 
 def case_cancelled_calls(d, rng):
@@ -826,9 +832,117 @@ def case_cancelled_calls(d, rng):
     still_serves(d, "cancelled_calls")
 
 
+def attach_segment(conn, job, rank, nbytes, rng, registered=False, pattern=0):
+    """A /dev/shm segment of `nbytes` (the agent's magic first, then bytes of
+    `pattern`) that rank `rank` of job attaches over conn: (name, fd). The
+    caller closes fd and unlinks the name."""
+    import mmap
+    pb, _ = pw.stubs()
+    name = "/ps-robust-%d-%d" % (os.getpid(), rng.randrange(1 << 30))
+    fd = os.open("/dev/shm" + name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.ftruncate(fd, nbytes)
+        with mmap.mmap(fd, nbytes) as mm:
+            magic = rng.getrandbits(63)
+            mm[0:8] = magic.to_bytes(8, sys.byteorder)
+            mm[8:nbytes] = bytes([pattern]) * (nbytes - 8)
+        resp = conn.worker.ShmAttach(pb.ShmAttachRequest(
+            job=job, rank=rank, name=name, size=nbytes, magic=magic, registered=registered),
+            timeout=CALL_DEADLINE_S)
+        pw.check(resp.attached, "ShmAttach of %s by rank %d refused: %s"
+                 % (name, rank, resp.reason))
+    except BaseException:
+        os.close(fd)
+        os.unlink("/dev/shm" + name)
+        raise
+    return name, fd
+
+
+def drop_segment(name, fd):
+    os.close(fd)
+    try:
+        os.unlink("/dev/shm" + name)
+    except OSError:
+        pass
+
+
+def foreign_calls(conns, members, inc, job, caller, owner, rng, where):
+    """Rank `caller` names rank `owner`'s segment (payload, then registered)
+    in an all_reduce: INVALID_ARGUMENT at once, the segment untouched; then
+    the job's next all_reduce still works."""
+    pb, _ = pw.stubs()
+    nbytes = 4096 + 64
+    coll = conns[caller].channel.stream_stream("/paramsync.v1.Worker/Collective")
+    for registered in (False, True):
+        what = "%s, %s" % (where, "registered" if registered else "payload")
+        name, fd = attach_segment(conns[owner], job, owner, nbytes, rng, registered,
+                                  pattern=0x5a)
+        try:
+            before = os.pread(fd, nbytes, 0)
+            f = pb.Frame()
+            f.header.CopyFrom(pb.CollectiveHeader(
+                job=job, seq=0, kind=pb.ALL_REDUCE, dtype=pb.FLOAT32, count=16, rank=caller,
+                incarnation=inc, shm=name, shm_in_offset=64, shm_out_offset=64))
+            t0 = time.monotonic()
+            try:
+                list(coll(iter([f.SerializeToString()]), timeout=5))
+                got = pw.RpcOutcome(0, "")
+            except pw.grpc.RpcError as e:
+                got = pw.RpcOutcome(e.code().value[0], e.details() or "")
+            pw.log("foreign_segment (%s): rank %d naming rank %d's segment: %r after %.2fs"
+                   % (what, caller, owner, got, time.monotonic() - t0))
+            pw.expect(got.name == "INVALID_ARGUMENT" and "another rank" in got.message,
+                      "foreign_segment (%s): rank %d's call naming rank %d's segment got %r, "
+                      "want INVALID_ARGUMENT saying it is another rank's"
+                      % (what, caller, owner, got))
+            pw.expect(os.pread(fd, nbytes, 0) == before,
+                      "foreign_segment (%s): rank %d's segment changed" % (what, owner))
+        finally:
+            drop_segment(name, fd)
+    # The job still works: every rank, seq 0 never started.
+    outs = [None] * len(members)
+    ts = [threading.Thread(target=lambda r=r: outs.__setitem__(r, members[r].collective(
+        "ALL_REDUCE", 4, bytes(16), seq=0, rpc_timeout=CALL_DEADLINE_S)))
+        for r in range(len(members))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(CALL_DEADLINE_S + 5)
+    pw.expect(all(o is not None and o.name == "OK" for o in outs),
+              "foreign_segment (%s): the job's next all_reduce: %r" % (where, outs))
+    for m in members:
+        m.leave()
+    for c in conns:
+        c.close()
+
+
+def case_foreign_segment(d, rng):
+    """A collective call naming a segment another rank attached is refused.
+
+    Agents find segments by job and name; a call that names rank 1's segment
+    as rank 0's must not read or write it (a client bug, or ranks mixing up
+    their names), and the segment keeps its bytes. Checked at the agent that
+    hosts the job, and at one that forwards to it from the segment (a
+    coordinator and two agents: rank 0, so the hub, on the first; ranks 1
+    and 2 on the second)."""
+    if not os.path.isdir("/dev/shm"):
+        pw.skip("no /dev/shm")
+    conns, members, inc = two_ranks(d, "fs", "foreign_segment")
+    foreign_calls(conns, members, inc, "fs", 0, 1, rng, "the hub")
+    with pw.Cleanup() as cl:
+        coord, agents = pw.cluster(cl, d.binary, d.workdir, 2, common=["--log-level", "warn"],
+                                   tag="-fs")
+        cc = pw.Conn(coord.addr)
+        pw.wait_registered(cc, [a.addr for a in agents])
+        cc.close()
+        conns, members, inc = join_ranks([agents[0].addr, agents[1].addr, agents[1].addr],
+                                         "fs2", "foreign_segment")
+        foreign_calls(conns, members, inc, "fs2", 1, 2, rng, "a forwarding agent")
+    still_serves(d, "foreign_segment")
+
+
 def case_shrunk_segment(d, rng):
     """A segment shrunk under the agent: DATA_LOSS for the collective, the daemon lives."""
-    import mmap
     pb, _ = pw.stubs()
     if not os.path.isdir("/dev/shm"):
         pw.skip("no /dev/shm")
@@ -837,25 +951,9 @@ def case_shrunk_segment(d, rng):
 
     def segment(registered):
         """A segment of rank 0's, attached, then shrunk to nothing; returns its name."""
-        name = "/ps-robust-%d-%d" % (os.getpid(), rng.randrange(1 << 30))
-        fd = os.open("/dev/shm" + name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            os.ftruncate(fd, 4 * count)
-            with mmap.mmap(fd, 4 * count) as mm:
-                magic = rng.getrandbits(63)
-                mm[0:8] = magic.to_bytes(8, sys.byteorder)
-                mm[8:4 * count] = bytes(4 * count - 8)
-            resp = conns[0].worker.ShmAttach(pb.ShmAttachRequest(
-                job="sb", rank=0, name=name, size=4 * count, magic=magic,
-                registered=registered), timeout=CALL_DEADLINE_S)
-            pw.check(resp.attached, "shrunk_segment: ShmAttach refused: %s" % resp.reason)
-            os.ftruncate(fd, 0)  # the agent's mapping now reaches past the end
-        finally:
-            os.close(fd)
-            try:
-                os.unlink("/dev/shm" + name)
-            except OSError:
-                pass
+        name, fd = attach_segment(conns[0], "sb", 0, 4 * count, rng, registered)
+        os.ftruncate(fd, 0)  # the agent's mapping now reaches past the end
+        drop_segment(name, fd)
         return name
 
     coll = conns[0].channel.stream_stream("/paramsync.v1.Worker/Collective")
@@ -983,6 +1081,7 @@ CASES = {
     "cancelled_calls": case_cancelled_calls,
     "refused_calls_leak": case_refused_calls_leak,
     "shrunk_segment": case_shrunk_segment,
+    "foreign_segment": case_foreign_segment,
 }
 
 
