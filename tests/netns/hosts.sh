@@ -34,7 +34,8 @@
 # `exec HOST tc qdisc add dev eth0 root netem loss 10%` or
 # `exec HOST iptables -A INPUT -p tcp --dport 29500 -j DROP` affect that host
 # alone. Environment: PS_NETNS_SUBNET (default 10.77.0, a /24 prefix),
-# PS_NETNS_MTU (default 1500).
+# PS_NETNS_MTU (default 1500), PS_NETNS_CC (the hosts' TCP congestion
+# control, e.g. reno; default: what a new namespace gets, the machine's).
 set -euo pipefail
 
 prog=$(basename "$0")
@@ -190,6 +191,10 @@ cmd_up() {
         ip -n "$ns" link set lo up
         ip -n "$ns" addr add "$subnet.$((i + 1))/24" dev eth0
         ip -n "$ns" link set eth0 up
+        if [ -n "${PS_NETNS_CC:-}" ]; then
+            ip netns exec "$ns" sysctl -qw net.ipv4.tcp_congestion_control="$PS_NETNS_CC" ||
+                die "cannot set TCP congestion control $PS_NETNS_CC (PS_NETNS_CC) in $ns"
+        fi
         echo "h$i $ns $subnet.$((i + 1))" >>"$state/hosts"
     done
     # Wait until every host reaches h0 (the bridge forwards once its ports are up).
