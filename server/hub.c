@@ -444,7 +444,16 @@ static shm_map_t *shms_find(const ps__hub_t *h, const char *job, const char *nam
     return NULL;
 }
 
-static int job_rank(const ps__job_info_t *info, uint32_t group, int grank);
+/* The job rank of a group rank (group 0 is the job). */
+static int job_rank(const ps__job_info_t *info, uint32_t group, int grank)
+{
+    if (group == 0)
+        return grank;
+    for (int g = 0; g < info->ngroups; g++)
+        if (info->groups[g].id == group && grank < info->groups[g].nranks)
+            return info->groups[g].ranks[grank];
+    return -1;
+}
 
 /* The segment a collective's header names, when the rank that calls attached
  * it; else NULL, with *msg saying why. Lock held; hd passed header_check. */
@@ -1890,18 +1899,6 @@ static int header_check(const ps__config_t *cfg, const header_t *hd, int n, char
     return 0;
 }
 
-/* Waits, lock held, until the collective may start; fails it at the deadline. */
-/* The job rank of a group rank (group 0 is the job). */
-static int job_rank(const ps__job_info_t *info, uint32_t group, int grank)
-{
-    if (group == 0)
-        return grank;
-    for (int g = 0; g < info->ngroups; g++)
-        if (info->groups[g].id == group && grank < info->groups[g].nranks)
-            return info->groups[g].ranks[grank];
-    return -1;
-}
-
 /* Asks the coordinator whether the ranks still missing are members; fails
  * the collective naming the first that is not (it died or left), so the
  * others need not wait for the timeout. Lock held; dropped while asking. */
@@ -1966,6 +1963,7 @@ static void check_cancelled(coll_t *c)
 /* Liveness of missing ranks is checked this often while a collective waits. */
 #define PS_HUB_LIVENESS_CHECK_MS 1000
 
+/* Waits, lock held, until the collective may start; fails it at the deadline. */
 static void wait_arrivals(ps__hub_t *h, coll_t *c, int64_t timeout_ms)
 {
     int64_t end = ps__now_ms() + timeout_ms;
@@ -3439,20 +3437,6 @@ static void shms_drop(ps__hub_t *h, const char *job, int rank, int kind)
     }
 }
 
-/* Whether a doorbell request may name segment `name`: the doorbell itself
- * (its payload in it), or another segment of the same job and rank, its
- * payload segment or registered memory (ShmAttachResponse.doorbell_segments). */
-static int doorbell_may_name(ps__hub_t *h, const shm_map_t *map, const char *name)
-{
-    if (strcmp(name, map->name) == 0)
-        return 1;
-    pthread_mutex_lock(&h->lock);
-    const shm_map_t *sm = shms_find(h, map->job, name);
-    int ok = sm && sm->rank == map->rank && sm->kind != PS_SHM_DOORBELL;
-    pthread_mutex_unlock(&h->lock);
-    return ok;
-}
-
 /* Answers one request rung on a doorbell: serves it as a Collective call
  * whose first frame is the packed header, through a local call. */
 static void doorbell_serve(ps__hub_t *h, shm_map_t *map)
@@ -3470,9 +3454,10 @@ static void doorbell_serve(ps__hub_t *h, shm_map_t *map)
     if (!hd || !meta) {
         msg = strdup(hd ? "out of memory" : "a malformed header on the doorbell");
         code = hd ? GRPC_STATUS_RESOURCE_EXHAUSTED : code;
-    } else if (strcmp(hd->job, map->job) != 0 || !doorbell_may_name(h, map, hd->shm)) {
-        msg = strdup("a doorbell request must name the segment's own job, and the doorbell or "
-                     "another segment of the same rank");
+    } else if (strcmp(hd->job, map->job) != 0) {
+        /* The segment it names is checked as any call's: attached here, by the
+         * rank the header names (shms_find_own). */
+        msg = strdup("a doorbell request must name the doorbell's own job");
     } else if (ps__rpc_call_local(&call) < 0) {
         msg = strdup("out of memory");
         code = GRPC_STATUS_RESOURCE_EXHAUSTED;
