@@ -569,8 +569,9 @@ def run_ranks(addr, job, world, count=1000, token=None, tls=None, wait_s=15, ran
 
 def join_all(addr, job, world, token=None, tls=None, wait_s=15):
     """world Members of one job, joined at once (rank i is rank i); fails the test
-    unless every one gets READY."""
-    members = [Member(Conn(addr, token=token, tls=tls)) for _ in range(world)]
+    unless every one gets READY. addr: one address, or a list of one per rank."""
+    members = [Member(Conn(addr[i] if isinstance(addr, (list, tuple)) else addr, token=token,
+                           tls=tls)) for i in range(world)]
     evs = [None] * world
     ts = [threading.Thread(target=lambda i=i: evs.__setitem__(
         i, members[i].join(job, world, i, wait_s=wait_s)), daemon=True) for i in range(world)]
@@ -609,18 +610,21 @@ def all_ok(results):
 
 def collective(conn, kind, count=0, data=b"", job="", group=0, seq=0, op="SUM",
                dtype="FLOAT32", root=0, peer=0, rank=0, tag=0, timeout_ms=0, chunk=1 << 20,
-               incarnation=0, slow_s=0.0, on_sent=None, rpc_timeout=None):
+               incarnation=0, slow_s=0.0, on_sent=None, rpc_timeout=None, shm="",
+               shm_in_offset=0, shm_out_offset=0):
     """One rank's Collective call; returns an RpcOutcome with the received bytes.
 
     chunk: payload bytes per frame; slow_s: pause after each frame; on_sent(n):
-    called after each frame with the bytes sent so far."""
+    called after each frame with the bytes sent so far; shm, shm_in_offset,
+    shm_out_offset: the header's shared-memory fields (then data is empty)."""
     pb, _ = stubs()
     hdr = pb.CollectiveHeader(
         job=job, group=group, seq=seq, kind=getattr(pb, kind) if isinstance(kind, str) else kind,
         op=getattr(pb, op) if isinstance(op, str) else op,
         dtype=getattr(pb, dtype) if isinstance(dtype, str) else dtype,
         count=count, root=root, peer=peer, rank=rank, tag=tag, timeout_ms=timeout_ms,
-        chunk_bytes=chunk, incarnation=incarnation)
+        chunk_bytes=chunk, incarnation=incarnation, shm=shm, shm_in_offset=shm_in_offset,
+        shm_out_offset=shm_out_offset)
     mv = memoryview(data)
 
     def reqs():

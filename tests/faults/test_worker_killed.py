@@ -115,11 +115,10 @@ def main():
         # rounds until one adds little, then measure KILLED_MEASURED more. A leaked
         # window costs at least the victim's 8 MiB a round, so those rounds would
         # add 32 MiB or more; pooled memory that is reused adds almost nothing.
-        state = {"round": 0, "peak": 0}
+        peak = 0
 
-        def killed_round():
-            round_ = state["round"]
-            state["round"] += 1
+        def killed_round(round_):
+            """One round; returns (RSS after it, RSS while the victim was sending)."""
             specs = {"*": {"steps": [{"do": "collective", "count": BIG, "raw": True},
                                      {"do": "wait_lost", "s": BOUND_S}, {"do": "leave"}]},
                      victim: {"steps": [{"do": "collective", "count": BIG, "raw": True,
@@ -128,7 +127,7 @@ def main():
             P.check(procs[victim].wait("sending", 30) is not None,
                     "the victim never got 8 MiB out: " + procs[victim].describe())
             time.sleep(0.2)
-            state["peak"] = max(state["peak"], d.rss_kb())
+            during = d.rss_kb()
             P.check(not procs[0].events("coll"), "the collective ended before the kill: " +
                     procs[0].describe())
             t_kill = time.monotonic()
@@ -138,37 +137,39 @@ def main():
             now = d.rss_kb()
             P.log("killed mid-collective, round %d: survivors failed within %.2fs (bound %.1fs); "
                   "RSS now %d KiB" % (round_, worst, BOUND_S, now))
-            return now
+            return now, during
 
         last = None
-        for i in range(KILLED_WARMUP[1]):
-            now = killed_round()
-            if i + 1 >= KILLED_WARMUP[0] and last is not None and now - last < WARMUP_FLAT_KB:
+        killed = 0
+        while killed < KILLED_WARMUP[1]:
+            now, during = killed_round(killed)
+            killed += 1
+            peak = max(peak, during)
+            if killed >= KILLED_WARMUP[0] and last is not None and now - last < WARMUP_FLAT_KB:
                 break
             last = now
         time.sleep(0.5)
         killed_base = d.rss_kb()
         P.log("RSS after %d killed warm-up rounds: %d KiB (%+d KiB on the first baseline)" %
-              (state["round"], killed_base, killed_base - baseline))
-        for _ in range(int(os.environ.get("PSFAULTS_ROUNDS", str(KILLED_MEASURED)))):
-            killed_round()
-        peak = state["peak"]
+              (killed, killed_base, killed_base - baseline))
+        measured = int(os.environ.get("PSFAULTS_ROUNDS", str(KILLED_MEASURED)))
+        for _ in range(measured):
+            peak = max(peak, killed_round(killed)[1])
+            killed += 1
 
         # 3. The daemon's memory comes back once the jobs are gone.
         after = d.rss_kb()
-        P.log("RSS after rounds: %d KiB" % after)
+        P.log("RSS after the rounds: %d KiB" % after)
         end = time.monotonic() + 5
         while after > killed_base + RSS_SLACK_KB and time.monotonic() < end:
             time.sleep(0.25)
             after = d.rss_kb()
         P.log("RSS: baseline %d KiB, after the killed warm-up %d KiB, peak during transfers "
               "%d KiB, after %d killed workers %d KiB (%+d KiB over the measured rounds)" %
-              (baseline, killed_base, peak, state["round"] + 1, after, after - killed_base))
+              (baseline, killed_base, peak, killed + 1, after, after - killed_base))
         P.expect(after <= killed_base + RSS_SLACK_KB,
-                "RSS did not return near its baseline: %d KiB -> %d KiB over %s measured "
-                "killed rounds (slack %d KiB)" %
-                (killed_base, after, os.environ.get("PSFAULTS_ROUNDS", KILLED_MEASURED),
-                 RSS_SLACK_KB))
+                "RSS did not return near its baseline: %d KiB -> %d KiB over %d measured "
+                "killed rounds (slack %d KiB)" % (killed_base, after, measured, RSS_SLACK_KB))
         st = P.Conn(d.addr).status()
         P.expect(len(st.jobs) == 0, "jobs still held after every worker left: %s" % st)
         P.expect(len(st.collectives) == 0, "collectives still held: %s" % st)

@@ -760,27 +760,16 @@ def case_malformed_calls(d, rng):
     still_serves(d, "malformed_calls")
 
 
-def join_ranks(addrs, job, what):
+def join_ranks(addrs, job):
     """Job `job` of len(addrs) ranks, rank i joining through addrs[i] on a
     connection of its own: (conns, members, incarnation)."""
-    n = len(addrs)
-    conns = [pw.Conn(a) for a in addrs]
-    members = [pw.Member(c) for c in conns]
-    ready = [None] * n
-    ts = [threading.Thread(target=lambda i=i: ready.__setitem__(i, members[i].join(job, n, i)))
-          for i in range(n)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(30)
-    pw.check(all(r is not None and not isinstance(r, pw.RpcOutcome) for r in ready),
-             "%s: cannot form job %s: %r" % (what, job, ready))
-    return conns, members, ready[0].incarnation
+    members = pw.join_all(list(addrs), job, len(addrs), wait_s=30)
+    return [m.conn for m in members], members, members[0].incarnation
 
 
-def two_ranks(d, job, what):
+def two_ranks(d, job):
     """Job `job` of 2 ranks on daemon d: (conns, members, incarnation)."""
-    return join_ranks([d.addr, d.addr], job, what)
+    return join_ranks([d.addr, d.addr], job)
 
 
 def case_cancelled_calls(d, rng):
@@ -790,7 +779,7 @@ def case_cancelled_calls(d, rng):
     but stays a member; the daemon must drop what the call held: nothing of
     it left in Admin.Status, and SIGTERM still exits at once."""
     pb, _ = pw.stubs()
-    conns, members, inc = two_ranks(d, "cx", "cancelled_calls")
+    conns, members, inc = two_ranks(d, "cx")
     coll = conns[0].channel.stream_stream("/paramsync.v1.Worker/Collective")
     # Rank 0 alone: each waits for rank 1, which never comes; the client
     # cancels after 1 s (the daemon's own timeout is the default 30 minutes).
@@ -870,25 +859,17 @@ def foreign_calls(conns, members, inc, job, caller, owner, rng, where):
     """Rank `caller` names rank `owner`'s segment (payload, then registered)
     in an all_reduce: INVALID_ARGUMENT at once, the segment untouched; then
     the job's next all_reduce still works."""
-    pb, _ = pw.stubs()
     nbytes = 4096 + 64
-    coll = conns[caller].channel.stream_stream("/paramsync.v1.Worker/Collective")
     for registered in (False, True):
         what = "%s, %s" % (where, "registered" if registered else "payload")
         name, fd = attach_segment(conns[owner], job, owner, nbytes, rng, registered,
                                   pattern=0x5a)
         try:
             before = os.pread(fd, nbytes, 0)
-            f = pb.Frame()
-            f.header.CopyFrom(pb.CollectiveHeader(
-                job=job, seq=0, kind=pb.ALL_REDUCE, dtype=pb.FLOAT32, count=16, rank=caller,
-                incarnation=inc, shm=name, shm_in_offset=64, shm_out_offset=64))
             t0 = time.monotonic()
-            try:
-                list(coll(iter([f.SerializeToString()]), timeout=5))
-                got = pw.RpcOutcome(0, "")
-            except pw.grpc.RpcError as e:
-                got = pw.RpcOutcome(e.code().value[0], e.details() or "")
+            got = pw.collective(conns[caller], "ALL_REDUCE", 16, job=job, rank=caller,
+                                incarnation=inc, shm=name, shm_in_offset=64,
+                                shm_out_offset=64, rpc_timeout=5)
             pw.log("foreign_segment (%s): rank %d naming rank %d's segment: %r after %.2fs"
                    % (what, caller, owner, got, time.monotonic() - t0))
             pw.expect(got.name == "INVALID_ARGUMENT" and "another rank" in got.message,
@@ -900,14 +881,9 @@ def foreign_calls(conns, members, inc, job, caller, owner, rng, where):
         finally:
             drop_segment(name, fd)
     # The job still works: every rank, seq 0 never started.
-    outs = [None] * len(members)
-    ts = [threading.Thread(target=lambda r=r: outs.__setitem__(r, members[r].collective(
-        "ALL_REDUCE", 4, bytes(16), seq=0, rpc_timeout=CALL_DEADLINE_S)))
-        for r in range(len(members))]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(CALL_DEADLINE_S + 5)
+    outs = pw.in_threads([lambda m=m: m.collective("ALL_REDUCE", 4, bytes(16), seq=0,
+                                                   rpc_timeout=CALL_DEADLINE_S)
+                          for m in members], CALL_DEADLINE_S + 5)
     pw.expect(all(o is not None and o.name == "OK" for o in outs),
               "foreign_segment (%s): the job's next all_reduce: %r" % (where, outs))
     for m in members:
@@ -927,7 +903,7 @@ def case_foreign_segment(d, rng):
     and 2 on the second)."""
     if not os.path.isdir("/dev/shm"):
         pw.skip("no /dev/shm")
-    conns, members, inc = two_ranks(d, "fs", "foreign_segment")
+    conns, members, inc = two_ranks(d, "fs")
     foreign_calls(conns, members, inc, "fs", 0, 1, rng, "the hub")
     with pw.Cleanup() as cl:
         coord, agents = pw.cluster(cl, d.binary, d.workdir, 2, common=["--log-level", "warn"],
@@ -936,18 +912,17 @@ def case_foreign_segment(d, rng):
         pw.wait_registered(cc, [a.addr for a in agents])
         cc.close()
         conns, members, inc = join_ranks([agents[0].addr, agents[1].addr, agents[1].addr],
-                                         "fs2", "foreign_segment")
+                                         "fs2")
         foreign_calls(conns, members, inc, "fs2", 1, 2, rng, "a forwarding agent")
     still_serves(d, "foreign_segment")
 
 
 def case_shrunk_segment(d, rng):
     """A segment shrunk under the agent: DATA_LOSS for the collective, the daemon lives."""
-    pb, _ = pw.stubs()
     if not os.path.isdir("/dev/shm"):
         pw.skip("no /dev/shm")
     count = 1 << 20  # 4 MiB of float32
-    conns, members, inc = two_ranks(d, "sb", "shrunk_segment")
+    conns, members, inc = two_ranks(d, "sb")
 
     def segment(registered):
         """A segment of rank 0's, attached, then shrunk to nothing; returns its name."""
@@ -956,18 +931,9 @@ def case_shrunk_segment(d, rng):
         drop_segment(name, fd)
         return name
 
-    coll = conns[0].channel.stream_stream("/paramsync.v1.Worker/Collective")
-
     def rank0(name, seq, out):
-        h = pb.CollectiveHeader(job="sb", seq=seq, kind=pb.ALL_REDUCE, dtype=pb.FLOAT32,
-                                count=count, rank=0, incarnation=inc, shm=name)
-        f = pb.Frame()
-        f.header.CopyFrom(h)
-        try:
-            list(coll(iter([f.SerializeToString()]), timeout=CALL_DEADLINE_S))
-            out[0] = pw.RpcOutcome(0, "")
-        except pw.grpc.RpcError as e:
-            out[0] = pw.RpcOutcome(e.code().value[0], e.details() or "")
+        out[0] = pw.collective(conns[0], "ALL_REDUCE", count, job="sb", seq=seq, rank=0,
+                               incarnation=inc, shm=name, rpc_timeout=CALL_DEADLINE_S)
 
     for seq, (what, registered) in enumerate((("registered", True), ("payload", False))):
         name = segment(registered)
