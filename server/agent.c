@@ -473,6 +473,7 @@ static void worker_shm_attach(ps__rpc_call_t *call, void *arg)
                                                  : PS_SHM_PAYLOAD,
                                reason, sizeof(reason));
     resp.doorbell_segments = resp.attached && req->doorbell;
+    resp.doorbells = resp.attached && req->doorbell ? PS_HUB_DOORBELLS : 0;
     if (!resp.attached)
         PS_LOG(PS_LOG_INFO, "job %s: rank %d's %s not used: %s", req->job, req->rank,
                req->doorbell ? "doorbell" : "shared memory", reason);

@@ -165,10 +165,14 @@ int ps__hub_is_ring(ps__hub_t *h, const Paramsync__V1__CollectiveHeader *hd);
 void ps__hub_ring_serve(ps__hub_t *h, ps__rpc_call_t *call, struct ps__frame *first);
 
 /** Kinds of shared segments: the comm's payload segment (one per rank; a
- * new one replaces the old), a doorbell (one per rank, served by a thread of
- * the hub), and registered memory the worker hands out for its tensors
- * (ps_mem_alloc; up to 64 per rank, until detached). */
+ * new one replaces the old), doorbells (up to PS_HUB_DOORBELLS per rank, one
+ * for each collective in flight at once; each served by a thread of the hub),
+ * and registered memory the worker hands out for its tensors (ps_mem_alloc;
+ * up to 64 per rank, until detached). */
 enum { PS_SHM_PAYLOAD = 0, PS_SHM_DOORBELL = 1, PS_SHM_REGISTERED = 2 };
+
+/** The most doorbells a rank keeps on its agent (ShmAttachResponse.doorbells). */
+#define PS_HUB_DOORBELLS 4
 
 /** Maps a worker's shared segment of `kind` (see ShmAttach in the proto).
  * Returns 1 when attached, else 0 with the reason in `reason`. */

@@ -3419,14 +3419,16 @@ static void doorbells_close(ps__hub_t *h)
 }
 
 /* Drops the job's segments of `rank` (every rank when negative) from the
- * agent's list, doorbells or payload segments or (kind < 0) both; each goes
- * once no collective uses it. Lock held. */
-static void shms_drop(ps__hub_t *h, const char *job, int rank, int kind)
+ * agent's list, doorbells or payload segments or (kind < 0) both, except
+ * the newest `keep` of them; each goes once no collective uses it. Lock
+ * held. */
+static void shms_drop(ps__hub_t *h, const char *job, int rank, int kind, int keep)
 {
+    /* The list is newest first. */
     for (shm_map_t **p = &h->shms; *p;) {
         shm_map_t *sm = *p;
         if (strcmp(sm->job, job) == 0 && (rank < 0 || sm->rank == rank) &&
-            (kind < 0 || sm->kind == kind)) {
+            (kind < 0 || sm->kind == kind) && keep-- <= 0) {
             *p = sm->next;
             if (sm->kind == PS_SHM_DOORBELL)
                 doorbell_close(sm);
@@ -3617,12 +3619,14 @@ int ps__hub_shm_attach(ps__hub_t *h, const char *job, int rank, const char *name
         shm_unref(sm);
         return 0;
     }
-    /* A rank has one payload segment and one doorbell at a time: a new one
-     * (the client grew it) replaces the old, which goes once the
-     * collectives using it are done. Registered segments stay side by side
-     * until detached. */
+    /* A rank has one payload segment at a time: a new one (the client grew
+     * it) replaces the old, which goes once the collectives using it are
+     * done. Doorbells stay side by side up to PS_HUB_DOORBELLS (the client
+     * makes one for each collective in flight at once, and knows the
+     * limit); past it the oldest goes, as the one doorbell of agents before
+     * the limit did. Registered segments stay side by side until detached. */
     if (kind != PS_SHM_REGISTERED)
-        shms_drop(h, job, rank, kind);
+        shms_drop(h, job, rank, kind, doorbell ? PS_HUB_DOORBELLS - 1 : 0);
     sm->next = h->shms;
     h->shms = sm;
     pthread_t t;
@@ -3645,7 +3649,11 @@ int ps__hub_shm_attach(ps__hub_t *h, const char *job, int rank, const char *name
     pthread_attr_destroy(&attr);
     free(d);
     if (!ok) {
-        shms_drop(h, job, rank, kind);
+        /* Only the new one: it is first in the list. */
+        h->shms = sm->next;
+        if (doorbell)
+            doorbell_close(sm);
+        shm_unref(sm);
         snprintf(reason, rlen, "%s", h->stopping ? "the agent is stopping" : "no thread");
     }
     pthread_mutex_unlock(&h->lock);
@@ -3788,7 +3796,7 @@ void ps__hub_shm_io_close(ps__shm_io_t *io)
 void ps__hub_shm_release(ps__hub_t *h, const char *job, int rank)
 {
     pthread_mutex_lock(&h->lock);
-    shms_drop(h, job, rank, -1);
+    shms_drop(h, job, rank, -1, 0);
     pthread_mutex_unlock(&h->lock);
 }
 

@@ -28,6 +28,10 @@ with the right result. Cases:
                    the agent mapped it: the agent, touching the pages that are
                    gone, must not die of SIGBUS; both ranks of the all_reduce
                    get DATA_LOSS, never a result made of zeros
+  foreign_segment  a collective naming another rank's segment: refused, the
+                   segment untouched (at the hub and at a forwarding agent)
+  many_doorbells   five doorbells attached for one rank: the agent keeps four
+                   (the oldest is closed), and the four serve at once
 
 Uses the paramsync.v1 worker harness of tests/faults/psworker.py (Debian's
 /usr/bin/python3 with python3-grpcio; stubs generated at run time from proto/).
@@ -821,10 +825,12 @@ def case_cancelled_calls(d, rng):
     still_serves(d, "cancelled_calls")
 
 
-def attach_segment(conn, job, rank, nbytes, rng, registered=False, pattern=0):
+def attach_segment(conn, job, rank, nbytes, rng, registered=False, pattern=0, doorbell=False,
+                   resps=None):
     """A /dev/shm segment of `nbytes` (the agent's magic first, then bytes of
-    `pattern`) that rank `rank` of job attaches over conn: (name, fd). The
-    caller closes fd and unlinks the name."""
+    `pattern`) that rank `rank` of job attaches over conn (as a doorbell with
+    doorbell=True): (name, fd), and the ShmAttachResponse appended to resps.
+    The caller closes fd and unlinks the name."""
     import mmap
     pb, _ = pw.stubs()
     name = "/ps-robust-%d-%d" % (os.getpid(), rng.randrange(1 << 30))
@@ -836,10 +842,12 @@ def attach_segment(conn, job, rank, nbytes, rng, registered=False, pattern=0):
             mm[0:8] = magic.to_bytes(8, sys.byteorder)
             mm[8:nbytes] = bytes([pattern]) * (nbytes - 8)
         resp = conn.worker.ShmAttach(pb.ShmAttachRequest(
-            job=job, rank=rank, name=name, size=nbytes, magic=magic, registered=registered),
-            timeout=CALL_DEADLINE_S)
+            job=job, rank=rank, name=name, size=nbytes, magic=magic, registered=registered,
+            doorbell=doorbell), timeout=CALL_DEADLINE_S)
         pw.check(resp.attached, "ShmAttach of %s by rank %d refused: %s"
                  % (name, rank, resp.reason))
+        if resps is not None:
+            resps.append(resp)
     except BaseException:
         os.close(fd)
         os.unlink("/dev/shm" + name)
@@ -963,6 +971,75 @@ def case_shrunk_segment(d, rng):
     still_serves(d, "shrunk_segment")
 
 
+# The doorbell segment (proto/paramsync/v1/doorbell.h, part of the wire contract).
+DB_SIZE, DB_OUT, DB_CTL = 8192, 2048, 4096
+DB_REQ, DB_RESP, DB_CLOSED, DB_HLEN, DB_HEADER, DB_CODE, DB_MSG = 0, 4, 8, 12, 16, 1040, 1052
+
+
+def case_many_doorbells(d, rng):
+    """A worker attaching more doorbells than the agent keeps for a rank.
+
+    The agent says how many it keeps (ShmAttachResponse.doorbells, 4); a
+    client makes no more, but one that does (or a stale one) must not grow
+    the agent's threads without end: past the limit the oldest doorbell is
+    closed (its `closed` word set), and the others serve requests, all four
+    at once: a barrier rung on each, matched by rank 1's calls."""
+    import mmap
+    if not os.path.isdir("/dev/shm"):
+        pw.skip("no /dev/shm")
+    pb, _ = pw.stubs()
+    conns, members, inc = two_ranks(d, "md")
+    resps, segs = [], []
+    for _ in range(5):
+        segs.append(attach_segment(conns[0], "md", 0, DB_SIZE, rng, doorbell=True, resps=resps))
+    maps = [mmap.mmap(fd, DB_SIZE) for _, fd in segs]
+
+    def word(m, off):
+        return struct.unpack_from("=I", m, DB_CTL + off)[0]
+
+    pw.expect([r.doorbells for r in resps] == [4] * 5,
+              "many_doorbells: ShmAttachResponse.doorbells %s, want 4 each"
+              % [r.doorbells for r in resps])
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not word(maps[0], DB_CLOSED):
+        time.sleep(0.05)
+    closed = [word(m, DB_CLOSED) for m in maps]
+    pw.expect(closed == [1, 0, 0, 0, 0],
+              "many_doorbells: closed words %s after 5 doorbells, want the oldest closed" % closed)
+    # Rank 0 rings a barrier (seqs 0..3) on each of the four kept, all at once;
+    # rank 1 makes its four as calls. The agent's threads wake within 1 s
+    # without a futex wake (their backstop).
+    for seq, ((name, _), m) in enumerate(zip(segs[1:], maps[1:])):
+        hd = pb.CollectiveHeader(job="md", seq=seq, kind=pb.BARRIER, rank=0, incarnation=inc,
+                                 shm=name, shm_out_offset=DB_OUT).SerializeToString()
+        m[DB_CTL + DB_HEADER:DB_CTL + DB_HEADER + len(hd)] = hd
+        struct.pack_into("=I", m, DB_CTL + DB_HLEN, len(hd))
+        struct.pack_into("=I", m, DB_CTL + DB_REQ, 1)
+    got = [members[1].collective("BARRIER", seq=seq, rpc_timeout=CALL_DEADLINE_S)
+           for seq in range(4)]
+    pw.expect(all(g.name == "OK" for g in got),
+              "many_doorbells: rank 1's barriers: %s" % [(g.name, g.message) for g in got])
+    deadline = time.monotonic() + CALL_DEADLINE_S
+    while time.monotonic() < deadline and any(word(m, DB_RESP) != 1 for m in maps[1:]):
+        time.sleep(0.05)
+    answers = [(word(m, DB_RESP), struct.unpack_from("=i", m, DB_CTL + DB_CODE)[0],
+                bytes(m[DB_CTL + DB_MSG:DB_CTL + DB_MSG + 200]).split(b"\0")[0].decode())
+               for m in maps[1:]]
+    pw.expect(all(a[:2] == (1, 0) for a in answers),
+              "many_doorbells: the four doorbells kept answered (resp, code, message) %s, want "
+              "(1, 0) each" % answers)
+    pw.log("many_doorbells: oldest of 5 closed; 4 barriers rung at once answered %s" % answers)
+    for m in maps:
+        m.close()
+    for name, fd in segs:
+        drop_segment(name, fd)
+    for m in members:
+        m.leave()
+    for c in conns:
+        c.close()
+    still_serves(d, "many_doorbells")
+
+
 def case_refused_calls_leak(d, rng):
     """Every refused call gives back what it took.
 
@@ -1048,6 +1125,7 @@ CASES = {
     "refused_calls_leak": case_refused_calls_leak,
     "shrunk_segment": case_shrunk_segment,
     "foreign_segment": case_foreign_segment,
+    "many_doorbells": case_many_doorbells,
 }
 
 
