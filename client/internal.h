@@ -113,9 +113,9 @@ struct ps_comm {
     ps_error_fn error_fn;
     void *error_arg;
 
-    struct ps__shm *shm;           /* the shared-memory segment (shm.c), or NULL */
-    struct ps__doorbell *doorbell; /* the doorbell segment (shm.c), or NULL */
-    struct ps__mem *mem;           /* registered memory, ps_mem_alloc (shm.c) */
+    struct ps__shm *shm;             /* the shared-memory segment (shm.c), or NULL */
+    struct ps__doorbells *doorbells; /* the doorbell segments (shm.c), or NULL */
+    struct ps__mem *mem;             /* registered memory, ps_mem_alloc (shm.c) */
 
     /* One pinned staging buffer kept between calls on device buffers (device.c;
      * guarded by lock): page-locking memory costs far more than the copy. */

@@ -36,9 +36,10 @@ struct ps__shm {
     char name[64];
     uint8_t *base;
     size_t size;
-    int in_use;   /* one collective at a time uses the segment */
-    int disabled; /* the agent cannot map our segments */
-    int segments; /* a doorbell that may name the rank's other segments */
+    int in_use;    /* one collective at a time uses the segment */
+    int disabled;  /* the agent cannot map our segments */
+    int segments;  /* a doorbell that may name the rank's other segments */
+    int doorbells; /* a doorbell: how many the agent keeps for the rank (0: one) */
 };
 
 /* PARAMSYNC_SHM=0: neither segment; read on every collective. */
@@ -106,6 +107,7 @@ static int segment_create(ps_comm_t *comm, struct ps__shm *s, size_t size, int k
                        PS__CONTROL_TIMEOUT_MS, NULL);
     int attached = rc == 0 && resp->attached;
     s->segments = attached && resp->doorbell_segments;
+    s->doorbells = attached ? (int)resp->doorbells : 0;
     if (resp)
         protobuf_c_message_free_unpacked(&resp->base, NULL);
     /* The agent unlinks the name once it maps the segment; do it here too
@@ -361,30 +363,51 @@ void ps__shm_end(ps_comm_t *comm, ps__coll_t *c)
  * wake-ups. Input and output that fit in the doorbell go in it; larger ones
  * go through the payload segment or registered memory, whatever their size
  * (PS__SHM_MIN_BYTES is for calls), when the agent takes such requests
- * (ShmAttachResponse.doorbell_segments). One collective at a time uses it
- * (a concurrent one takes a call); a request abandoned (the job broke while
- * it waited) retires the doorbell and the payload segment, since the agent
- * may still answer into them.
+ * (ShmAttachResponse.doorbell_segments). One collective at a time uses a
+ * doorbell: collectives in flight side by side (async ones) each claim their
+ * own, made on demand up to as many as the agent keeps for a rank
+ * (ShmAttachResponse.doorbells; one for agents that do not say); past that
+ * one takes a call. A request abandoned (the job broke while it waited)
+ * retires its doorbell and the payload segment, since the agent may still
+ * answer into them.
  */
+
+#define PS__DOORBELLS 8 /* the most a comm makes, whatever the agent keeps */
 
 struct ps__doorbell {
     struct ps__shm seg;
     ps_doorbell_ctl_t *ctl;
-    int in_use;
-    int disabled;
+    int in_use;   /* claimed for a request, or being made */
+    int disabled; /* refused, closed by the agent, or abandoned: never again */
 };
 
-/* The comm's doorbell, claimed for one request (made on first use), or
- * NULL: this collective takes a call. */
+struct ps__doorbells {
+    struct ps__doorbell d[PS__DOORBELLS];
+    int n;   /* slots made or being made */
+    int max; /* the most the agent keeps: 1 until its first answer says */
+};
+
+/* A doorbell of the comm claimed for one request (a free one, else a new
+ * one while the agent takes more), or NULL: this collective takes a call. */
 static struct ps__doorbell *doorbell_claim(ps_comm_t *comm)
 {
     if (shm_off())
         return NULL;
     pthread_mutex_lock(&comm->lock);
-    struct ps__doorbell *d = comm->doorbell;
-    if (!d && (d = calloc(1, sizeof(*d))))
-        comm->doorbell = d;
-    if (!d || d->disabled || d->in_use || comm->broken || comm->finalizing) {
+    struct ps__doorbells *p = comm->doorbells;
+    if (!p && (p = calloc(1, sizeof(*p)))) {
+        p->max = 1;
+        comm->doorbells = p;
+    }
+    struct ps__doorbell *d = NULL;
+    if (p && !comm->broken && !comm->finalizing) {
+        for (int i = 0; i < p->n && !d; i++)
+            if (!p->d[i].in_use && !p->d[i].disabled)
+                d = &p->d[i];
+        if (!d && p->n < p->max)
+            d = &p->d[p->n++];
+    }
+    if (!d) {
         pthread_mutex_unlock(&comm->lock);
         return NULL;
     }
@@ -392,16 +415,23 @@ static struct ps__doorbell *doorbell_claim(ps_comm_t *comm)
     pthread_mutex_unlock(&comm->lock);
 
     if (!d->seg.base) {
-        if (segment_create(comm, &d->seg, PS_DOORBELL_SIZE, SEG_DOORBELL) < 0) {
-            pthread_mutex_lock(&comm->lock);
+        int rc = segment_create(comm, &d->seg, PS_DOORBELL_SIZE, SEG_DOORBELL);
+        pthread_mutex_lock(&comm->lock);
+        if (rc < 0) {
+            /* Refused (another host, an older agent) or failed: no more
+             * are made, and without the first one calls it is, for good. */
             d->in_use = 0;
-            /* Refused (another host, an older agent) or
-             * failed: calls it is, for good. */
             d->disabled = 1;
+            p->max = p->n;
             pthread_mutex_unlock(&comm->lock);
             return NULL;
         }
         d->ctl = (ps_doorbell_ctl_t *)(void *)(d->seg.base + PS_DOORBELL_CTL);
+        if (d == &p->d[0]) {
+            int most = d->seg.doorbells;
+            p->max = most < 1 ? 1 : most > PS__DOORBELLS ? PS__DOORBELLS : most;
+        }
+        pthread_mutex_unlock(&comm->lock);
     }
     if (__atomic_load_n(&d->ctl->closed, __ATOMIC_ACQUIRE)) {
         pthread_mutex_lock(&comm->lock);
@@ -518,10 +548,11 @@ void ps__shm_free(ps_comm_t *comm)
         segment_unmap(&m->seg);
         free(m);
     }
-    if (comm->doorbell) {
-        segment_unmap(&comm->doorbell->seg);
-        free(comm->doorbell);
-        comm->doorbell = NULL;
+    if (comm->doorbells) {
+        for (int i = 0; i < comm->doorbells->n; i++)
+            segment_unmap(&comm->doorbells->d[i].seg);
+        free(comm->doorbells);
+        comm->doorbells = NULL;
     }
     if (!comm->shm)
         return;
