@@ -1021,7 +1021,8 @@ def w_doorbell():
     """Small collectives (up to 2 KiB each way) through the doorbell when shared memory is
     on, as gRPC calls otherwise; 150 rounds of barrier, all_reduce of 4 B .. 2 KiB,
     broadcast, all_gather and send/recv (with its source) checked, an async all_reduce of
-    1600 bytes beside them, and the doorbell's own count of the requests it answered."""
+    1600 bytes beside them, five async all_reduces in flight at once (four doorbells, one
+    call), and the doorbells' own count of the requests they answered."""
     import numpy as np
     dist = _w_init()
     r, n = dist.get_rank(), dist.get_world_size()
@@ -1057,7 +1058,28 @@ def w_doorbell():
     if shm:
         assert rung >= 150 * 4, "the doorbell answered %d requests in 150 rounds" % rung
     else:
-        assert rung == 0 and w.doorbell.map is None, "a doorbell with PARAMSYNC_SHM=0"
+        assert rung == 0 and not w.doorbell.all, "a doorbell with PARAMSYNC_SHM=0"
+    # Collectives in flight side by side each ring a doorbell of their own, up to the
+    # agent's 4 per rank; a fifth takes a call. The last rank starts late, so that on the
+    # others all five wait at once.
+    before = w.doorbell.rung
+    for k in range(3):
+        if r == n - 1:
+            time.sleep(0.15)
+        xs = [np.array([r * (i + 1) + k], np.int64) for i in range(5)]
+        works = [dist.all_reduce(x, async_op=True) for x in xs]
+        for i, (x, wk) in enumerate(zip(xs, works)):
+            wk.wait()
+            expect_eq(x, np.array([n * (n - 1) // 2 * (i + 1) + n * k], np.int64),
+                      "async all_reduce %d of 5 in flight, round %d" % (i, k))
+    inflight = w.doorbell.rung - before
+    if shm and n >= 2 and r != n - 1:
+        assert len(w.doorbell.all) == 4, \
+            "%d doorbells after 5 collectives in flight, want the agent's 4" % len(w.doorbell.all)
+        assert 12 <= inflight <= 15, \
+            "%d of 15 async all_reduces (5 in flight at once) through the doorbells" % inflight
+    elif not shm:
+        assert inflight == 0 and not w.doorbell.all
     # Past the doorbell's own 2 KiB, up to 800 KB: the payload goes through the segment
     # (or empty() memory, in place) and still no call is made. Each result checked.
     before = w.doorbell.rung

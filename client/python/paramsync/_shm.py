@@ -385,18 +385,19 @@ class Doorbell:
     futex wait for the answer. Input and output that each fit in DB_PAYLOAD bytes go in the
     doorbell; larger ones in the payload segment or empty() memory, whatever their size,
     when the agent takes such requests (`segments`: ShmAttachResponse.doorbell_segments).
-    One at a time (a concurrent one takes a call). A request abandoned (the job broke while
-    it waited) retires the doorbell, since the agent may still answer into it.
+    One request at a time (Doorbells gives collectives in flight side by side one each). A
+    request abandoned (the job broke while it waited) retires the doorbell, since the agent
+    may still answer into it.
 
     Stores to the segment are ordered by a lock's acquire and release around the request
     and answer words (a full barrier in CPython's locks), so this holds beyond x86's
     ordering too."""
 
     def __init__(self, attach):
-        # attach(name, size, magic), as a doorbell segment: whether the agent takes
-        # requests naming the rank's other segments.
+        # attach(name, size, magic), as a doorbell segment: the ShmAttachResponse.
         self._attach = attach
-        self.segments = False
+        self.segments = False  # the agent takes requests naming the rank's other segments
+        self.most = 1  # the most doorbells the agent keeps for the rank
         self._lock = threading.Lock()
         self._fence = threading.Lock()
         self._syscall = _syscall()
@@ -419,16 +420,20 @@ class Doorbell:
         return struct.unpack_from("=I", self.map, off)[0]
 
     def _attach_doorbell(self, name, size, magic):
-        self.segments = bool(self._attach(name, size, magic))
+        resp = self._attach(name, size, magic)
+        self.segments = bool(resp.doorbell_segments)
+        self.most = max(1, resp.doorbells)
 
-    def begin(self):
-        """Claims the doorbell (making it on first use); False: use a call."""
-        if not enabled():
-            return False
-        with self._lock:
-            if self.disabled or self.in_use:
+    def begin(self, claimed=False):
+        """Claims the doorbell (making it on first use); False: use a call. claimed: the
+        caller set in_use already (a doorbell just made for it)."""
+        if not claimed:
+            if not enabled():
                 return False
-            self.in_use = True
+            with self._lock:
+                if self.disabled or self.in_use:
+                    return False
+                self.in_use = True
         if self.map is None:
             try:
                 self.name, self.map = create(DB_SIZE, self._attach_doorbell)
@@ -505,3 +510,50 @@ class Doorbell:
                 self.map.close()
             except BufferError:  # a view is still alive somewhere: the GC unmaps it
                 pass
+
+
+class Doorbells:
+    """A rank's doorbells: a free one for each collective, so that collectives in flight
+    side by side (async ones) each ring their own. Made on demand, up to as many as the
+    agent keeps for a rank (ShmAttachResponse.doorbells; one for an agent that does not
+    say, and never more than MAX); past that a collective takes a call."""
+
+    MAX = 8
+
+    def __init__(self, attach):
+        self._attach = attach  # attach(name, size, magic), as a doorbell segment
+        self._lock = threading.Lock()
+        self.all = []
+        self._max = 1  # until the first doorbell's answer says
+
+    @property
+    def rung(self):
+        """Requests answered through the doorbells (tests read it)."""
+        return sum(d.rung for d in list(self.all))
+
+    def begin(self):
+        """Claims a doorbell (making one when all are busy and the agent takes more), or
+        returns None: use a call. The caller calls its end()."""
+        if not enabled():
+            return None
+        for d in list(self.all):
+            if d.begin():
+                return d
+        with self._lock:
+            if len(self.all) >= self._max:
+                return None
+            d = Doorbell(self._attach)
+            d.in_use = True  # this caller's: no other claims it while it is made
+            self.all.append(d)
+        if d.begin(claimed=True):
+            with self._lock:
+                if d is self.all[0]:
+                    self._max = min(d.most, self.MAX)
+            return d
+        with self._lock:
+            self._max = len(self.all)  # refused or failed: no more are made
+        return None
+
+    def close(self):
+        for d in list(self.all):
+            d.close()

@@ -283,8 +283,8 @@ class _World:
         # One shared-memory segment for all of this rank's groups: the agent
         # keeps one per (job, rank), and a new one replaces the old.
         self.shm = _shm.Segment(self._shm_attach)
-        # Small collectives without a call, when the agent is on this host.
-        self.doorbell = _shm.Doorbell(
+        # Collectives without a call, when the agent is on this host.
+        self.doorbell = _shm.Doorbells(
             lambda name, size, magic: self._shm_attach(name, size, magic, doorbell=True))
         # Memory from empty(): segments of their own, used in place.
         self.mem = _shm.Registered(
@@ -407,7 +407,7 @@ class _World:
             raise
         if not resp.attached:
             raise _shm.AttachRefused(resp.reason or "the agent did not attach the segment")
-        return resp.doorbell_segments
+        return resp
 
     def _shm_detach(self, name):
         self.stub.ShmDetach(pb.ShmDetachRequest(job=self.job, rank=self.rank, name=name),
@@ -459,11 +459,11 @@ class _World:
         """Runs a collective through the doorbell when it can: its payload in the doorbell
         when small, else in the segment or empty() memory (the agent permitting). Returns
         its result, or None (it takes a call)."""
-        d = self.doorbell
         want = recv.total if recv is not None else 0
         small = (send.total if send is not None else 0) <= _shm.DB_PAYLOAD and \
             want <= _shm.DB_PAYLOAD
-        if not d.begin():
+        d = self.doorbell.begin()
+        if d is None:
             return None
         use = None
         abandoned = False
