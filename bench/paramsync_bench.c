@@ -25,6 +25,8 @@
 
 #include <paramsync/paramsync.h>
 
+#define PS_BENCH_INFLIGHT 64 /* the most --inflight takes */
+
 static const char usage[] =
     "usage: paramsync-bench [options]   (one process per rank: RANK, WORLD_SIZE and\n"
     "                                     PARAMSYNC_ADDR in the environment)\n"
@@ -46,6 +48,9 @@ static const char usage[] =
     "  -i, --init URL        init method (default env://)\n"
     "  -m, --mem KIND        malloc (default): buffers from malloc; shared: from\n"
     "                        ps_mem_alloc, which the agent reads and writes in place\n"
+    "  -a, --inflight K      each timed call starts K nonblocking calls at once (each\n"
+    "                        on a buffer of its own) and waits for them all; time is per\n"
+    "                        call (default 1: blocking calls). all_reduce and barrier\n"
     "      --csv FILE        append one CSV row per result to FILE (rank 0; '-' is stdout):\n"
     "                        label, collective, world, bytes, count, dtype, op, root,\n"
     "                        time_us (mean), algbw, busbw (GB/s), wrong, iters, median_us\n"
@@ -115,6 +120,7 @@ typedef struct options {
     ps_op_t op;
     const char *init, *csv, *label;
     int shared_mem; /* --mem shared */
+    int inflight;   /* --inflight */
 } options_t;
 
 static double now_seconds(void)
@@ -230,6 +236,7 @@ static int parse_options(int argc, char **argv, options_t *o)
     o->warmup = 5;
     o->iters = 20;
     o->check = 1;
+    o->inflight = 1;
     o->dtype = PS_FLOAT32;
     o->op = PS_SUM;
     o->label = "paramsync";
@@ -277,6 +284,8 @@ static int parse_options(int argc, char **argv, options_t *o)
             o->csv = v;
         else if (!strcmp(a, "--label"))
             o->label = v;
+        else if (!strcmp(a, "-a") || !strcmp(a, "--inflight"))
+            bad = parse_int_arg(v, 1, &o->inflight) || o->inflight > PS_BENCH_INFLIGHT;
         else if (!strcmp(a, "-m") || !strcmp(a, "--mem")) {
             o->shared_mem = !strcmp(v, "shared");
             bad = !o->shared_mem && strcmp(v, "malloc") != 0;
@@ -299,6 +308,14 @@ static int parse_options(int argc, char **argv, options_t *o)
         fprintf(stderr, "paramsync-bench: avg needs a floating dtype\n");
         return -1;
     }
+    for (int c = 0; c < C_COUNT && o->inflight > 1; c++)
+        if (o->want[c] && c != C_ALL_REDUCE && c != C_BARRIER) {
+            fprintf(stderr,
+                    "paramsync-bench: --inflight takes all_reduce and barrier only, not %s "
+                    "(choose with -t)\n",
+                    coll_names[c]);
+            return -1;
+        }
     return 0;
 }
 
@@ -546,9 +563,10 @@ typedef struct bench {
     ps_comm_t *comm;
     int rank, p;
     size_t es;
-    void *in, *out; /* buffers of the largest size */
-    size_t cap;     /* bytes in each */
-    double *times;  /* per-call times of one size */
+    void *in, *out;                /* buffers of the largest size */
+    void *outs[PS_BENCH_INFLIGHT]; /* --inflight: one all_reduce buffer per call (outs[0] = out) */
+    size_t cap;                    /* bytes in each */
+    double *times;                 /* per-call times of one size */
     FILE *csv;
 } bench_t;
 
@@ -585,6 +603,29 @@ static int run_one(bench_t *b, int c, size_t n)
     default:
         return ps_barrier(b->comm, NULL);
     }
+}
+
+/* One timed call: blocking, or --inflight nonblocking ones at once, each on
+ * a buffer of its own, all waited for. */
+static int run_batch(bench_t *b, int c, size_t n)
+{
+    const options_t *o = b->o;
+    if (o->inflight == 1)
+        return run_one(b, c, n);
+    ps_work_t *w[PS_BENCH_INFLIGHT];
+    int rc = 0, started = 0;
+    for (; started < o->inflight && rc == 0; started++)
+        rc = c == C_ALL_REDUCE
+                 ? ps_iall_reduce(b->comm, b->outs[started], n, o->dtype, o->op, NULL, &w[started])
+                 : ps_ibarrier(b->comm, NULL, &w[started]);
+    if (rc < 0)
+        started--;
+    for (int i = 0; i < started; i++) {
+        int r = ps_work_wait(w[i]);
+        rc = rc < 0 ? rc : r;
+        ps_work_free(w[i]);
+    }
+    return rc;
 }
 
 /* Fills the buffers for a checked call of c with n elements (per rank for blocked ones). */
@@ -709,6 +750,8 @@ static void print_header(const bench_t *b)
            ps_dtype_name(o->dtype), op_names[o->op], o->root, o->warmup, o->iters);
     if (o->iter_bytes)
         printf(" (at most %zu bytes of calls per size)", o->iter_bytes);
+    if (o->inflight > 1)
+        printf(", %d nonblocking calls in flight at once", o->inflight);
     printf(", check %s\n", o->check ? "on" : "off");
     printf("# time: mean per call of the slowest rank; algbw = size/time; busbw per "
            "nccl-tests; #wrong over all ranks (-1: not checked)\n");
@@ -751,7 +794,7 @@ static int64_t bench_coll(bench_t *b, int c)
         if ((rc = ps_barrier(b->comm, NULL)) < 0)
             die_rc(b, "barrier", rc);
         for (int i = 0; i < warm; i++)
-            if ((rc = run_one(b, c, n)) < 0)
+            if ((rc = run_batch(b, c, n)) < 0)
                 die_rc(b, coll_names[c], rc);
         if ((rc = ps_barrier(b->comm, NULL)) < 0)
             die_rc(b, "barrier", rc);
@@ -759,23 +802,31 @@ static int64_t bench_coll(bench_t *b, int c)
          * scheduler noise of a shared machine. */
         double t0 = now_seconds(), prev = t0;
         for (int i = 0; i < iters; i++) {
-            if ((rc = run_one(b, c, n)) < 0)
+            if ((rc = run_batch(b, c, n)) < 0)
                 die_rc(b, coll_names[c], rc);
             double now = now_seconds();
-            b->times[i] = now - prev;
+            b->times[i] = (now - prev) / o->inflight;
             prev = now;
         }
-        double tm[2] = {(prev - t0) / iters, median(b->times, iters)};
+        double tm[2] = {(prev - t0) / iters / o->inflight, median(b->times, iters)};
         if ((rc = ps_all_reduce(b->comm, tm, 2, PS_FLOAT64, PS_MAX, NULL)) < 0)
             die_rc(b, "all_reduce of the times", rc);
         double t = tm[0];
 
         int64_t wrong = -1;
         if (o->check && c != C_BARRIER) {
-            prepare(b, c, n);
-            if ((rc = run_one(b, c, n)) < 0)
+            for (int k = 0; k < o->inflight; k++) {
+                b->out = b->outs[k];
+                prepare(b, c, n);
+            }
+            if ((rc = run_batch(b, c, n)) < 0)
                 die_rc(b, coll_names[c], rc);
-            wrong = verify(b, c, n);
+            wrong = 0;
+            for (int k = 0; k < o->inflight; k++) {
+                b->out = b->outs[k];
+                wrong += verify(b, c, n);
+            }
+            b->out = b->outs[0];
             if ((rc = ps_all_reduce(b->comm, &wrong, 1, PS_INT64, PS_SUM, NULL)) < 0)
                 die_rc(b, "all_reduce of the error counts", rc);
             total_wrong += wrong;
@@ -849,6 +900,16 @@ int main(int argc, char **argv)
     }
     memset(b.in, 0, b.cap);
     memset(b.out, 0, b.cap);
+    b.outs[0] = b.out;
+    for (int k = 1; k < o.inflight && o.want[C_ALL_REDUCE]; k++) {
+        b.outs[k] = o.shared_mem ? ps_mem_alloc(b.comm, b.cap) : malloc(b.cap);
+        if (!b.outs[k]) {
+            fprintf(stderr, "paramsync-bench: rank %d: cannot allocate %d x %zu bytes\n", b.rank,
+                    o.inflight, b.cap);
+            return 1;
+        }
+        memset(b.outs[k], 0, b.cap);
+    }
 
     if (b.rank == 0 && o.csv) {
         b.csv = strcmp(o.csv, "-") == 0 ? stdout : fopen(o.csv, "a");
@@ -870,6 +931,12 @@ int main(int argc, char **argv)
         fflush(stdout);
         if (b.csv && b.csv != stdout)
             fclose(b.csv);
+    }
+    for (int k = 1; k < o.inflight && b.outs[k]; k++) {
+        if (o.shared_mem)
+            ps_mem_free(b.comm, b.outs[k]);
+        else
+            free(b.outs[k]);
     }
     if (o.shared_mem) {
         ps_mem_free(b.comm, b.in);
