@@ -471,9 +471,11 @@ static void worker_shm_attach(ps__rpc_call_t *call, void *arg)
                                req->doorbell     ? PS_SHM_DOORBELL
                                : req->registered ? PS_SHM_REGISTERED
                                                  : PS_SHM_PAYLOAD,
-                               reason, sizeof(reason));
+                               req->slot > INT32_MAX ? -1 : (int)req->slot, reason, sizeof(reason));
     resp.doorbell_segments = resp.attached && req->doorbell;
     resp.doorbells = resp.attached && req->doorbell ? PS_HUB_DOORBELLS : 0;
+    resp.payload_slots =
+        resp.attached && !req->doorbell && !req->registered ? PS_HUB_PAYLOAD_SLOTS : 0;
     if (!resp.attached)
         PS_LOG(PS_LOG_INFO, "job %s: rank %d's %s not used: %s", req->job, req->rank,
                req->doorbell ? "doorbell" : "shared memory", reason);

@@ -164,8 +164,9 @@ int ps__hub_is_ring(ps__hub_t *h, const Paramsync__V1__CollectiveHeader *hd);
  * whose first frame is `first`; ends the call with a status. */
 void ps__hub_ring_serve(ps__hub_t *h, ps__rpc_call_t *call, struct ps__frame *first);
 
-/** Kinds of shared segments: the comm's payload segment (one per rank; a
- * new one replaces the old), doorbells (up to PS_HUB_DOORBELLS per rank, one
+/** Kinds of shared segments: the comm's payload segments (one per slot, up
+ * to PS_HUB_PAYLOAD_SLOTS per rank; a new one replaces its slot's old one),
+ * doorbells (up to PS_HUB_DOORBELLS per rank, one
  * for each collective in flight at once; each served by a thread of the hub),
  * and registered memory the worker hands out for its tensors (ps_mem_alloc;
  * up to 64 per rank, until detached). */
@@ -173,11 +174,13 @@ enum { PS_SHM_PAYLOAD = 0, PS_SHM_DOORBELL = 1, PS_SHM_REGISTERED = 2 };
 
 /** The most doorbells a rank keeps on its agent (ShmAttachResponse.doorbells). */
 #define PS_HUB_DOORBELLS 4
+/** The most payload segments a rank keeps, one per slot (ShmAttachRequest.slot). */
+#define PS_HUB_PAYLOAD_SLOTS 4
 
 /** Maps a worker's shared segment of `kind` (see ShmAttach in the proto).
  * Returns 1 when attached, else 0 with the reason in `reason`. */
 int ps__hub_shm_attach(ps__hub_t *h, const char *job, int rank, const char *name, uint64_t size,
-                       uint64_t magic, int kind, char *reason, size_t rlen);
+                       uint64_t magic, int kind, int slot, char *reason, size_t rlen);
 
 /** Drops the registered segment `name` of job's rank: 1, or 0 when there is
  * none of that name. */

@@ -57,6 +57,7 @@ typedef struct shm_map {
     size_t map_len; /* bytes mapped */
     int fd;         /* for pread/pwrite (shm_by_file); -1 for a doorbell */
     int kind;       /* PS_SHM_PAYLOAD, _DOORBELL (doorbell_main serves it) or _REGISTERED */
+    int slot;       /* a payload segment's slot (ShmAttachRequest.slot) */
     int closing;    /* doorbell: dropped, its thread is to end */
     int guard;      /* its slot in seg_guards, or -1 */
     int refs;
@@ -3419,16 +3420,16 @@ static void doorbells_close(ps__hub_t *h)
 }
 
 /* Drops the job's segments of `rank` (every rank when negative) from the
- * agent's list, doorbells or payload segments or (kind < 0) both, except
- * the newest `keep` of them; each goes once no collective uses it. Lock
- * held. */
-static void shms_drop(ps__hub_t *h, const char *job, int rank, int kind, int keep)
+ * agent's list, doorbells or payload segments (of `slot`, when not
+ * negative) or (kind < 0) all, except the newest `keep` of them; each goes
+ * once no collective uses it. Lock held. */
+static void shms_drop(ps__hub_t *h, const char *job, int rank, int kind, int slot, int keep)
 {
     /* The list is newest first. */
     for (shm_map_t **p = &h->shms; *p;) {
         shm_map_t *sm = *p;
         if (strcmp(sm->job, job) == 0 && (rank < 0 || sm->rank == rank) &&
-            (kind < 0 || sm->kind == kind) && keep-- <= 0) {
+            (kind < 0 || sm->kind == kind) && (slot < 0 || sm->slot == slot) && keep-- <= 0) {
             *p = sm->next;
             if (sm->kind == PS_SHM_DOORBELL)
                 doorbell_close(sm);
@@ -3538,9 +3539,14 @@ static void *doorbell_main(void *arg)
 }
 
 int ps__hub_shm_attach(ps__hub_t *h, const char *job, int rank, const char *name, uint64_t size,
-                       uint64_t magic, int kind, char *reason, size_t rlen)
+                       uint64_t magic, int kind, int slot, char *reason, size_t rlen)
 {
     int doorbell = kind == PS_SHM_DOORBELL;
+    if (slot < 0 || slot >= PS_HUB_PAYLOAD_SLOTS || (slot && kind != PS_SHM_PAYLOAD)) {
+        snprintf(reason, rlen, "slot %d: payload segments take slots 0 to %d, other kinds none",
+                 slot, PS_HUB_PAYLOAD_SLOTS - 1);
+        return 0;
+    }
     /* Names are POSIX shm names: one leading slash, no other. */
     if (!name || name[0] != '/' || strchr(name + 1, '/') || strlen(name) > 200 || size < 8 ||
         size > h->cfg->max_tensor_bytes * 2 + 4096 || (doorbell && size != PS_DOORBELL_SIZE)) {
@@ -3594,6 +3600,7 @@ int ps__hub_shm_attach(ps__hub_t *h, const char *job, int rank, const char *name
     /* Payloads may not reach a doorbell's control words. */
     sm->size = doorbell ? PS_DOORBELL_CTL : size;
     sm->kind = kind;
+    sm->slot = slot;
     sm->refs = 1;
     if ((sm->guard = guard_add(base, size)) < 0) {
         snprintf(reason, rlen, "the agent maps its most segments (%d) already", PS_HUB_GUARDS);
@@ -3619,14 +3626,15 @@ int ps__hub_shm_attach(ps__hub_t *h, const char *job, int rank, const char *name
         shm_unref(sm);
         return 0;
     }
-    /* A rank has one payload segment at a time: a new one (the client grew
-     * it) replaces the old, which goes once the collectives using it are
-     * done. Doorbells stay side by side up to PS_HUB_DOORBELLS (the client
-     * makes one for each collective in flight at once, and knows the
-     * limit); past it the oldest goes, as the one doorbell of agents before
-     * the limit did. Registered segments stay side by side until detached. */
+    /* A rank has one payload segment per slot: a new one (the client grew
+     * it) replaces its slot's old one, which goes once the collectives
+     * using it are done. Doorbells stay side by side up to PS_HUB_DOORBELLS
+     * (the client makes one for each collective in flight at once, and
+     * knows the limit); past it the oldest goes, as the one doorbell of
+     * agents before the limit did. Registered segments stay side by side
+     * until detached. */
     if (kind != PS_SHM_REGISTERED)
-        shms_drop(h, job, rank, kind, doorbell ? PS_HUB_DOORBELLS - 1 : 0);
+        shms_drop(h, job, rank, kind, doorbell ? -1 : slot, doorbell ? PS_HUB_DOORBELLS - 1 : 0);
     sm->next = h->shms;
     h->shms = sm;
     pthread_t t;
@@ -3796,7 +3804,7 @@ void ps__hub_shm_io_close(ps__shm_io_t *io)
 void ps__hub_shm_release(ps__hub_t *h, const char *job, int rank)
 {
     pthread_mutex_lock(&h->lock);
-    shms_drop(h, job, rank, -1, 0);
+    shms_drop(h, job, rank, -1, -1, 0);
     pthread_mutex_unlock(&h->lock);
 }
 

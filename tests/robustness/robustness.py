@@ -32,6 +32,8 @@ with the right result. Cases:
                    segment untouched (at the hub and at a forwarding agent)
   many_doorbells   five doorbells attached for one rank: the agent keeps four
                    (the oldest is closed), and the four serve at once
+  payload_slots    payload segments in slots: a new one replaces only its own
+                   slot's; slots past the agent's, or on other kinds, refused
 
 Uses the paramsync.v1 worker harness of tests/faults/psworker.py (Debian's
 /usr/bin/python3 with python3-grpcio; stubs generated at run time from proto/).
@@ -826,11 +828,13 @@ def case_cancelled_calls(d, rng):
 
 
 def attach_segment(conn, job, rank, nbytes, rng, registered=False, pattern=0, doorbell=False,
-                   resps=None):
+                   resps=None, slot=0, refused=None):
     """A /dev/shm segment of `nbytes` (the agent's magic first, then bytes of
     `pattern`) that rank `rank` of job attaches over conn (as a doorbell with
-    doorbell=True): (name, fd), and the ShmAttachResponse appended to resps.
-    The caller closes fd and unlinks the name."""
+    doorbell=True; a payload segment in `slot`): (name, fd), and the
+    ShmAttachResponse appended to resps. The caller closes fd and unlinks the
+    name. With refused (a list), a refusal is appended there and (name, fd)
+    returned, where it would fail the test."""
     import mmap
     pb, _ = pw.stubs()
     name = "/ps-robust-%d-%d" % (os.getpid(), rng.randrange(1 << 30))
@@ -843,9 +847,12 @@ def attach_segment(conn, job, rank, nbytes, rng, registered=False, pattern=0, do
             mm[8:nbytes] = bytes([pattern]) * (nbytes - 8)
         resp = conn.worker.ShmAttach(pb.ShmAttachRequest(
             job=job, rank=rank, name=name, size=nbytes, magic=magic, registered=registered,
-            doorbell=doorbell), timeout=CALL_DEADLINE_S)
-        pw.check(resp.attached, "ShmAttach of %s by rank %d refused: %s"
-                 % (name, rank, resp.reason))
+            doorbell=doorbell, slot=slot), timeout=CALL_DEADLINE_S)
+        if refused is not None and not resp.attached:
+            refused.append(resp.reason)
+        else:
+            pw.check(resp.attached, "ShmAttach of %s by rank %d refused: %s"
+                     % (name, rank, resp.reason))
         if resps is not None:
             resps.append(resp)
     except BaseException:
@@ -1040,6 +1047,62 @@ def case_many_doorbells(d, rng):
     still_serves(d, "many_doorbells")
 
 
+def case_payload_slots(d, rng):
+    """Payload segments in slots (ShmAttachRequest.slot): a new one replaces
+    only its own slot's; a slot past the agent's (payload_slots, 4), or a
+    slot on another kind of segment, is refused with a reason."""
+    if not os.path.isdir("/dev/shm"):
+        pw.skip("no /dev/shm")
+    conns, members, inc = two_ranks(d, "ps")
+    nbytes, resps, segs = 4096 + 64, [], {}
+    for slot in (0, 1, 1):  # slot 1 twice: the second replaces the first of slot 1
+        segs.setdefault(slot, []).append(attach_segment(conns[0], "ps", 0, nbytes, rng,
+                                                        resps=resps, slot=slot))
+    pw.expect([r.payload_slots for r in resps] == [4] * 3,
+              "payload_slots: ShmAttachResponse.payload_slots %s, want 4 each"
+              % [r.payload_slots for r in resps])
+    refused = []
+    for kw in ({"slot": 4}, {"slot": 1, "doorbell": True}, {"slot": 1, "registered": True}):
+        size = DB_SIZE if kw.get("doorbell") else nbytes
+        segs.setdefault("bad", []).append(attach_segment(conns[0], "ps", 0, size, rng,
+                                                         refused=refused, **kw))
+    pw.expect(len(refused) == 3 and all("slot" in r for r in refused),
+              "payload_slots: slot 4, and slots on a doorbell and registered memory: refused "
+              "%s, want 3 refusals naming the slot" % refused)
+
+    def all_reduce(seq, name):
+        """Rank 0's all_reduce through segment `name` (16 floats at offset 64),
+        rank 1's as frames: rank 0's outcome."""
+        out = pw.in_threads([
+            lambda: pw.collective(conns[0], "ALL_REDUCE", 16, job="ps", seq=seq, rank=0,
+                                  incarnation=inc, shm=name, shm_in_offset=64,
+                                  shm_out_offset=64, rpc_timeout=CALL_DEADLINE_S),
+            lambda: members[1].collective("ALL_REDUCE", 16, bytes(64), seq=seq,
+                                          rpc_timeout=CALL_DEADLINE_S)], CALL_DEADLINE_S + 5)
+        return out[0]
+
+    # Slot 0 stays beside slot 1; slot 1's first segment was replaced.
+    for seq, (what, name, want) in enumerate((("slot 0", segs[0][0][0], "OK"),
+                                              ("slot 1, the newer", segs[1][1][0], "OK"))):
+        got = all_reduce(seq, name)
+        pw.expect(got is not None and got.name == want,
+                  "payload_slots: an all_reduce through %s: %r, want %s" % (what, got, want))
+    got = pw.collective(conns[0], "ALL_REDUCE", 16, job="ps", seq=2, rank=0, incarnation=inc,
+                        shm=segs[1][0][0], shm_in_offset=64, shm_out_offset=64, rpc_timeout=5)
+    pw.expect(got.name == "INVALID_ARGUMENT" and "not attached" in got.message,
+              "payload_slots: naming slot 1's replaced segment: %r, want INVALID_ARGUMENT "
+              "(not attached)" % (got,))
+    pw.log("payload_slots: refusals %s; the replaced segment: %r" % (refused, got))
+    for group in segs.values():
+        for name, fd in group:
+            drop_segment(name, fd)
+    for m in members:
+        m.leave()
+    for c in conns:
+        c.close()
+    still_serves(d, "payload_slots")
+
+
 def case_refused_calls_leak(d, rng):
     """Every refused call gives back what it took.
 
@@ -1126,6 +1189,7 @@ CASES = {
     "shrunk_segment": case_shrunk_segment,
     "foreign_segment": case_foreign_segment,
     "many_doorbells": case_many_doorbells,
+    "payload_slots": case_payload_slots,
 }
 
 
