@@ -52,6 +52,7 @@ typedef struct ps__coll {
     size_t out_bytes;
     uint8_t *shm_out;    /* output in the shared segment, when this call uses it */
     struct ps__mem *mem; /* the registered segment this call uses (shm.c), or NULL */
+    struct ps__shm *seg; /* else the payload segment (or spare) it uses, or NULL */
     /* Device buffers (device.c): when the caller's in or out is device memory,
      * in/out point into this pinned buffer instead, and the result goes to
      * stage_dev_out once the call has succeeded. */
@@ -114,6 +115,7 @@ struct ps_comm {
     void *error_arg;
 
     struct ps__shm *shm;             /* the shared-memory segment (shm.c), or NULL */
+    struct ps__shm *spares;          /* more of them, for collectives beside (shm.c) */
     struct ps__doorbells *doorbells; /* the doorbell segments (shm.c), or NULL */
     struct ps__mem *mem;             /* registered memory, ps_mem_alloc (shm.c) */
 

@@ -40,6 +40,8 @@ struct ps__shm {
     int disabled;  /* the agent cannot map our segments */
     int segments;  /* a doorbell that may name the rank's other segments */
     int doorbells; /* a doorbell: how many the agent keeps for the rank (0: one) */
+    int slot;      /* a payload segment: its slot (ShmAttachRequest.slot) */
+    int slots;     /* a payload segment: how many slots the agent keeps (0: one) */
 };
 
 /* PARAMSYNC_SHM=0: neither segment; read on every collective. */
@@ -102,12 +104,14 @@ static int segment_create(ps_comm_t *comm, struct ps__shm *s, size_t size, int k
     req.magic = magic;
     req.doorbell = kind == SEG_DOORBELL;
     req.registered = kind == SEG_REGISTERED;
+    req.slot = kind == SEG_PAYLOAD ? (uint32_t)s->slot : 0;
     rc = ps__rpc_unary(comm->channel, PS__METHOD_SHM_ATTACH, &req.base,
                        &paramsync__v1__shm_attach_response__descriptor, (ProtobufCMessage **)&resp,
                        PS__CONTROL_TIMEOUT_MS, NULL);
     int attached = rc == 0 && resp->attached;
     s->segments = attached && resp->doorbell_segments;
     s->doorbells = attached ? (int)resp->doorbells : 0;
+    int slots = attached ? (int)resp->payload_slots : 0;
     if (resp)
         protobuf_c_message_free_unpacked(&resp->base, NULL);
     /* The agent unlinks the name once it maps the segment; do it here too
@@ -120,6 +124,10 @@ static int segment_create(ps_comm_t *comm, struct ps__shm *s, size_t size, int k
     /* The magic bytes were for the agent's check: the memory reads as
      * zeros again, as fresh segments do. */
     memset(base, 0, sizeof(magic));
+    /* Read by other threads' payload_claim while this one uses s. */
+    pthread_mutex_lock(&comm->lock);
+    s->slots = slots;
+    pthread_mutex_unlock(&comm->lock);
     s->base = base;
     s->size = size;
     return 0;
@@ -273,6 +281,47 @@ static int mem_begin(ps_comm_t *comm, ps__coll_t *c)
     return 1;
 }
 
+/*
+ * Spares: collectives in flight beside the one using the payload segment
+ * (async ones) take a spare payload segment each instead of gRPC frames,
+ * made on demand and used the same way (input copied in, output copied
+ * out). Each has a slot of its own at the agent (ShmAttachRequest.slot:
+ * the first is slot 0, spare i slot i + 1), so a spare that grows replaces
+ * only itself; there are as many as the agent keeps slots
+ * (ShmAttachResponse.payload_slots, told when the first was attached; none
+ * with agents that do not say), at most PS__SPARES.
+ */
+#define PS__SPARES 3
+
+/* Claims a payload segment: the comm's first, else (while it is busy) a
+ * free spare, the largest. NULL: frames. Lock held. */
+static struct ps__shm *payload_claim(ps_comm_t *comm)
+{
+    struct ps__shm *s = comm->shm;
+    if (!s && (s = calloc(1, sizeof(*s))))
+        comm->shm = s;
+    if (!s || s->disabled)
+        return NULL;
+    if (s->in_use) {
+        int spares = s->slots - 1 < PS__SPARES ? s->slots - 1 : PS__SPARES;
+        if (spares <= 0)
+            return NULL;
+        if (!comm->spares && !(comm->spares = calloc(PS__SPARES, sizeof(*comm->spares))))
+            return NULL;
+        s = NULL;
+        for (int i = 0; i < spares; i++) {
+            struct ps__shm *x = &comm->spares[i];
+            x->slot = i + 1;
+            if (!x->in_use && !x->disabled && (!s || x->size > s->size))
+                s = x;
+        }
+        if (!s)
+            return NULL;
+    }
+    s->in_use = 1;
+    return s;
+}
+
 int ps__shm_begin(ps_comm_t *comm, ps__coll_t *c, int rung)
 {
     if (mem_begin(comm, c))
@@ -292,15 +341,10 @@ int ps__shm_begin(ps_comm_t *comm, ps__coll_t *c, int rung)
     if (shm_off())
         return 0;
     pthread_mutex_lock(&comm->lock);
-    struct ps__shm *s = comm->shm;
-    if (!s && (s = calloc(1, sizeof(*s))))
-        comm->shm = s;
-    if (!s || s->disabled || s->in_use) {
-        pthread_mutex_unlock(&comm->lock);
-        return 0;
-    }
-    s->in_use = 1;
+    struct ps__shm *s = payload_claim(comm);
     pthread_mutex_unlock(&comm->lock);
+    if (!s)
+        return 0;
 
     if (s->size < need) {
         /* Grow by doubling so a training loop settles on one segment. */
@@ -320,7 +364,9 @@ int ps__shm_begin(ps_comm_t *comm, ps__coll_t *c, int rung)
     }
     if (c->in_bytes)
         memcpy(s->base, c->in, c->in_bytes);
+    c->seg = s;
     c->hdr.shm = s->name;
+    c->hdr.shm_in_offset = 0;
     c->hdr.shm_out_offset = out_off;
     c->shm_out = s->base + out_off;
     return 1;
@@ -336,13 +382,14 @@ static void shm_end(ps_comm_t *comm, ps__coll_t *c, int discard)
     pthread_mutex_lock(&comm->lock);
     if (c->mem) {
         c->mem->in_use = 0;
-    } else {
+    } else if (c->seg) {
         if (discard)
-            segment_unmap(comm->shm);
-        comm->shm->in_use = 0;
+            segment_unmap(c->seg);
+        c->seg->in_use = 0;
     }
     pthread_mutex_unlock(&comm->lock);
     c->mem = NULL;
+    c->seg = NULL;
     c->shm_out = NULL;
     c->hdr.shm = (char *)protobuf_c_empty_string;
     c->hdr.shm_in_offset = 0;
@@ -553,6 +600,12 @@ void ps__shm_free(ps_comm_t *comm)
             segment_unmap(&comm->doorbells->d[i].seg);
         free(comm->doorbells);
         comm->doorbells = NULL;
+    }
+    if (comm->spares) {
+        for (int i = 0; i < PS__SPARES; i++)
+            segment_unmap(&comm->spares[i]);
+        free(comm->spares);
+        comm->spares = NULL;
     }
     if (!comm->shm)
         return;
