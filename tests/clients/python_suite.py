@@ -1022,7 +1022,8 @@ def w_doorbell():
     on, as gRPC calls otherwise; 150 rounds of barrier, all_reduce of 4 B .. 2 KiB,
     broadcast, all_gather and send/recv (with its source) checked, an async all_reduce of
     1600 bytes beside them, five async all_reduces in flight at once (four doorbells, one
-    call), and the doorbells' own count of the requests they answered."""
+    call), four large ones (payload segment and spares), and the doorbells' own count of
+    the requests they answered."""
     import numpy as np
     dist = _w_init()
     r, n = dist.get_rank(), dist.get_world_size()
@@ -1080,6 +1081,31 @@ def w_doorbell():
             "%d of 15 async all_reduces (5 in flight at once) through the doorbells" % inflight
     elif not shm:
         assert inflight == 0 and not w.doorbell.all
+    # Large ones in flight side by side (two all_reduces of 256 KiB, two all_gathers of
+    # 64 KiB each): each through a payload segment of its own, the first or a spare,
+    # none as gRPC frames.
+    for k in range(3):
+        if r == n - 1:
+            time.sleep(0.15)
+        ars = [np.arange(65536, dtype=np.int32) * (r + 1) + i + k for i in range(2)]
+        outs = [[np.zeros(8192, np.int64) for _ in range(n)] for i in range(2)]
+        works = [dist.all_reduce(a, async_op=True) for a in ars]
+        works += [dist.all_gather(outs[i], np.full(8192, r * 10 + i + k, np.int64),
+                                  async_op=True) for i in range(2)]
+        for wk in works:
+            wk.wait()
+        for i in range(2):
+            expect_eq(ars[i], np.arange(65536, dtype=np.int32) * tri + n * (i + k),
+                      "async all_reduce of 256 KiB %d beside others, round %d" % (i, k))
+            for q in range(n):
+                expect_eq(outs[i][q], np.full(8192, q * 10 + i + k, np.int64),
+                          "async all_gather %d [%d] beside others, round %d" % (i, q, k))
+    spares = [x for x in w.shm.spares if x.map is not None]
+    if shm and n >= 2 and r != n - 1:
+        assert 1 <= len(spares) <= 3, \
+            "%d spare payload segments after 4 large collectives in flight" % len(spares)
+    elif not shm:
+        assert not spares
     # Past the doorbell's own 2 KiB, up to 800 KB: the payload goes through the segment
     # (or empty() memory, in place) and still no call is made. Each result checked.
     before = w.doorbell.rung

@@ -90,8 +90,8 @@ class Segment:
     means "use gRPC frames this time"."""
 
     def __init__(self, attach):
-        # attach(name, size, magic) -> None when the agent mapped it; raises
-        # AttachRefused when it never will, anything else for this time only.
+        # attach(name, size, magic) -> the ShmAttachResponse when the agent mapped it;
+        # raises AttachRefused when it never will, anything else for this time only.
         self._attach = attach
         self._lock = threading.Lock()
         self.name = None
@@ -101,6 +101,7 @@ class Segment:
         self.disabled = False
         self.closed = False
         self.refused = ""  # why the agent refused our segments, once it has
+        self.slots = 1  # payload slots the agent keeps for the rank (ShmAttachResponse)
 
     def begin(self, in_place, in_bytes, out_bytes, rung=False):
         """Claims the segment for one collective, grown to fit. Returns the output offset,
@@ -181,8 +182,59 @@ class Segment:
     def _create(self, size):
         """Creates a segment of size bytes and offers it to the agent; sets self.map on
         success."""
-        self.name, self.map = create(size, self._attach)
+        got = []
+        self.name, self.map = create(size, lambda *a: got.append(self._attach(*a)))
         self.size = size
+        self.slots = max(1, getattr(got[0], "payload_slots", 0) if got else 0)
+
+
+class Payloads:
+    """The rank's payload segment, and spares for collectives in flight beside the one
+    using it (async ones), so that those too go through shared memory, not gRPC frames.
+    Each is a payload segment in a slot of its own at the agent (ShmAttachRequest.slot:
+    the first in slot 0, spare i in slot i + 1), so one that grows replaces only itself.
+    Made on demand, as many as the agent keeps slots (ShmAttachResponse.payload_slots, as
+    the first's attach said; none with an agent that does not say), at most SPARES."""
+
+    SPARES = 3
+
+    def __init__(self, attach):
+        # attach(name, size, magic, slot) -> the ShmAttachResponse (see Segment).
+        self._attach = attach
+        self.first = Segment(lambda name, size, magic: attach(name, size, magic, 0))
+        self._lock = threading.Lock()
+        self.spares = []
+
+    @property
+    def size(self):
+        return self.first.size
+
+    def begin(self, in_place, in_bytes, out_bytes, rung=False):
+        """Claims a segment for one collective, grown to fit: (segment, output offset),
+        or None: gRPC frames. The caller calls the segment's end()."""
+        off = self.first.begin(in_place, in_bytes, out_bytes, rung)
+        if off is not None:
+            return self.first, off
+        if not self.first.in_use or self.first.disabled:
+            return None  # too small for a call, refused, closed: frames
+        for seg in sorted(list(self.spares), key=lambda x: -x.size):
+            off = seg.begin(in_place, in_bytes, out_bytes, rung)
+            if off is not None:
+                return seg, off
+        with self._lock:
+            if len(self.spares) >= min(self.SPARES, self.first.slots - 1) or self.first.closed:
+                return None
+            slot = len(self.spares) + 1
+            seg = Segment(lambda name, size, magic: self._attach(name, size, magic, slot))
+            self.spares.append(seg)
+        off = seg.begin(in_place, in_bytes, out_bytes, rung)
+        return None if off is None else (seg, off)
+
+    def close(self):
+        with self._lock:
+            segs = [self.first] + self.spares
+        for seg in segs:
+            seg.close()
 
 
 def create(size, attach):

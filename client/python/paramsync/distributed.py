@@ -280,9 +280,11 @@ class _World:
         self.world_group = None
         self.n_new_groups = 0
         self.crashed = False
-        # One shared-memory segment for all of this rank's groups: the agent
-        # keeps one per (job, rank), and a new one replaces the old.
-        self.shm = _shm.Segment(self._shm_attach)
+        # One shared-memory segment for all of this rank's groups (the agent keeps
+        # one per (job, rank), and a new one replaces the old), and spares for
+        # collectives in flight beside the one using it.
+        self.shm = _shm.Payloads(
+            lambda name, size, magic, slot: self._shm_attach(name, size, magic, slot=slot))
         # Collectives without a call, when the agent is on this host.
         self.doorbell = _shm.Doorbells(
             lambda name, size, magic: self._shm_attach(name, size, magic, doorbell=True))
@@ -393,11 +395,12 @@ class _World:
 
     # -- collectives -------------------------------------------------------
 
-    def _shm_attach(self, name, size, magic, registered=False, doorbell=False):
+    def _shm_attach(self, name, size, magic, registered=False, doorbell=False, slot=0):
         """Offers a segment to the agent (Worker.ShmAttach). Raises _shm.AttachRefused when
         it will never map ours (it said so, or it lacks or cannot serve the method)."""
         req = pb.ShmAttachRequest(job=self.job, rank=self.rank, name=name, size=size,
-                                  magic=magic, registered=registered, doorbell=doorbell)
+                                  magic=magic, registered=registered, doorbell=doorbell,
+                                  slot=slot)
         try:
             resp = self.stub.ShmAttach(req, timeout=10, metadata=self.md)
         except grpc.RpcError as e:
@@ -428,19 +431,20 @@ class _World:
             return _ShmUse(self.mem.end, mem, None)
         if self.shm is None:
             return None
-        off = self.shm.begin(in_place, send.total if send is not None else 0,
+        got = self.shm.begin(in_place, send.total if send is not None else 0,
                              recv.total if recv is not None else 0, rung)
-        if off is None:
+        if got is None:
             return None
+        seg, off = got
         try:
             if send is not None:
-                self.shm.put(send.mvs)
+                seg.put(send.mvs)
         except BaseException:
-            self.shm.end()
+            seg.end()
             raise
-        header.shm = self.shm.name
+        header.shm = seg.name
+        header.shm_in_offset = 0
         header.shm_out_offset = off
-        seg = self.shm
         return _ShmUse(lambda _, discard=False: seg.end(discard), None,
                        lambda n, recv: seg.get(off, n, recv))
 
