@@ -215,6 +215,8 @@ function snapshot(ins, outs) {
  */
 const SHM_MIN_BYTES = 64 << 10;
 const SHM_ALIGN = 4096;
+// Segments beyond the first for collectives in flight beside the one using it.
+const SHM_SPARES = 3;
 let shmCounter = 0;
 
 function shmEnabled() { return process.env.PARAMSYNC_SHM !== '0'; }
@@ -245,10 +247,12 @@ function preadAll(fd, buf, pos) {
 }
 
 class ShmSegment {
-  /** attach(name, size, magic) resolves once the agent mapped the segment; rejects with
-   * ShmRefused when it never will, with anything else for this time only. */
+  /** attach(name, size, magic) resolves to the ShmAttachResponse once the agent mapped
+   * the segment; rejects with ShmRefused when it never will, with anything else for this
+   * time only. */
   constructor(attach) {
     this.attach = attach;
+    this.slots = 1; // payload slots the agent keeps for the rank (ShmAttachResponse)
     this.fd = null;
     this.name = null;
     this.size = 0;
@@ -343,7 +347,8 @@ class ShmSegment {
       pwriteAll(fd, magic, 0);
       const value = os.endianness() === 'LE' ? magic.readBigUInt64LE(0)
         : magic.readBigUInt64BE(0);
-      await this.attach(name, size, value.toString());
+      const resp = await this.attach(name, size, value.toString());
+      this.slots = Math.max(1, (resp && resp.payload_slots) || 0);
       pwriteAll(fd, Buffer.alloc(8), 0);
     } catch (e) {
       fs.closeSync(fd);
@@ -356,6 +361,41 @@ class ShmSegment {
     this.fd = fd;
     this.name = name;
     this.size = size;
+  }
+}
+
+/** Spare segments: a collective in flight beside the one using the World's segment
+ * (Promise.all of several) takes one of these instead of gRPC frames, made on demand. Each
+ * is a payload segment in a slot of its own at the agent (ShmAttachRequest.slot: spare i
+ * in slot i + 1), so one that grows replaces only itself; as many as the agent keeps
+ * slots (the first segment's ShmAttachResponse.payload_slots), at most SHM_SPARES. */
+class ShmSpares {
+  /** attach(name, size, magic, slot), as ShmSegment's. */
+  constructor(attach) {
+    this.attach = attach;
+    this.segs = [];
+    this.closed = false;
+  }
+
+  /** Resolves to { seg, off } (seg claimed, input written in), or null: gRPC frames.
+   * slots: how many the agent keeps. */
+  async begin(inPlace, send, recv, slots) {
+    if (this.closed) return null;
+    let seg = this.segs.filter((x) => !x.inUse && !x.disabled)
+      .sort((x, y) => y.size - x.size)[0];
+    if (!seg) {
+      if (this.segs.length >= Math.min(SHM_SPARES, slots - 1)) return null;
+      const slot = this.segs.length + 1;
+      seg = new ShmSegment((name, size, magic) => this.attach(name, size, magic, slot));
+      this.segs.push(seg);
+    }
+    const off = await seg.begin(inPlace, send, recv); // claims it before any await
+    return off === null ? null : { seg, off };
+  }
+
+  close() {
+    this.closed = true;
+    for (const seg of this.segs) seg.close();
   }
 }
 
@@ -517,6 +557,8 @@ class World {
     this.failure = null;
     this.inflight = new Set();
     this.shm = new ShmSegment((name, size, magic) => this._shmAttach(name, size, magic));
+    this.spares = new ShmSpares((name, size, magic, slot) => this._shmAttach(name, size, magic,
+      slot));
     this.leaving = false;
     this.nNewGroups = 0;
     try {
@@ -602,10 +644,10 @@ class World {
 
   /** Offers a segment to the agent (Worker.ShmAttach); rejects with ShmRefused when it
    * will never map ours (it said so, or it lacks or cannot serve the method). */
-  _shmAttach(name, size, magic) {
+  _shmAttach(name, size, magic, slot = 0) {
     return new Promise((res, rej) => {
-      this.client.ShmAttach({ job: this.job, rank: this.rank, name, size: String(size), magic },
-        this.md, { deadline: Date.now() + 10000 }, (err, resp) => {
+      this.client.ShmAttach({ job: this.job, rank: this.rank, name, size: String(size), magic,
+        slot }, this.md, { deadline: Date.now() + 10000 }, (err, resp) => {
           if (err) {
             const never = err.code === grpc.status.UNIMPLEMENTED ||
               err.code === grpc.status.UNAVAILABLE;
@@ -614,7 +656,7 @@ class World {
           } else if (!resp.attached) {
             rej(new ShmRefused(resp.reason || 'the agent did not attach the segment'));
           } else {
-            res();
+            res(resp);
           }
         });
     });
@@ -650,6 +692,7 @@ class World {
     } finally {
       this.closed = true;
       this.shm.close();
+      this.spares.close();
       this.client.close();
     }
   }
@@ -659,6 +702,7 @@ class World {
     this.leaving = true;
     this.closed = true;
     this.shm.close();
+    this.spares.close();
     if (this.joinCall) this.joinCall.cancel();
     this.client.close();
   }
@@ -672,8 +716,12 @@ class World {
     this._check();
     // all_reduce and reduce: the agent writes the output over the input.
     const inPlace = header.kind === KIND.ALL_REDUCE || header.kind === KIND.REDUCE;
-    const shmOff = await this.shm.begin(inPlace, send, recv);
-    const shm = shmOff === null ? null : this.shm;
+    let shmOff = await this.shm.begin(inPlace, send, recv);
+    let shm = shmOff === null ? null : this.shm;
+    if (!shm && this.shm.inUse && !this.shm.disabled) { // busy: a spare
+      const spare = await this.spares.begin(inPlace, send, recv, this.shm.slots);
+      if (spare) ({ seg: shm, off: shmOff } = spare);
+    }
     if (shm) {
       header.shm = shm.name;
       header.shm_out_offset = String(shmOff);

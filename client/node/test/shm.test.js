@@ -155,17 +155,26 @@ test('PARAMSYNC_SHM=0 and small payloads take gRPC frames', async (t) => {
   small.forEach((x) => assert.deepStrictEqual(x, filled(2, 1000)));
 });
 
-test('collectives in flight together: one takes the segment, the other frames', async (t) => {
-  if (!needDaemon(t)) return;
-  const a = ws.map((_, r) => filled(r));
-  const b = ws.map((_, r) => filled(r + 2));
-  const moved = await bytesOf(() => all((w, r) => Promise.all([w.allReduce(a[r]),
-    w.allReduce(b[r], { op: dist.ReduceOp.MAX })])));
-  a.forEach((x) => assert.deepStrictEqual(x, filled(2)));
-  b.forEach((x) => assert.deepStrictEqual(x, filled(3)));
-  assert.strictEqual(moved.grpc, 2 * N * 4 * n, 'the second all_reduce did not take frames');
-  assert.ok(moved.shm >= 2 * N * 4 * n, `${moved.shm} bytes through shared memory`);
-});
+test('collectives in flight together: a segment each (the first, 3 spares), then frames',
+  async (t) => {
+    if (!needDaemon(t)) return;
+    // Five all_reduces at once on each rank, with ops that tell them apart.
+    const ops = [dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.MIN, dist.ReduceOp.SUM,
+      dist.ReduceOp.MAX];
+    const xs = ops.map((_, i) => ws.map((_w, r) => filled(r + i)));
+    const moved = await bytesOf(() => all((w, r) => Promise.all(ops.map((op, i) =>
+      w.allReduce(xs[i][r], { op })))));
+    ops.forEach((op, i) => {
+      const [lo, hi] = [filled(i), filled(1 + i)];
+      const want = op === dist.ReduceOp.SUM ? lo.map((v, j) => v + hi[j])
+        : op === dist.ReduceOp.MAX ? hi : lo;
+      xs[i].forEach((x) => assert.deepStrictEqual(x, want, `all_reduce ${i} of 5 in flight`));
+    });
+    assert.strictEqual(moved.grpc, 2 * N * 4 * n, 'all but the fifth should go through a segment');
+    assert.ok(moved.shm >= 4 * 2 * N * 4 * n, `${moved.shm} bytes through shared memory`);
+    ws.forEach((w) => assert.strictEqual(w.spares.segs.filter((x) => x.fd !== null).length, 3,
+      'three spare segments'));
+  });
 
 test('a failed ShmAttach takes frames for that call only; errors lose nothing', async (t) => {
   if (!needDaemon(t)) return;
