@@ -1,28 +1,124 @@
 /* Non-blocking operations (torch's async_op=True): one thread per operation in flight. */
 #include "internal.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 struct ps_work {
     ps__coll_t coll;
-    pthread_t thread;
     pthread_mutex_t lock;
     pthread_cond_t done_cond;
     int done;
     int result;
+    struct ps_work *next; /* in the pool's queue */
 };
 
-static void *work_main(void *arg)
+/*
+ * Each operation in flight has a thread of its own: operations may wait on
+ * each other across ranks (an irecv for a peer's send that another thread
+ * here has yet to make), so none may wait for a free thread. Threads are
+ * kept, though: one that finished its operation waits up to
+ * PS__WORK_IDLE_MS for the next before it exits, since starting a thread
+ * costs tens to hundreds of microseconds here, as much as a small
+ * collective through the doorbell. One pool for the process (no comm owns
+ * a thread, so ps_finalize has none to wait for).
+ */
+#define PS__WORK_IDLE_MS 2000
+
+static struct {
+    pthread_mutex_t lock;
+    pthread_cond_t more; /* queue not empty */
+    ps_work_t *head, *tail;
+    int idle; /* threads waiting for an operation */
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, NULL, 0};
+
+static void work_run(ps_work_t *w)
 {
-    ps_work_t *w = arg;
     int rc = ps__coll_run(&w->coll);
     pthread_mutex_lock(&w->lock);
     w->result = rc;
     w->done = 1;
     pthread_cond_broadcast(&w->done_cond);
     pthread_mutex_unlock(&w->lock);
-    return NULL;
+}
+
+static void *work_main(void *arg)
+{
+    ps_work_t *w = arg;
+    for (;;) {
+        work_run(w);
+        pthread_mutex_lock(&pool.lock);
+        pool.idle++;
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += PS__WORK_IDLE_MS / 1000;
+        until.tv_nsec += (PS__WORK_IDLE_MS % 1000) * 1000000L;
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+        int rc = 0;
+        while (!pool.head && rc != ETIMEDOUT)
+            rc = pthread_cond_timedwait(&pool.more, &pool.lock, &until);
+        w = pool.head;
+        if (w) {
+            pool.head = w->next;
+            if (!pool.head)
+                pool.tail = NULL;
+        }
+        pool.idle--;
+        pthread_mutex_unlock(&pool.lock);
+        if (!w)
+            return NULL;
+    }
+}
+
+/* A child of fork() has none of the parent's threads: no idle ones. */
+static void pool_after_fork(void)
+{
+    pthread_mutex_init(&pool.lock, NULL);
+    pthread_cond_init(&pool.more, NULL);
+    pool.head = pool.tail = NULL;
+    pool.idle = 0;
+}
+
+static void pool_init(void)
+{
+    pthread_atfork(NULL, NULL, pool_after_fork);
+}
+
+/* Hands w to an idle thread, or to a new one. 0, or -1. */
+static int work_dispatch(ps_work_t *w)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, pool_init);
+    pthread_mutex_lock(&pool.lock);
+    /* Queued operations not taken yet count against the idle threads. */
+    int queued = 0;
+    for (ps_work_t *q = pool.head; q; q = q->next)
+        queued++;
+    if (pool.idle > queued) {
+        w->next = NULL;
+        if (pool.tail)
+            pool.tail->next = w;
+        else
+            pool.head = w;
+        pool.tail = w;
+        pthread_cond_signal(&pool.more);
+        pthread_mutex_unlock(&pool.lock);
+        return 0;
+    }
+    pthread_mutex_unlock(&pool.lock);
+    pthread_attr_t attr;
+    pthread_t t;
+    if (pthread_attr_init(&attr) != 0)
+        return -1;
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    int rc = pthread_create(&t, &attr, work_main, w);
+    pthread_attr_destroy(&attr);
+    return rc == 0 ? 0 : -1;
 }
 
 int ps__work_start(const ps__coll_t *coll, ps_work_t **out)
@@ -40,7 +136,7 @@ int ps__work_start(const ps__coll_t *coll, ps_work_t **out)
     /* comm->lock is held: linking here keeps ps_finalize from freeing the
      * comm before the thread is done with it. */
     ps__inflight_link(coll->comm, &w->coll);
-    if (pthread_create(&w->thread, NULL, work_main, w) != 0) {
+    if (work_dispatch(w) != 0) {
         ps__inflight_unlink(coll->comm, &w->coll);
         goto fail_thread;
     }
@@ -98,7 +194,6 @@ void ps_work_free(ps_work_t *work)
     if (!work)
         return;
     ps_work_wait(work);
-    pthread_join(work->thread, NULL);
     pthread_cond_destroy(&work->done_cond);
     pthread_mutex_destroy(&work->lock);
     ps__coll_destroy(&work->coll);
