@@ -10,7 +10,8 @@ on (a numpy array: copied through the segment), and shared memory on with the
 array from paramsync.distributed.empty() (used in place by the daemon):
 float32 all_reduce and broadcast (root 0) of --mib MiB (with --latency: barrier
 and a 4-byte all_reduce, which shared memory sends through the doorbell
-instead of a call; 200 calls, times in microseconds), one untimed call
+instead of a call, alone and four async ones at once, time per call; 200
+calls, times in microseconds), one untimed call
 of each first. A call's time is the slowest rank's, from a barrier to its
 return; the table gives the median over --iters calls, and the bytes the
 daemon counted between workers and agent over the whole run (so the shm rows
@@ -31,6 +32,9 @@ import time
 import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# --latency also times ASYNC async_op=True all_reduces in flight at once (per call).
+ASYNC = 4
+ASYNC_OP = "all_reduce 4 B, %d async at once" % ASYNC
 CLIENT = os.path.join(os.path.dirname(HERE), "client", "python")
 
 
@@ -40,15 +44,23 @@ def latency_worker(iters):
     dist.init_process_group("paramsync")
     r, n = dist.get_rank(), dist.get_world_size()
     x = np.ones(1, np.float32)
+    xs = [np.ones(1, np.float32) for _ in range(ASYNC)]
+
+    def in_flight():
+        for w in [dist.all_reduce(y, async_op=True) for y in xs]:
+            w.wait()
+
     out = {}
-    for op, call in (("barrier", dist.barrier), ("all_reduce 4 B", lambda: dist.all_reduce(x))):
+    for op, call, calls in (("barrier", dist.barrier, 1),
+                            ("all_reduce 4 B", lambda: dist.all_reduce(x), 1),
+                            (ASYNC_OP, in_flight, ASYNC)):
         for _ in range(20):
             call()
         times = np.zeros(iters, np.float64)
         for i in range(iters):
             t0 = time.perf_counter()
             call()
-            times[i] = time.perf_counter() - t0
+            times[i] = (time.perf_counter() - t0) / calls
         dist.all_reduce(times, op=dist.ReduceOp.MAX)
         out[op] = times.tolist()
     if r == 0:
@@ -161,7 +173,7 @@ def main():
             for shm in (False, True):
                 res[shm] = run_job(a, addr, metrics, n, shm, "bench-%d-%d" % (n, shm))
             if a.latency:
-                for op in ("barrier", "all_reduce 4 B"):
+                for op in ("barrier", "all_reduce 4 B", ASYNC_OP):
                     rows.append((op, n, statistics.median(res[False][0][op]),
                                  statistics.median(res[True][0][op])))
                 continue

@@ -29,6 +29,7 @@ languages meet without configuration). `python3 -m paramsync.run` sets a
 fresh $PARAMSYNC_JOB for each launch.
 """
 import atexit
+import collections
 import concurrent.futures
 import enum
 import os
@@ -166,6 +167,49 @@ class ProcessGroup:
         return "<paramsync ProcessGroup %d ranks=%s rank=%d>" % (self.id, self.ranks, self._rank)
 
 
+class _Threads:
+    """Threads for async operations. Each operation gets one at once: operations may
+    wait on each other across ranks (an irecv for a peer's send that another thread here
+    has yet to make), so none may wait for a free thread. A thread that finished its
+    operation waits IDLE_S for the next before it ends, since starting one costs about
+    as much as a small collective through the doorbell."""
+
+    IDLE_S = 2.0
+
+    def __init__(self):
+        self._reset()
+
+    def _reset(self):
+        self._cond = threading.Condition(threading.Lock())
+        self._queue = collections.deque()
+        self._idle = 0
+
+    def run(self, job):
+        with self._cond:
+            if self._idle > len(self._queue):
+                self._queue.append(job)
+                self._cond.notify()
+                return
+        threading.Thread(target=self._main, args=(job,), daemon=True,
+                         name="paramsync-work").start()
+
+    def _main(self, job):
+        while job is not None:
+            job()
+            with self._cond:
+                self._idle += 1
+                end = time.monotonic() + self.IDLE_S
+                while not self._queue and time.monotonic() < end:
+                    self._cond.wait(end - time.monotonic())
+                job = self._queue.popleft() if self._queue else None
+                self._idle -= 1
+
+
+_THREADS = _Threads()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_THREADS._reset)  # a child has none of our threads
+
+
 class Work:
     """What async_op=True returns: wait() blocks and raises the operation's error, if any."""
 
@@ -176,9 +220,7 @@ class Work:
         self._outputs = outputs or []
         self._future = concurrent.futures.Future()
         self._future.set_running_or_notify_cancel()
-        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True,
-                                        name="paramsync-work")
-        self._thread.start()
+        _THREADS.run(lambda: self._run(fn))
 
     def _run(self, fn):
         try:
