@@ -773,6 +773,14 @@ def join_ranks(addrs, job):
     return [m.conn for m in members], members, members[0].incarnation
 
 
+def leave_job(members, conns):
+    """Every rank of a job from join_ranks leaves, and its connection closes."""
+    for m in members:
+        m.leave()
+    for c in conns:
+        c.close()
+
+
 def two_ranks(d, job):
     """Job `job` of 2 ranks on daemon d: (conns, members, incarnation)."""
     return join_ranks([d.addr, d.addr], job)
@@ -820,10 +828,7 @@ def case_cancelled_calls(d, rng):
     pw.expect(not left, "cancelled_calls: 5 s after their callers cancelled, the daemon still "
               "holds collectives %s (kind, seq, state), until their timeout (30 min by "
               "default)" % left)
-    for m in members:
-        m.leave()
-    for c in conns:
-        c.close()
+    leave_job(members, conns)
     still_serves(d, "cancelled_calls")
 
 
@@ -901,10 +906,7 @@ def foreign_calls(conns, members, inc, job, caller, owner, rng, where):
                           for m in members], CALL_DEADLINE_S + 5)
     pw.expect(all(o is not None and o.name == "OK" for o in outs),
               "foreign_segment (%s): the job's next all_reduce: %r" % (where, outs))
-    for m in members:
-        m.leave()
-    for c in conns:
-        c.close()
+    leave_job(members, conns)
 
 
 def case_foreign_segment(d, rng):
@@ -971,10 +973,7 @@ def case_shrunk_segment(d, rng):
             pw.expect(again[0] is not None and again[0].name == "DATA_LOSS" and
                       "make a new one" in again[0].message,
                       "shrunk_segment: the shrunk segment again: %r" % (again[0],))
-    for m in members:
-        m.leave()
-    for c in conns:
-        c.close()
+    leave_job(members, conns)
     still_serves(d, "shrunk_segment")
 
 
@@ -1040,10 +1039,7 @@ def case_many_doorbells(d, rng):
         m.close()
     for name, fd in segs:
         drop_segment(name, fd)
-    for m in members:
-        m.leave()
-    for c in conns:
-        c.close()
+    leave_job(members, conns)
     still_serves(d, "many_doorbells")
 
 
@@ -1096,10 +1092,7 @@ def case_payload_slots(d, rng):
     for group in segs.values():
         for name, fd in group:
             drop_segment(name, fd)
-    for m in members:
-        m.leave()
-    for c in conns:
-        c.close()
+    leave_job(members, conns)
     still_serves(d, "payload_slots")
 
 
