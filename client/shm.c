@@ -306,12 +306,15 @@ static struct ps__shm *payload_claim(ps_comm_t *comm)
         int spares = s->slots - 1 < PS__SPARES ? s->slots - 1 : PS__SPARES;
         if (spares <= 0)
             return NULL;
-        if (!comm->spares && !(comm->spares = calloc(PS__SPARES, sizeof(*comm->spares))))
-            return NULL;
+        if (!comm->spares) {
+            if (!(comm->spares = calloc(PS__SPARES, sizeof(*comm->spares))))
+                return NULL;
+            for (int i = 0; i < PS__SPARES; i++)
+                comm->spares[i].slot = i + 1;
+        }
         s = NULL;
         for (int i = 0; i < spares; i++) {
             struct ps__shm *x = &comm->spares[i];
-            x->slot = i + 1;
             if (!x->in_use && !x->disabled && (!s || x->size > s->size))
                 s = x;
         }

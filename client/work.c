@@ -31,7 +31,7 @@ static struct {
     pthread_mutex_t lock;
     pthread_cond_t more; /* queue not empty */
     ps_work_t *head, *tail;
-    int idle; /* threads waiting for an operation */
+    int idle; /* threads waiting for an operation, none promised one yet */
 } pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, NULL, 0};
 
 static void work_run(ps_work_t *w)
@@ -62,13 +62,16 @@ static void *work_main(void *arg)
         int rc = 0;
         while (!pool.head && rc != ETIMEDOUT)
             rc = pthread_cond_timedwait(&pool.more, &pool.lock, &until);
+        /* An operation queued was promised to an idle thread (work_dispatch
+         * took one off idle): take it even when the wait just timed out. */
         w = pool.head;
         if (w) {
             pool.head = w->next;
             if (!pool.head)
                 pool.tail = NULL;
+        } else {
+            pool.idle--;
         }
-        pool.idle--;
         pthread_mutex_unlock(&pool.lock);
         if (!w)
             return NULL;
@@ -95,11 +98,8 @@ static int work_dispatch(ps_work_t *w)
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     pthread_once(&once, pool_init);
     pthread_mutex_lock(&pool.lock);
-    /* Queued operations not taken yet count against the idle threads. */
-    int queued = 0;
-    for (ps_work_t *q = pool.head; q; q = q->next)
-        queued++;
-    if (pool.idle > queued) {
+    if (pool.idle > 0) {
+        pool.idle--; /* promised: that thread takes an operation from the queue */
         w->next = NULL;
         if (pool.tail)
             pool.tail->next = w;
