@@ -463,22 +463,30 @@ static void worker_shm_attach(ps__rpc_call_t *call, void *arg)
     else if (strcmp(hub, a->self) != 0 && !ps__hub_rank_here(a->hub, req->job, req->rank))
         snprintf(reason, sizeof(reason), "rank %d of job %s did not join through this agent",
                  req->rank, req->job);
-    else if (req->doorbell && req->registered)
-        snprintf(reason, sizeof(reason), "a segment is a doorbell or registered, not both");
+    else if (req->doorbell + req->registered + req->process > 1)
+        snprintf(reason, sizeof(reason),
+                 "a segment is at most one of doorbell, registered and process");
     else
         resp.attached =
             ps__hub_shm_attach(a->hub, req->job, req->rank, req->name, req->size, req->magic,
                                req->doorbell     ? PS_SHM_DOORBELL
                                : req->registered ? PS_SHM_REGISTERED
+                               : req->process    ? PS_SHM_PROCESS
                                                  : PS_SHM_PAYLOAD,
-                               req->slot > INT32_MAX ? -1 : (int)req->slot, reason, sizeof(reason));
+                               req->slot > INT32_MAX ? -1 : (int)req->slot, req->pid, req->address,
+                               reason, sizeof(reason));
     resp.doorbell_segments = resp.attached && req->doorbell;
     resp.doorbells = resp.attached && req->doorbell ? PS_HUB_DOORBELLS : 0;
-    resp.payload_slots =
-        resp.attached && !req->doorbell && !req->registered ? PS_HUB_PAYLOAD_SLOTS : 0;
+    resp.payload_slots = resp.attached && !req->doorbell && !req->registered && !req->process
+                             ? PS_HUB_PAYLOAD_SLOTS
+                             : 0;
+    resp.process_memory = resp.attached && req->process;
     if (!resp.attached)
         PS_LOG(PS_LOG_INFO, "job %s: rank %d's %s not used: %s", req->job, req->rank,
-               req->doorbell ? "doorbell" : "shared memory", reason);
+               req->doorbell  ? "doorbell"
+               : req->process ? "process segment (its memory read and written directly)"
+                              : "shared memory",
+               reason);
     resp.reason = reason;
     ps__rpc_send_msg(call, &resp.base);
     ps__rpc_call_send_status(call, GRPC_STATUS_OK, "");

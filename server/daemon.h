@@ -168,19 +168,25 @@ void ps__hub_ring_serve(ps__hub_t *h, ps__rpc_call_t *call, struct ps__frame *fi
  * to PS_HUB_PAYLOAD_SLOTS per rank; a new one replaces its slot's old one),
  * doorbells (up to PS_HUB_DOORBELLS per rank, one
  * for each collective in flight at once; each served by a thread of the hub),
- * and registered memory the worker hands out for its tensors (ps_mem_alloc;
- * up to 64 per rank, until detached). */
-enum { PS_SHM_PAYLOAD = 0, PS_SHM_DOORBELL = 1, PS_SHM_REGISTERED = 2 };
+ * registered memory the worker hands out for its tensors (ps_mem_alloc;
+ * up to 64 per rank, until detached), and the process segment (one per
+ * rank), which stands for the worker's own memory: collectives naming it
+ * (CollectiveHeader.shm_process) are read from and written to the worker's
+ * buffers with process_vm_readv/writev. */
+enum { PS_SHM_PAYLOAD = 0, PS_SHM_DOORBELL = 1, PS_SHM_REGISTERED = 2, PS_SHM_PROCESS = 3 };
 
 /** The most doorbells a rank keeps on its agent (ShmAttachResponse.doorbells). */
 #define PS_HUB_DOORBELLS 4
 /** The most payload segments a rank keeps, one per slot (ShmAttachRequest.slot). */
 #define PS_HUB_PAYLOAD_SLOTS 4
 
-/** Maps a worker's shared segment of `kind` (see ShmAttach in the proto).
- * Returns 1 when attached, else 0 with the reason in `reason`. */
+/** Maps a worker's shared segment of `kind` (see ShmAttach in the proto);
+ * a process segment's worker is process `pid`, which maps it at `address`
+ * (both unused for other kinds). Returns 1 when attached, else 0 with the
+ * reason in `reason`. */
 int ps__hub_shm_attach(ps__hub_t *h, const char *job, int rank, const char *name, uint64_t size,
-                       uint64_t magic, int kind, int slot, char *reason, size_t rlen);
+                       uint64_t magic, int kind, int slot, int pid, uint64_t address, char *reason,
+                       size_t rlen);
 
 /** Drops the registered segment `name` of job's rank: 1, or 0 when there is
  * none of that name. */
@@ -192,12 +198,14 @@ int ps__hub_rank_here(ps__hub_t *h, const char *job, int rank);
 /** Where a worker's payload lies in its segment, for a collective this
  * agent forwards to the job's hub (server/agent.c collective_proxy). */
 typedef struct ps__shm_io {
-    void *map; /* the segment, referenced until ps__hub_shm_io_close */
-    const uint8_t *in;
+    void *map;   /* the segment, referenced until ps__hub_shm_io_close */
+    uint64_t in; /* where the input is: an offset in the segment, or an
+                  * address in the worker's memory (process segment) */
     uint64_t in_total;
-    uint8_t *out;
+    uint64_t out; /* where the output goes, the same way */
     uint64_t out_total;
-    int by_file; /* read and written with pread/pwrite (over --shm-resident-bytes) */
+    int by_file; /* read and written with pread/pwrite (over --shm-resident-bytes),
+                  * or the worker's memory with process_vm_readv/writev */
 } ps__shm_io_t;
 
 /** Finds the segment the header names and checks it holds the payload.

@@ -12,6 +12,8 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -55,8 +57,10 @@ typedef struct shm_map {
     uint8_t *base;
     size_t size;    /* bytes payloads may use */
     size_t map_len; /* bytes mapped */
-    int fd;         /* for pread/pwrite (shm_by_file); -1 for a doorbell */
-    int kind;       /* PS_SHM_PAYLOAD, _DOORBELL (doorbell_main serves it) or _REGISTERED */
+    int fd;         /* for pread/pwrite (shm_by_file); -1 for a doorbell or process segment */
+    int kind;       /* PS_SHM_PAYLOAD, _DOORBELL (doorbell_main serves it), _REGISTERED
+                     * or _PROCESS */
+    int pid;        /* a process segment: the worker's process, as this agent sees it */
     int slot;       /* a payload segment's slot (ShmAttachRequest.slot) */
     int closing;    /* doorbell: dropped, its thread is to end */
     int guard;      /* its slot in seg_guards, or -1 */
@@ -181,13 +185,22 @@ static void shm_unref(shm_map_t *m)
     }
 }
 
-/* Reads (or writes) len bytes at `at` of a segment through its file:
- * 0, or a negative errno (-EIO for a file shorter than expected). */
-static int seg_io(int fd, int write, void *buf, size_t len, uint64_t at)
+/* Reads (or writes) len bytes at `at` of segment m through its file, or,
+ * for a process segment, at address `at` of the worker's memory (one copy,
+ * no segment between): 0, or a negative errno (-EIO for a file shorter than
+ * expected or memory that ends early). */
+static int seg_io(const shm_map_t *m, int write, void *buf, size_t len, uint64_t at)
 {
     uint8_t *p = buf;
     while (len) {
-        ssize_t n = write ? pwrite(fd, p, len, (off_t)at) : pread(fd, p, len, (off_t)at);
+        ssize_t n;
+        if (m->kind == PS_SHM_PROCESS) {
+            struct iovec local = {p, len}, remote = {(void *)(uintptr_t)at, len};
+            n = write ? process_vm_writev(m->pid, &local, 1, &remote, 1, 0)
+                      : process_vm_readv(m->pid, &local, 1, &remote, 1, 0);
+        } else {
+            n = write ? pwrite(m->fd, p, len, (off_t)at) : pread(m->fd, p, len, (off_t)at);
+        }
         if (n < 0 && errno == EINTR)
             continue;
         if (n <= 0)
@@ -197,6 +210,13 @@ static int seg_io(int fd, int write, void *buf, size_t len, uint64_t at)
         at += (uint64_t)n;
     }
     return 0;
+}
+
+/* How the agent reaches a segment's payload, for the metrics: through its
+ * mapping, its file, or (a process segment) the worker's own memory. */
+static enum ps__m_access shm_access(const shm_map_t *m, int by_file)
+{
+    return m->kind == PS_SHM_PROCESS ? PS_M_SHM_PROCESS : by_file ? PS_M_SHM_FILE : PS_M_SHM_MAPPED;
 }
 
 static void shm_ref(shm_map_t *m)
@@ -436,6 +456,13 @@ static const char *kind_name(int k);
 #define PS_HUB_FOREIGN                                                                             \
     "its shared-memory segment was attached by another rank (a rank uses only its own)"
 
+#define PS_HUB_NOT_PROCESS                                                                         \
+    "shm_process is set, but the segment it names is not its process segment (ShmAttach with "     \
+    "process, answered process_memory)"
+
+#define PS_HUB_PROCESS_ONLY                                                                        \
+    "the segment it names is its process segment, which holds no payload: set shm_process"
+
 /* The attached segment `name` of job, or NULL. Lock held. */
 static shm_map_t *shms_find(const ps__hub_t *h, const char *job, const char *name)
 {
@@ -466,6 +493,9 @@ static shm_map_t *shms_find_own(const ps__hub_t *h, const ps__job_info_t *info, 
     if (sm && sm->rank != job_rank(info, hd->group, hd->rank)) {
         *msg = PS_HUB_FOREIGN;
         sm = NULL;
+    } else if (sm && hd->shm_process != (sm->kind == PS_SHM_PROCESS)) {
+        *msg = hd->shm_process ? PS_HUB_NOT_PROCESS : PS_HUB_PROCESS_ONLY;
+        sm = NULL;
     }
     return sm;
 }
@@ -482,16 +512,28 @@ static int shm_in_place(const Paramsync__V1__CollectiveHeader *hd)
 /* Whether segment m holds a member's `in` input bytes (at the header's
  * shm_in_offset) and `out` output bytes (at its shm_out_offset), apart, or
  * for all_reduce and reduce, output exactly over input; if not, says so in
- * msg. */
+ * msg. For a process segment they are addresses in the worker's memory:
+ * any that do not wrap around (memory the worker does not have fails the
+ * copy, and the collective, with EFAULT). */
 static int shm_holds(const shm_map_t *m, const Paramsync__V1__CollectiveHeader *hd, uint64_t in,
                      uint64_t out, char *msg, size_t len)
 {
     uint64_t ia = hd->shm_in_offset, oa = hd->shm_out_offset;
     int in_place = shm_in_place(hd);
-    int fits = ia <= m->size && in <= m->size - ia && oa <= m->size && out <= m->size - oa;
+    int fits = m->kind == PS_SHM_PROCESS
+                   ? ia + in >= ia && oa + out >= oa && (!in || ia) && (!out || oa)
+                   : ia <= m->size && in <= m->size - ia && oa <= m->size && out <= m->size - oa;
     int apart = in_place || !in || !out || ia + in <= oa || oa + out <= ia;
     if (fits && apart)
         return 1;
+    if (m->kind == PS_SHM_PROCESS) {
+        snprintf(msg, len,
+                 "%s (group %u, seq %" PRIu64 "): rank %d's %" PRIu64 " input bytes at 0x%" PRIx64
+                 " and %" PRIu64 " output bytes at 0x%" PRIx64 " in its memory %s",
+                 kind_name(hd->kind), hd->group, hd->seq, hd->rank, in, ia, out, oa,
+                 fits ? "overlap" : "are not a valid range");
+        return 0;
+    }
     snprintf(msg, len,
              "%s (group %u, seq %" PRIu64
              "): rank %d's shared segment (%zu bytes) cannot hold %" PRIu64
@@ -1016,6 +1058,8 @@ static void member_totals(const coll_t *c, int i, uint64_t *in, uint64_t *out)
  * that way. m is a member's segment, hd its header. */
 static int shm_by_file(const ps__hub_t *h, const shm_map_t *m, const coll_t *c, const header_t *hd)
 {
+    if (m->kind == PS_SHM_PROCESS)
+        return 1; /* the worker's own memory: no mapping here to use */
     if (m->fd < 0)
         return 0;
     int in_place = shm_in_place(hd);
@@ -1235,11 +1279,12 @@ static void coll_widen(const ps__hub_t *h, coll_t *c)
     if (!c->p2p && c->kind != K_BROADCAST && c->kind != K_ALL_GATHER && c->kind != K_GATHER &&
         c->kind != K_SCATTER && c->kind != K_ALL_TO_ALL)
         return;
+    /* Any member read through a file or its process's memory fills its
+     * slots with copies. */
     for (int i = 0; i < c->n; i++)
-        if (!c->members[i] || !c->members[i]->shm)
+        if (!c->members[i] || !c->members[i]->shm ||
+            shm_by_file(h, c->members[i]->shm, c, c->members[i]->first->header))
             return;
-    if (shm_by_file(h, c->members[0]->shm, c, c->members[0]->first->header))
-        return; /* its slots hold copies */
     int w = c->nsteps < PS_HUB_VIEW_WINDOW ? (int)c->nsteps : PS_HUB_VIEW_WINDOW;
     slot_t *slots = calloc((size_t)w, sizeof(slot_t));
     if (!slots)
@@ -1426,9 +1471,12 @@ static int seg_failed(member_t *m, int write, int rc)
         return 0;
     coll_t *c = m->coll;
     pthread_mutex_lock(c->lock);
-    coll_fail(c, GRPC_STATUS_INTERNAL, "%s (group %u, seq %" PRIu64 "): %s rank %d's segment: %s",
-              kind_name(c->kind), c->group, c->seq, write ? "writing" : "reading",
-              c->ranks[m->index], strerror(-rc));
+    int process = m->shm->kind == PS_SHM_PROCESS;
+    /* In the worker's memory a bad address is the caller's mistake. */
+    coll_fail(c, process && rc == -EFAULT ? GRPC_STATUS_INVALID_ARGUMENT : GRPC_STATUS_INTERNAL,
+              "%s (group %u, seq %" PRIu64 "): %s rank %d's %s: %s", kind_name(c->kind), c->group,
+              c->seq, write ? "writing" : "reading", c->ranks[m->index],
+              process ? "memory (through its process segment)" : "segment", strerror(-rc));
     pthread_mutex_unlock(c->lock);
     return 1;
 }
@@ -1467,10 +1515,10 @@ static void member_deposit(member_t *m)
         pthread_mutex_unlock(c->lock);
         if (sl && m->shm) {
             m->in_off += p.len;
-            ps__metrics_shm_bytes(PS_M_RX, view ? PS_M_SHM_MAPPED : PS_M_SHM_FILE, p.len);
+            ps__metrics_shm_bytes(PS_M_RX, shm_access(m->shm, !view), p.len);
         }
         if (!sl || (!m->shm && member_read(m, b->data, p.len) < 0) ||
-            (m->shm && !view && seg_failed(m, 0, seg_io(m->shm->fd, 0, b->data, p.len, at)))) {
+            (m->shm && !view && seg_failed(m, 0, seg_io(m->shm, 0, b->data, p.len, at)))) {
             blob_unref(b);
             return;
         }
@@ -1633,14 +1681,16 @@ static int member_write(member_t *m, int finish)
         uint8_t *src = out->data + soff;
         int rc = 0;
         if (m->shm) { /* the result frame follows the data, below */
-            uint8_t *dst = m->shm->base + m->shm_out + off;
             if (m->by_file) {
-                rc = seg_io(m->shm->fd, 1, src, len, m->shm_out + off);
+                rc = seg_io(m->shm, 1, src, len, m->shm_out + off);
                 seg_failed(m, 1, rc);
-            } else if (dst != src) /* else reduced in place */
-                memcpy(dst, src, len);
+            } else {
+                uint8_t *dst = m->shm->base + m->shm_out + off;
+                if (dst != src) /* else reduced in place */
+                    memcpy(dst, src, len);
+            }
             if (rc == 0)
-                ps__metrics_shm_bytes(PS_M_TX, m->by_file ? PS_M_SHM_FILE : PS_M_SHM_MAPPED, len);
+                ps__metrics_shm_bytes(PS_M_TX, shm_access(m->shm, m->by_file), len);
         } else {
             rc = send_frame(m, first ? &res : NULL, off, out, soff, len, s == last_step);
         }
@@ -3406,7 +3456,7 @@ static void doorbell_close(shm_map_t *m)
 {
     __atomic_store_n(&m->closing, 1, __ATOMIC_RELEASE);
     ps_doorbell_ctl_t *ctl = doorbell_ctl(m);
-    __atomic_store_n(&ctl->closed, 1, __ATOMIC_RELEASE);
+    __atomic_fetch_or(&ctl->closed, PS_DOORBELL_CLOSED, __ATOMIC_RELEASE);
     ps_doorbell_futex(&ctl->req, FUTEX_WAKE, INT32_MAX, NULL);
     ps_doorbell_futex(&ctl->resp, FUTEX_WAKE, INT32_MAX, NULL);
 }
@@ -3530,6 +3580,10 @@ static void *doorbell_main(void *arg)
         __atomic_store_n(&ctl->resp, req, __ATOMIC_RELEASE);
         ps_doorbell_futex(&ctl->resp, FUTEX_WAKE, INT32_MAX, NULL);
     }
+    /* Nothing more is served here, so nothing more is written into a
+     * worker's buffers for this doorbell: a direct request may let go. */
+    __atomic_fetch_or(&ctl->closed, PS_DOORBELL_CLOSED | PS_DOORBELL_STOPPED, __ATOMIC_RELEASE);
+    ps_doorbell_futex(&ctl->resp, FUTEX_WAKE, INT32_MAX, NULL);
     shm_unref(map);
     pthread_mutex_lock(&h->lock);
     h->helpers--;
@@ -3538,8 +3592,68 @@ static void *doorbell_main(void *arg)
     return NULL;
 }
 
+/*
+ * A process segment stands for its worker's memory, which the agent then
+ * reads and writes with process_vm_readv/writev. Before it does, it makes
+ * sure the pid the worker gave is the worker: that process maps this very
+ * segment (device and inode, in /proc/PID/maps) at the address given, and
+ * reading that address there gives the segment's magic bytes. So a worker
+ * cannot point the agent at another process's memory (it would have to map
+ * that process's segment), and an agent in another PID namespace, or one the
+ * kernel does not let read the worker (ptrace rules: Yama, capabilities,
+ * another user), finds out here and says why; the worker then copies
+ * through payload segments as before. 0, or -1 with the reason.
+ */
+static int process_check(int pid, uint64_t address, int fd, const uint8_t *base, char *reason,
+                         size_t rlen)
+{
+    struct stat st;
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/maps", pid);
+    FILE *f = pid > 0 && fstat(fd, &st) == 0 ? fopen(path, "re") : NULL;
+    if (!f) {
+        snprintf(reason, rlen,
+                 "process %d: its memory map is not readable here (%s): another PID namespace "
+                 "(container) or user?",
+                 pid, pid > 0 ? strerror(errno) : "no pid given");
+        return -1;
+    }
+    char line[512];
+    int found = 0;
+    while (!found && fgets(line, sizeof(line), f)) {
+        unsigned long long start, ino;
+        unsigned maj, min;
+        found = sscanf(line, "%llx-%*x %*s %*x %x:%x %llu", &start, &maj, &min, &ino) == 4 &&
+                start == address && ino == (unsigned long long)st.st_ino &&
+                maj == major(st.st_dev) && min == minor(st.st_dev);
+        /* The rest of a line longer than the buffer is not a new line. */
+        while (!strchr(line, '\n') && fgets(line, sizeof(line), f))
+            ;
+    }
+    fclose(f);
+    if (!found) {
+        snprintf(reason, rlen,
+                 "process %d does not map the segment at 0x%" PRIx64
+                 ": not the caller (another PID namespace?)",
+                 pid, address);
+        return -1;
+    }
+    uint64_t seen = 0;
+    struct iovec local = {&seen, sizeof(seen)}, remote = {(void *)(uintptr_t)address, sizeof(seen)};
+    ssize_t n = process_vm_readv(pid, &local, 1, &remote, 1, 0);
+    if (n != (ssize_t)sizeof(seen) || memcmp(&seen, base, sizeof(seen)) != 0) {
+        snprintf(reason, rlen,
+                 "the agent may not read process %d's memory (%s): ptrace rules (Yama "
+                 "ptrace_scope, capabilities, another user)?",
+                 pid, n < 0 ? strerror(errno) : "other bytes than the segment's");
+        return -1;
+    }
+    return 0;
+}
+
 int ps__hub_shm_attach(ps__hub_t *h, const char *job, int rank, const char *name, uint64_t size,
-                       uint64_t magic, int kind, int slot, char *reason, size_t rlen)
+                       uint64_t magic, int kind, int slot, int pid, uint64_t address, char *reason,
+                       size_t rlen)
 {
     int doorbell = kind == PS_SHM_DOORBELL;
     if (slot < 0 || slot >= PS_HUB_PAYLOAD_SLOTS || (slot && kind != PS_SHM_PAYLOAD)) {
@@ -3577,6 +3691,11 @@ int ps__hub_shm_attach(ps__hub_t *h, const char *job, int rank, const char *name
                                     : "not the caller's (magic differs)");
         return 0;
     }
+    if (kind == PS_SHM_PROCESS && process_check(pid, address, fd, base, reason, rlen) < 0) {
+        munmap(base, size);
+        close(fd);
+        return 0;
+    }
     /* From here the mapping keeps the memory; the name can go, so nothing
      * is left in /dev/shm when either side dies. */
     shm_unlink(name);
@@ -3592,13 +3711,16 @@ int ps__hub_shm_attach(ps__hub_t *h, const char *job, int rank, const char *name
     }
     sm->guard = -1;
     sm->rank = rank;
-    sm->fd = doorbell ? -1 : fd; /* payloads may go through the file (seg_io) */
-    if (doorbell)
+    int filed = kind == PS_SHM_PAYLOAD || kind == PS_SHM_REGISTERED;
+    sm->fd = filed ? fd : -1; /* payloads may go through the file (seg_io) */
+    if (!filed)
         close(fd);
     sm->base = base;
     sm->map_len = size;
-    /* Payloads may not reach a doorbell's control words. */
-    sm->size = doorbell ? PS_DOORBELL_CTL : size;
+    /* Payloads may not reach a doorbell's control words; a process
+     * segment's are in the worker's memory, not in it. */
+    sm->size = doorbell ? PS_DOORBELL_CTL : kind == PS_SHM_PROCESS ? 0 : size;
+    sm->pid = kind == PS_SHM_PROCESS ? pid : 0;
     sm->kind = kind;
     sm->slot = slot;
     sm->refs = 1;
@@ -3739,8 +3861,8 @@ int ps__hub_shm_io_open(ps__hub_t *h, const header_t *hd, ps__shm_io_t *io, char
             shm_ref(map);
             io->map = map;
             io->by_file = shm_by_file(h, map, &c, hd);
-            io->in = map->base + hd->shm_in_offset;
-            io->out = map->base + hd->shm_out_offset;
+            io->in = hd->shm_in_offset;
+            io->out = hd->shm_out_offset;
         }
     }
     if (j)
@@ -3753,14 +3875,13 @@ grpc_byte_buffer *ps__hub_shm_io_frame(ps__shm_io_t *io, const header_t *hd, uin
                                        size_t len)
 {
     shm_map_t *map = io->map;
-    uint8_t *at = (uint8_t *)io->in + off;
-    blob_t *b = io->by_file ? blob_new(len) : blob_view(map, at, len);
-    if (b && io->by_file && seg_io(map->fd, 0, b->data, len, (uint64_t)(at - map->base)) < 0) {
+    blob_t *b = io->by_file ? blob_new(len) : blob_view(map, map->base + io->in + off, len);
+    if (b && io->by_file && seg_io(map, 0, b->data, len, io->in + off) < 0) {
         blob_unref(b);
         return NULL;
     }
     if (b)
-        ps__metrics_shm_bytes(PS_M_RX, io->by_file ? PS_M_SHM_FILE : PS_M_SHM_MAPPED, len);
+        ps__metrics_shm_bytes(PS_M_RX, shm_access(map, io->by_file), len);
     return b ? ps__frame_encode(hd, NULL, off, b->data, len, blob_unref, b) : NULL;
 }
 
@@ -3772,20 +3893,18 @@ int ps__hub_shm_io_put(ps__shm_io_t *io, const ps__frame_t *f)
     shm_map_t *map = io->map;
     int rc;
     if (!io->by_file) {
-        rc = ps__frame_copy_data(f, 0, io->out + off, f->data_len);
+        rc = ps__frame_copy_data(f, 0, map->base + io->out + off, f->data_len);
     } else {
         /* Through a buffer of one frame, so the segment's pages stay out of
          * this agent's resident set. */
         uint8_t *buf = malloc(f->data_len ? f->data_len : 1);
         rc = !buf ? PS_ENOMEM : ps__frame_copy_data(f, 0, buf, f->data_len);
         if (rc == 0)
-            rc = seg_io(map->fd, 1, buf, f->data_len, (uint64_t)(io->out - map->base) + off) < 0
-                     ? PS_EINTERNAL
-                     : 0;
+            rc = seg_io(map, 1, buf, f->data_len, io->out + off) < 0 ? PS_EINTERNAL : 0;
         free(buf);
     }
     if (rc == 0)
-        ps__metrics_shm_bytes(PS_M_TX, io->by_file ? PS_M_SHM_FILE : PS_M_SHM_MAPPED, f->data_len);
+        ps__metrics_shm_bytes(PS_M_TX, shm_access(map, io->by_file), f->data_len);
     return rc;
 }
 

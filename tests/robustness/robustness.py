@@ -1009,7 +1009,8 @@ def case_many_doorbells(d, rng):
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and not word(maps[0], DB_CLOSED):
         time.sleep(0.05)
-    closed = [word(m, DB_CLOSED) for m in maps]
+    # Bit 0: closed; bit 1 (PS_DOORBELL_STOPPED) follows once its thread ended.
+    closed = [word(m, DB_CLOSED) & 1 for m in maps]
     pw.expect(closed == [1, 0, 0, 0, 0],
               "many_doorbells: closed words %s after 5 doorbells, want the oldest closed" % closed)
     # Rank 0 rings a barrier (seqs 0..3) on each of the four kept, all at once;
@@ -1094,6 +1095,104 @@ def case_payload_slots(d, rng):
             drop_segment(name, fd)
     leave_job(members, conns)
     still_serves(d, "payload_slots")
+
+
+def case_process_segment(d, rng):
+    """The process segment (ShmAttachRequest.process): the agent reads and
+    writes the worker's own memory only after checking that the pid given
+    maps the segment at the address given and that it may read it; a wrong
+    pid or address is refused with a reason. A collective naming it reads
+    the input from the caller's buffer and writes the output there
+    (CollectiveHeader.shm_process); naming it without shm_process, or
+    shm_process with a payload segment, or an address the caller does not
+    have, is refused with INVALID_ARGUMENT, and the daemon serves on."""
+    import ctypes
+    import mmap
+    if not os.path.isdir("/dev/shm"):
+        pw.skip("no /dev/shm")
+    pb, _ = pw.stubs()
+    conns, members, inc = two_ranks(d, "pp")
+    size, kept, refused, accepted = 4096, [], [], []
+
+    def offer(pid=None, shift=0):
+        """A process segment of this process, offered with `pid` (default
+        ours) and its address + shift: the response; mappings stay mapped."""
+        name = "/ps-robust-p-%d-%d" % (os.getpid(), rng.randrange(1 << 30))
+        fd = os.open("/dev/shm" + name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        os.ftruncate(fd, size)
+        mm = mmap.mmap(fd, size)
+        magic = rng.getrandbits(63)
+        mm[0:8] = magic.to_bytes(8, sys.byteorder)
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(mm))
+        kept.append((name, fd, mm))
+        resp = conns[0].worker.ShmAttach(pb.ShmAttachRequest(
+            job="pp", rank=0, name=name, size=size, magic=magic, process=True,
+            pid=os.getpid() if pid is None else pid, address=addr + shift),
+            timeout=CALL_DEADLINE_S)
+        (accepted if resp.attached else refused).append(resp)
+        return name, resp
+
+    # Another process (our parent maps no such segment), then a wrong address.
+    _, bad_pid = offer(pid=os.getppid())
+    _, bad_addr = offer(shift=4096)
+    pw.expect(not bad_pid.attached and "does not map" in bad_pid.reason and
+              not bad_pid.process_memory,
+              "process_segment: another pid: %r, want refused (does not map)" % (bad_pid,))
+    pw.expect(not bad_addr.attached and "does not map" in bad_addr.reason,
+              "process_segment: another address: %r, want refused (does not map)" % (bad_addr,))
+    name, good = offer()
+    pw.expect(good.attached and good.process_memory,
+              "process_segment: our own pid and address: %r, want attached, process_memory"
+              % (good,))
+
+    count = 1024
+    buf = (ctypes.c_float * count)(*[float(i % 97) for i in range(count)])
+    at = ctypes.addressof(buf)
+    other = pw.floats([1000.0 + i for i in range(count)])
+
+    def all_reduce(seq, **kw):
+        """Rank 0's all_reduce as kw say, rank 1's as frames: both outcomes."""
+        return pw.in_threads([
+            lambda: pw.collective(conns[0], "ALL_REDUCE", count, job="pp", seq=seq, rank=0,
+                                  incarnation=inc, rpc_timeout=CALL_DEADLINE_S, **kw),
+            lambda: members[1].collective("ALL_REDUCE", count, other, seq=seq,
+                                          rpc_timeout=CALL_DEADLINE_S)], CALL_DEADLINE_S + 5)
+
+    got = all_reduce(0, shm=name, shm_in_offset=at, shm_out_offset=at, shm_process=True)
+    want = [float(i % 97) + 1000.0 + i for i in range(count)]
+    pw.expect(got[0] is not None and got[0].name == "OK" and list(buf) == want and
+              got[1] is not None and list(pw.unfloats(got[1].data)) == want,
+              "process_segment: an all_reduce in this process's own buffer: %r, buffer %s..., "
+              "want OK and the sums in place and at rank 1" % (got, list(buf)[:4]))
+    # Headers naming the wrong kind of segment are refused at once, alone
+    # (seqs rank 1 never reaches); memory the caller does not have fails
+    # the collective for both ranks, since it is found while running.
+    pay, pay_fd = attach_segment(conns[0], "pp", 0, 4096 + 64, rng)
+    kept.append((pay, pay_fd, None))
+    cases = (("the process segment without shm_process",
+              dict(shm=name, shm_in_offset=64, shm_out_offset=64), "holds no payload"),
+             ("shm_process on a payload segment",
+              dict(shm=pay, shm_in_offset=64, shm_out_offset=64, shm_process=True),
+              "not its process segment"))
+    for seq, (what, kw, words) in enumerate(cases, start=100):
+        got = [pw.collective(conns[0], "ALL_REDUCE", count, job="pp", seq=seq, rank=0,
+                             incarnation=inc, rpc_timeout=5, **kw)]
+        pw.expect(got[0].name == "INVALID_ARGUMENT" and words in got[0].message,
+                  "process_segment: %s: %r, want INVALID_ARGUMENT (%s)" % (what, got[0], words))
+        pw.log("process_segment: %s: %r" % (what, got[0]))
+    got = all_reduce(1, shm=name, shm_in_offset=4096, shm_out_offset=4096, shm_process=True)
+    pw.expect(got[0] is not None and got[0].name == "INVALID_ARGUMENT" and
+              "Bad address" in got[0].message and got[1] is not None and got[1].name != "OK",
+              "process_segment: an address this process does not have: %r, want "
+              "INVALID_ARGUMENT (Bad address) and rank 1 failed too" % (got,))
+    pw.log("process_segment: an address this process does not have: %r" % (got,))
+    pw.log("process_segment: refused %s" % ([r.reason for r in refused],))
+    for nm, fd, mm in kept:
+        if mm is not None:
+            mm.close()
+        drop_segment(nm, fd)
+    leave_job(members, conns)
+    still_serves(d, "process_segment")
 
 
 def case_refused_calls_leak(d, rng):
@@ -1183,6 +1282,7 @@ CASES = {
     "foreign_segment": case_foreign_segment,
     "many_doorbells": case_many_doorbells,
     "payload_slots": case_payload_slots,
+    "process_segment": case_process_segment,
 }
 
 

@@ -30,7 +30,10 @@
  * too, and nothing is read from or written to this segment's payload bytes.
  *
  * One request at a time per segment. `closed`, set by the agent, says it
- * serves no more requests here (the worker goes back to gRPC calls). The
+ * serves no more requests here (the worker goes back to gRPC calls); with
+ * PS_DOORBELL_STOPPED also set, the request rung last is not being served
+ * either, so nothing more will be written into the worker's buffers for it
+ * (a request naming the process segment: CollectiveHeader.shm_process). The
  * words are shared between processes: futexes without FUTEX_PRIVATE_FLAG.
  */
 
@@ -39,11 +42,14 @@
 #define PS_DOORBELL_OUT     2048u /* offset of the output */
 #define PS_DOORBELL_CTL     4096u /* offset of the ps_doorbell_ctl_t */
 #define PS_DOORBELL_HEADER  1024u /* the largest packed header */
+#define PS_DOORBELL_CLOSED  1u    /* bits of ps_doorbell_ctl_t.closed */
+#define PS_DOORBELL_STOPPED 2u
 
 typedef struct ps_doorbell_ctl {
     uint32_t req;    /* futex: requests the worker has rung */
     uint32_t resp;   /* futex: the last request answered */
-    uint32_t closed; /* the agent serves no more requests */
+    uint32_t closed; /* PS_DOORBELL_CLOSED: the agent serves no more requests;
+                      * | PS_DOORBELL_STOPPED: and writes nothing more anywhere */
     uint32_t header_len;
     uint8_t header[PS_DOORBELL_HEADER];
     int32_t code;       /* the answer: a gRPC status code */
