@@ -117,6 +117,7 @@ struct ps_comm {
     struct ps__shm *shm;             /* the shared-memory segment (shm.c), or NULL */
     struct ps__shm *spares;          /* more of them, for collectives beside (shm.c) */
     struct ps__doorbells *doorbells; /* the doorbell segments (shm.c), or NULL */
+    struct ps__shm *process;         /* the process segment (shm.c), or NULL */
     struct ps__mem *mem;             /* registered memory, ps_mem_alloc (shm.c) */
 
     /* One pinned staging buffer kept between calls on device buffers (device.c;

@@ -32,6 +32,27 @@
 #define PS__SHM_MIN_BYTES (64u << 10)
 #define PS__SHM_ALIGN     4096u
 
+/*
+ * Direct: a doorbell request of at least PS__DIRECT_MIN_BYTES (input and
+ * output together) whose buffers lie outside any segment names the rank's
+ * process segment instead (CollectiveHeader.shm_process), and the agent
+ * reads the input from the caller's buffer and writes the output into it
+ * (process_vm_readv/writev): no copy into a payload segment, none out of it.
+ * The agent checks at ShmAttach that it may (docs/ARCHITECTURE.md); where it
+ * may not (another PID namespace, ptrace rules), or with
+ * PARAMSYNC_SHM_DIRECT=0, the payload segments serve as before.
+ *
+ * The agent writes into the caller's own memory, so such a request is never
+ * abandoned while the agent might still write: a job that broke is waited
+ * out (the agent fails the collective within about a second), and only an
+ * agent that is gone (the membership stream ended) or whose doorbell thread
+ * stopped (PS_DOORBELL_STOPPED) lets the caller have its buffer back
+ * unanswered.
+ * Doorbell requests only, for that reason: a call, once cancelled, could
+ * not tell.
+ */
+#define PS__DIRECT_MIN_BYTES (32u << 20)
+
 struct ps__shm {
     char name[64];
     uint8_t *base;
@@ -42,6 +63,7 @@ struct ps__shm {
     int doorbells; /* a doorbell: how many the agent keeps for the rank (0: one) */
     int slot;      /* a payload segment: its slot (ShmAttachRequest.slot) */
     int slots;     /* a payload segment: how many slots the agent keeps (0: one) */
+    int ready;     /* the process segment: attached, the agent reaches our memory */
 };
 
 /* PARAMSYNC_SHM=0: neither segment; read on every collective. */
@@ -60,7 +82,7 @@ static void segment_unmap(struct ps__shm *s)
     }
 }
 
-enum { SEG_PAYLOAD, SEG_DOORBELL, SEG_REGISTERED };
+enum { SEG_PAYLOAD, SEG_DOORBELL, SEG_REGISTERED, SEG_PROCESS };
 
 /* Creates a segment of size bytes and offers it to the agent, as a payload
  * segment, a doorbell or registered memory. 0 when the agent attached it; a
@@ -105,10 +127,15 @@ static int segment_create(ps_comm_t *comm, struct ps__shm *s, size_t size, int k
     req.doorbell = kind == SEG_DOORBELL;
     req.registered = kind == SEG_REGISTERED;
     req.slot = kind == SEG_PAYLOAD ? (uint32_t)s->slot : 0;
+    req.process = kind == SEG_PROCESS;
+    req.pid = kind == SEG_PROCESS ? (int32_t)getpid() : 0;
+    req.address = kind == SEG_PROCESS ? (uint64_t)(uintptr_t)base : 0;
     rc = ps__rpc_unary(comm->channel, PS__METHOD_SHM_ATTACH, &req.base,
                        &paramsync__v1__shm_attach_response__descriptor, (ProtobufCMessage **)&resp,
                        PS__CONTROL_TIMEOUT_MS, NULL);
-    int attached = rc == 0 && resp->attached;
+    /* An agent before process segments attaches one as a payload segment,
+     * without process_memory: not what was asked for. */
+    int attached = rc == 0 && resp->attached && (kind != SEG_PROCESS || resp->process_memory);
     s->segments = attached && resp->doorbell_segments;
     s->doorbells = attached ? (int)resp->doorbells : 0;
     int slots = attached ? (int)resp->payload_slots : 0;
@@ -246,21 +273,25 @@ static int mem_holds(const struct ps__mem *m, const void *p, size_t n)
     return !n || (a >= b && n <= m->seg.size && a - b <= m->seg.size - n);
 }
 
-/* Takes c through a registered segment holding both its input and output,
- * placed as the agent accepts them (apart, or all_reduce/reduce output
- * exactly over input): 1, or 0 when there is none free. */
-static int mem_begin(ps_comm_t *comm, ps__coll_t *c)
+/* Whether c's input and output are placed as the agent accepts them in
+ * place: apart, or all_reduce/reduce output exactly over input. */
+static int placed_apart(const ps__coll_t *c)
 {
-    if (!c->in_bytes && !c->out_bytes)
-        return 0;
     uintptr_t in = (uintptr_t)c->in, out = (uintptr_t)c->out;
     int in_place = (c->hdr.kind == PARAMSYNC__V1__COLLECTIVE_KIND__ALL_REDUCE ||
                     c->hdr.kind == PARAMSYNC__V1__COLLECTIVE_KIND__REDUCE) &&
                    in == out;
-    int apart = in_place || !c->in_bytes || !c->out_bytes || in + c->in_bytes <= out ||
-                out + c->out_bytes <= in;
-    if (!apart)
+    return in_place || !c->in_bytes || !c->out_bytes || in + c->in_bytes <= out ||
+           out + c->out_bytes <= in;
+}
+
+/* Takes c through a registered segment holding both its input and output,
+ * placed as the agent accepts them: 1, or 0 when there is none free. */
+static int mem_begin(ps_comm_t *comm, ps__coll_t *c)
+{
+    if ((!c->in_bytes && !c->out_bytes) || !placed_apart(c))
         return 0;
+    uintptr_t in = (uintptr_t)c->in, out = (uintptr_t)c->out;
     struct ps__mem *m;
     pthread_mutex_lock(&comm->lock);
     for (m = comm->mem; m; m = m->next)
@@ -325,9 +356,53 @@ static struct ps__shm *payload_claim(ps_comm_t *comm)
     return s;
 }
 
+/* PARAMSYNC_SHM_DIRECT=0: no process segment; read on every collective. */
+static int direct_off(void)
+{
+    const char *env = getenv("PARAMSYNC_SHM_DIRECT");
+    return env && strcmp(env, "0") == 0;
+}
+
+/* Takes c (a doorbell request) straight from and into the caller's buffers
+ * through the rank's process segment, made and offered once: 1, or 0 (the
+ * agent cannot reach this process's memory, c is too small, or direct is
+ * off). */
+static int direct_begin(ps_comm_t *comm, ps__coll_t *c)
+{
+    if (c->in_bytes + c->out_bytes < PS__DIRECT_MIN_BYTES || !placed_apart(c) || direct_off())
+        return 0;
+    pthread_mutex_lock(&comm->lock);
+    struct ps__shm *p = comm->process;
+    if (!p && (p = calloc(1, sizeof(*p))))
+        comm->process = p;
+    int make = p && !p->ready && !p->disabled && !p->in_use; /* in_use: being made */
+    if (make)
+        p->in_use = 1;
+    int ready = p && p->ready;
+    pthread_mutex_unlock(&comm->lock);
+    if (make) {
+        int rc = segment_create(comm, p, PS__SHM_ALIGN, SEG_PROCESS);
+        pthread_mutex_lock(&comm->lock);
+        p->in_use = 0;
+        p->ready = ready = rc == 0;
+        /* Refused (the agent may not reach us, or predates this) or failed:
+         * the payload segments serve, for good. */
+        p->disabled = rc < 0;
+        pthread_mutex_unlock(&comm->lock);
+    }
+    if (!ready)
+        return 0;
+    c->hdr.shm = p->name;
+    c->hdr.shm_process = 1;
+    c->hdr.shm_in_offset = c->in_bytes ? (uint64_t)(uintptr_t)c->in : 0;
+    c->hdr.shm_out_offset = c->out_bytes ? (uint64_t)(uintptr_t)c->out : 0;
+    c->shm_out = c->out_bytes ? c->out : p->base; /* the output is where it belongs */
+    return 1;
+}
+
 int ps__shm_begin(ps_comm_t *comm, ps__coll_t *c, int rung)
 {
-    if (mem_begin(comm, c))
+    if (mem_begin(comm, c) || (rung && direct_begin(comm, c)))
         return 1;
     /* all_reduce and reduce produce step by step what they consume, at the
      * same offsets: the agent writes each output step over its input, which
@@ -395,6 +470,7 @@ static void shm_end(ps_comm_t *comm, ps__coll_t *c, int discard)
     c->seg = NULL;
     c->shm_out = NULL;
     c->hdr.shm = (char *)protobuf_c_empty_string;
+    c->hdr.shm_process = 0;
     c->hdr.shm_in_offset = 0;
     c->hdr.shm_out_offset = 0;
 }
@@ -527,10 +603,13 @@ static int doorbell_ring(ps_comm_t *comm, struct ps__doorbell *d, ps__coll_t *c,
         ps_doorbell_futex(&ctl->resp, FUTEX_WAIT, r, &slice);
         if (__atomic_load_n(&ctl->resp, __ATOMIC_ACQUIRE) == req)
             return 0;
+        uint32_t closed = __atomic_load_n(&ctl->closed, __ATOMIC_ACQUIRE);
         pthread_mutex_lock(&comm->lock);
         int broken = comm->broken, gone = comm->join_ended;
         char *why = broken && comm->broken_msg ? strdup(comm->broken_msg) : NULL;
-        if (broken || gone || __atomic_load_n(&ctl->closed, __ATOMIC_ACQUIRE))
+        /* A direct request waits until the agent cannot write any more into
+         * the caller's buffers (see PS__DIRECT_MIN_BYTES). */
+        if (c->hdr.shm_process ? gone || (closed & PS_DOORBELL_STOPPED) : broken || gone || closed)
             d->disabled = 1; /* abandoned: the agent may still answer into it */
         pthread_mutex_unlock(&comm->lock);
         if (d->disabled) {
@@ -603,6 +682,11 @@ void ps__shm_free(ps_comm_t *comm)
             segment_unmap(&comm->doorbells->d[i].seg);
         free(comm->doorbells);
         comm->doorbells = NULL;
+    }
+    if (comm->process) {
+        segment_unmap(comm->process);
+        free(comm->process);
+        comm->process = NULL;
     }
     if (comm->spares) {
         for (int i = 0; i < PS__SPARES; i++)

@@ -1227,6 +1227,48 @@ static int sc_collectives(ctx_t *cx)
     return sc_send_recv(cx);
 }
 
+/* Every kind with buffers large enough (32 MiB and more, input and output
+ * together) for the direct path: the agent reads and writes this process's
+ * own malloc'd buffers through its process segment (client/shm.c). Blocks
+ * of an odd count, so no step or page boundary lines up; roots the first
+ * and the last rank; blocking and async. Which path carried the bytes is
+ * the harness's --metric checks. */
+static int sc_direct(ctx_t *cx)
+{
+    const size_t count = 9 * MIB / 4 + 5; /* 9 MiB of int32 (a block), odd */
+    int n = cx->size;
+    for (int k = K_ALL_REDUCE; k <= K_ALL_TO_ALL; k++) {
+        /* Kinds whose block is all a rank sends or gets take n blocks. */
+        size_t c = k == K_ALL_REDUCE || k == K_REDUCE || k == K_BROADCAST ? count * 4 : count;
+        for (int i = 0; i < nroots((kind_t)k, n); i++)
+            if (run_case(cx, (kind_t)k, PS_INT32, PS_SUM, c, root_at(i, n), NULL, i & 1) != 0)
+                return -1;
+    }
+    /* send/recv: every other rank to rank 0. */
+    const size_t big = count * 4;
+    int32_t *buf = xmalloc(big * 4), *want = xmalloc(big * 4);
+    int ret = 0;
+    for (int r = 1; r < n && !ret; r++) {
+        unsigned salt = cx->salt + 5000u + (unsigned)r;
+        if (cx->rank == r) {
+            fill(PS_INT32, PS_SUM, salt, r, buf, 0, big);
+            ret = ps_send(cx->comm, buf, big, PS_INT32, 0, r, NULL);
+            if (ret)
+                ret = fail("send of %zu int32 to rank 0: %d (%s)", big, ret, ps_strerror(ret));
+        } else if (cx->rank == 0) {
+            memset(buf, 0xa5, big * 4);
+            fill(PS_INT32, PS_SUM, salt, r, want, 0, big);
+            ret = ps_recv(cx->comm, buf, big, PS_INT32, r, r, NULL, NULL);
+            ret =
+                ret ? fail("recv of %zu int32 from rank %d: %d (%s)", big, r, ret, ps_strerror(ret))
+                    : compare("recv", PS_INT32, buf, want, big);
+        }
+    }
+    free(buf);
+    free(want);
+    return ret;
+}
+
 /* One all_reduce of >= 256 MiB: streams far past any gRPC message limit. */
 static int sc_big(ctx_t *cx)
 {
@@ -2153,6 +2195,7 @@ static const scenario_t scenarios[] = {
     {"collectives_light", sc_collectives, 1, 0},
     {"registered", sc_registered, 1, 0},
     {"big", sc_big, 1, 0},
+    {"direct", sc_direct, 1, 0},
     {"groups", sc_groups, 1, 0},
     {"async", sc_async, 1, 0},
     {"recv_any", sc_recv_any, 1, 0},
