@@ -13,6 +13,13 @@ warm-up:
   bound     RSS at the end of the run, and once every worker has left, must
             stay within baseline + max(PARAMSYNC_SOAK_RSS_DRIFT_MB (64), 10%)
 
+RSS here is the daemon's own memory: VmRSS less RssShmem, the workers'
+shared segments as far as the agent has touched them through its mappings.
+Those pages are the workers' (they go when the workers do, and grow only up
+to the segments' sizes as random sizes touch more of them), so they are
+printed beside it (shm) but not bounded: counted in, their slow first touch
+reads as growth.
+
 Seconds: --seconds, else PARAMSYNC_SOAK_SECONDS, else 60 (CI); run longer by
 hand (PARAMSYNC_SOAK_SECONDS=3600). Prints VmRSS, threads and descriptors of
 the daemon over time. Standard library only. Exit 0 PASS, 1 FAIL.
@@ -29,19 +36,23 @@ import time
 
 
 def proc_status(pid):
-    """(VmRSS KiB, threads, open descriptors) of a live process."""
+    """(own RSS KiB: VmRSS less RssShmem, threads, open descriptors, RssShmem
+    KiB) of a live process."""
     rss = threads = -1
+    shmem = 0
     with open("/proc/%d/status" % pid) as f:
         for line in f:
             if line.startswith("VmRSS:"):
                 rss = int(line.split()[1])
+            elif line.startswith("RssShmem:"):
+                shmem = int(line.split()[1])
             elif line.startswith("Threads:"):
                 threads = int(line.split()[1])
     try:
         fds = len(os.listdir("/proc/%d/fd" % pid))
     except OSError:
         fds = -1
-    return rss, threads, fds
+    return rss - shmem if rss >= 0 else rss, threads, fds, shmem
 
 
 def sanitized(pid, binary):
@@ -152,12 +163,12 @@ def main():
             fail("workers still running %d s after the soak should have ended"
                  % (now - t0 - args.seconds))
             break
-        rss, threads, fds = proc_status(daemon.pid)
+        rss, threads, fds, shmem = proc_status(daemon.pid)
         samples.append((now - t0, rss, threads, fds))
         if now - last_print >= 10:
             last_print = now
-            print("soak: t=%5.0fs RSS %7.1f MiB  threads %4d  fds %4d"
-                  % (now - t0, mib(rss), threads, fds), flush=True)
+            print("soak: t=%5.0fs RSS %7.1f MiB (shm %7.1f)  threads %4d  fds %4d"
+                  % (now - t0, mib(rss), mib(shmem), threads, fds), flush=True)
         time.sleep(0.5)
     for name, p, out in workers:
         if p.poll() is None:
@@ -181,7 +192,7 @@ def main():
 
     # Memory after every worker has left (their jobs end with them).
     time.sleep(2)
-    after = proc_status(daemon.pid) if daemon.poll() is None else (-1, -1, -1)
+    after = proc_status(daemon.pid) if daemon.poll() is None else (-1, -1, -1, 0)
 
     # Steady state: after warm-up, up to when the workers start to stop.
     warm = [s for s in samples if s[0] <= warmup]
