@@ -1128,6 +1128,37 @@ def w_doorbell():
         assert mid == 4, "%d of 4 collectives of 8 KB to 800 KB went through the doorbell" % mid
     else:
         assert mid == 0
+    # 32 MiB and more (input and output together), on numpy's own memory: the agent reads and writes these arrays
+    # themselves through the rank's process segment (direct), async too; with
+    # PARAMSYNC_SHM_DIRECT=0 they copy through the payload segment as before.
+    c = (9 << 20) + 1  # 36 MiB of int32 (odd): 72 MiB in and out, in place
+    before = w.process.used
+    for k, direct in enumerate((True, True, False)):
+        if not direct:
+            os.environ["PARAMSYNC_SHM_DIRECT"] = "0"
+        a = np.arange(c, dtype=np.int32) * (r + 1) + k
+        wa = dist.all_reduce(a, async_op=(k == 1))
+        if wa is not None:
+            wa.wait()
+        expect_eq(a, np.arange(c, dtype=np.int32) * tri + n * k, "all_reduce of 36 MiB %d" % k)
+        bb = np.full(c, r * 3 + k, np.int32) if r == n - 1 else np.zeros(c, np.int32)
+        dist.broadcast(bb, src=n - 1)
+        expect_eq(bb, np.full(c, (n - 1) * 3 + k, np.int32), "broadcast of 36 MiB %d" % k)
+        out = np.zeros(n * (c // n), np.int32)
+        dist.all_gather_into_tensor(out, np.full(c // n, r + k, np.int32))
+        for q in range(n):
+            expect_eq(out[q * (c // n):(q + 1) * (c // n)], np.full(c // n, q + k, np.int32),
+                      "all_gather of 36 MiB [%d] %d" % (q, k))
+    os.environ.pop("PARAMSYNC_SHM_DIRECT", None)
+    went = w.process.used - before
+    if shm:
+        assert went == 6, "%d of 6 collectives of 36 MiB read and written in place" % went
+        m = H.scrape(os.environ["SUITE_METRICS"])
+        for d in ("received", "sent"):
+            got = int(m['paramsync_shm_bytes_total{direction="%s",access="process"}' % d])
+            assert got >= 2 * 4 * c, "the agent %s %d bytes in workers' memory" % (d, got)
+    else:
+        assert went == 0 and w.process.map is None, "a process segment with PARAMSYNC_SHM=0"
     dist.destroy_process_group()
     print("rank %d: 150 rounds of small collectives checked; %d through the doorbell"
           % (r, rung))

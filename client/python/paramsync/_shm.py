@@ -237,10 +237,10 @@ class Payloads:
             seg.close()
 
 
-def create(size, attach):
+def create(size, attach, pass_map=False):
     """Creates a segment of size bytes and offers it to the agent with attach(name, size,
-    magic); returns (name, mmap). The name never outlives this function, whatever
-    happens."""
+    magic) (pass_map: attach(name, size, magic, mmap)); returns (name, mmap). The name
+    never outlives this function, whatever happens."""
     global _counter
     with _counter_lock:
         _counter += 1
@@ -270,7 +270,10 @@ def create(size, attach):
         # Random, in native byte order: the agent memcpy's 8 bytes into a uint64.
         magic = secrets.randbits(64)
         m[0:8] = magic.to_bytes(8, sys.byteorder)
-        attach(name, size, magic)
+        if pass_map:
+            attach(name, size, magic, m)
+        else:
+            attach(name, size, magic)
         m[0:8] = bytes(8)  # checked: the memory reads as zeros again
     except BaseException:
         if m is not None:
@@ -290,6 +293,78 @@ def address(buf):
     """The address of a buffer's first byte (numpy reads it for any buffer, even read-only)."""
     import numpy as np
     return int(np.frombuffer(buf, np.uint8).ctypes.data) if len(buf) else 0
+
+
+DIRECT_MIN = 32 << 20  # input and output bytes together, as client/shm.c
+
+
+def direct_enabled():
+    """PARAMSYNC_SHM_DIRECT=0 turns the process segment off; read per collective."""
+    return enabled() and os.environ.get("PARAMSYNC_SHM_DIRECT") != "0"
+
+
+class Process:
+    """The rank's process segment (Worker.ShmAttach process=true; client/shm.c): once the
+    agent checked that it may, it reads a large doorbell request's input from this
+    process's own buffer and writes the output into the caller's (header.shm_process),
+    so nothing is copied through a payload segment. Made on first use; refused (another
+    PID namespace, ptrace rules, an older agent) it stays off. Any number of collectives
+    use it at once: it only names this process."""
+
+    def __init__(self, attach):
+        self._attach = attach  # attach(name, size, magic, address): raises when refused
+        self._lock = threading.Lock()
+        self.name = None
+        self.map = None
+        self.disabled = False
+        self.making = False
+        self.used = 0  # collectives that went this way
+
+    def begin(self, in_place, send, recv):
+        """(input address, output address) of a collective large enough, whose input and
+        output are one buffer each, apart (or all_reduce/reduce's one buffer); None: use
+        the segments."""
+        if not direct_enabled():
+            return None
+        sends = send.mvs if send is not None and send.total else []
+        recvs = recv.mvs if recv is not None and recv.total else []
+        total = sum(len(x) for x in sends) + sum(len(x) for x in recvs)
+        if total < DIRECT_MIN or len(sends) > 1 or len(recvs) > 1:
+            return None
+        a_in = address(sends[0]) if sends else 0
+        a_out = address(recvs[0]) if recvs else 0
+        if sends and recvs and not ((in_place and a_in == a_out) or
+                                    a_in + len(sends[0]) <= a_out or
+                                    a_out + len(recvs[0]) <= a_in):
+            return None
+        with self._lock:
+            if self.disabled or self.making:
+                return None
+            make = self.map is None
+            self.making = make
+        if make:
+            try:
+                self.name, self.map = create(
+                    ALIGN, lambda n, s, magic, m: self._attach(n, s, magic, address(m)),
+                    pass_map=True)
+            except Exception:  # noqa: B902 - refused or failed: the segments serve, for good
+                with self._lock:
+                    self.disabled = True
+            finally:
+                with self._lock:
+                    self.making = False
+            if self.map is None:
+                return None
+        with self._lock:
+            self.used += 1
+        return a_in, a_out
+
+    def close(self):
+        with self._lock:
+            self.disabled = True
+            m, self.map = self.map, None
+        if m is not None:
+            m.close()
 
 
 class Mem:
@@ -412,6 +487,7 @@ _CODE = DB_CTL + 16 + DB_HEADER  # then source, shm (int32, int32, uint32)
 _MSG = DB_CTL + 28 + DB_HEADER
 _MSG_LEN = 2048
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
+DB_STOPPED = 2  # a bit of the closed word: the agent's thread for it has ended
 _SYS_FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine())
 
 
@@ -503,12 +579,15 @@ class Doorbell:
             return False
         return True
 
-    def run(self, header, mvs, broken):
+    def run(self, header, mvs, broken, direct=False):
         """Rings for one collective whose header names this segment (the caller sets
         header.shm and shm_out_offset = DB_OUT), with its input mvs, or another segment of
         the rank's with the input in it already (mvs empty). Waits for the answer,
         checking broken() (None, or the exception that ends the wait) between short
-        waits. Returns (code, message, source, output memoryview or None), or None when
+        waits. direct: the agent reads and writes the caller's own buffers
+        (header.shm_process), so the wait ends unanswered only once the agent can write
+        no more: broken() should then say only that the agent is gone, and a closed
+        doorbell counts once its thread stopped (DB_STOPPED). Returns (code, message, source, output memoryview or None), or None when
         the header does not fit (then use a call). The caller calls end()."""
         packed = header.SerializeToString()
         if len(packed) > DB_HEADER:
@@ -534,7 +613,8 @@ class Doorbell:
             if self._u32(_RESP) == req:
                 break
             err = broken()
-            if err is not None or self._u32(_CLOSED):
+            closed = self._u32(_CLOSED) & (DB_STOPPED if direct else 0xFFFFFFFF)
+            if err is not None or closed:
                 with self._lock:
                     self.disabled = True  # abandoned: the agent may still answer into it
                 if err is None:

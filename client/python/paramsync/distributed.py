@@ -330,6 +330,10 @@ class _World:
         # Collectives without a call, when the agent is on this host.
         self.doorbell = _shm.Doorbells(
             lambda name, size, magic: self._shm_attach(name, size, magic, doorbell=True))
+        # Large collectives read and written by the agent in this process's own buffers.
+        self.process = _shm.Process(
+            lambda name, size, magic, address: self._shm_attach(name, size, magic,
+                                                                process=True, address=address))
         # Memory from empty(): segments of their own, used in place.
         self.mem = _shm.Registered(
             lambda name, size, magic: self._shm_attach(name, size, magic, registered=True),
@@ -433,16 +437,20 @@ class _World:
                 self.shm.close()
             self.mem.close()
             self.doorbell.close()
+            self.process.close()
             self.channel.close()
 
     # -- collectives -------------------------------------------------------
 
-    def _shm_attach(self, name, size, magic, registered=False, doorbell=False, slot=0):
+    def _shm_attach(self, name, size, magic, registered=False, doorbell=False, slot=0,
+                    process=False, address=0):
         """Offers a segment to the agent (Worker.ShmAttach). Raises _shm.AttachRefused when
-        it will never map ours (it said so, or it lacks or cannot serve the method)."""
+        it will never map ours (it said so, or it lacks or cannot serve the method; a
+        process segment also when the agent may not reach this process's memory)."""
         req = pb.ShmAttachRequest(job=self.job, rank=self.rank, name=name, size=size,
                                   magic=magic, registered=registered, doorbell=doorbell,
-                                  slot=slot)
+                                  slot=slot, process=process,
+                                  pid=os.getpid() if process else 0, address=address)
         try:
             resp = self.stub.ShmAttach(req, timeout=10, metadata=self.md)
         except grpc.RpcError as e:
@@ -452,6 +460,8 @@ class _World:
             raise
         if not resp.attached:
             raise _shm.AttachRefused(resp.reason or "the agent did not attach the segment")
+        if process and not resp.process_memory:  # an agent before process segments
+            raise _shm.AttachRefused("the agent does not read and write workers' memory")
         return resp
 
     def _shm_detach(self, name):
@@ -471,6 +481,12 @@ class _World:
             header.shm_in_offset = in_off
             header.shm_out_offset = out_off
             return _ShmUse(self.mem.end, mem, None)
+        got = self.process.begin(in_place, send, recv) if rung else None
+        if got is not None:
+            header.shm = self.process.name
+            header.shm_process = True
+            header.shm_in_offset, header.shm_out_offset = got
+            return _ShmUse(lambda _, discard=False: None, None, None, direct=True)
         if self.shm is None:
             return None
         got = self.shm.begin(in_place, send.total if send is not None else 0,
@@ -495,6 +511,11 @@ class _World:
         or None."""
         if self.failure is not None:
             return ParamsyncError(str(self.failure), self.failure.code, self.failure.details)
+        return self._gone()
+
+    def _gone(self):
+        """Why the agent can no longer answer (nor write into this process): the
+        membership stream to it ended, or this rank left; else None."""
         if self.leaving or (self.join_call is not None and self.pump is not None and
                             not self.pump.is_alive()):
             return ParamsyncError("lost the membership stream to the agent",
@@ -523,14 +544,19 @@ class _World:
                 use = self._shm_begin(header, send, recv, rung=True)
                 if use is None:
                     return None
+            direct = use is not None and use.direct
             try:
+                # Direct: the agent writes into the caller's buffers, so wait for its
+                # answer even when the job broke (it fails the collective within about
+                # a second); only an agent that is gone cannot answer.
                 got = d.run(header, send.mvs if send is not None and small else [],
-                            self._broken)
+                            self._gone if direct else self._broken, direct=direct)
             except BaseException:
                 abandoned = True
                 raise
             finally:
                 header.shm = ""
+                header.shm_process = False
                 header.shm_in_offset = 0
                 header.shm_out_offset = 0
             if got is None:
@@ -651,10 +677,11 @@ class _ShmUse:
     """A collective's use of shared memory: get(n, recv) copies the n output bytes into
     recv (nothing for memory from empty(), where the agent wrote them in place), end()
     releases it once the call is over (discard: abandoned, the agent may still write)."""
-    __slots__ = ("_end", "_mem", "_get")
+    __slots__ = ("_end", "_mem", "_get", "direct")
 
-    def __init__(self, end, mem, get):
+    def __init__(self, end, mem, get, direct=False):
         self._end, self._mem, self._get = end, mem, get
+        self.direct = direct  # the agent reads and writes the caller's own buffers
 
     def get(self, n, recv):
         if self._get is not None:
