@@ -369,7 +369,11 @@ static int direct_off(void)
  * off). */
 static int direct_begin(ps_comm_t *comm, ps__coll_t *c)
 {
-    if (c->in_bytes + c->out_bytes < PS__DIRECT_MIN_BYTES || !placed_apart(c) || direct_off())
+    /* Not the pinned buffers that stage device memory (device.c): the
+     * driver maps them in ways the kernel may refuse to pin for another
+     * process. */
+    if (c->in_bytes + c->out_bytes < PS__DIRECT_MIN_BYTES || c->stage_pinned || !placed_apart(c) ||
+        direct_off())
         return 0;
     pthread_mutex_lock(&comm->lock);
     struct ps__shm *p = comm->process;
