@@ -263,6 +263,23 @@ int ps__frame_copy_data(const ps__frame_t *f, size_t from, void *dst, size_t len
     return 0;
 }
 
+int ps__frame_data_iov(const ps__frame_t *f, struct iovec *iov, int max)
+{
+    size_t left = f->data_len, off = f->data_offset;
+    int n = 0;
+    for (size_t si = f->data_slice; left && si < f->nslices; si++, off = 0) {
+        size_t avail = GRPC_SLICE_LENGTH(f->slices[si]) - off, k = avail < left ? avail : left;
+        if (!k)
+            continue;
+        if (n == max)
+            return -1;
+        iov[n].iov_base = GRPC_SLICE_START_PTR(f->slices[si]) + off;
+        iov[n++].iov_len = k;
+        left -= k;
+    }
+    return left ? -1 : n;
+}
+
 void ps__frame_clear(ps__frame_t *f)
 {
     if (!f)

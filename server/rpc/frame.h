@@ -4,6 +4,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/uio.h>
 
 #include <grpc/byte_buffer.h>
 
@@ -60,6 +61,11 @@ int ps__frame_decode(grpc_byte_buffer *bb, ps__frame_t *out);
 /** Copies data bytes [from, from+len) of the frame to dst. PS_EINVAL when the
  * range is outside the data. */
 int ps__frame_copy_data(const ps__frame_t *f, size_t from, void *dst, size_t len);
+
+/** Points iov[0..n) at the frame's data bytes where they lie in the received
+ * slices (no copy), for a vectored write. Returns n, or -1 when they span
+ * more than max pieces. */
+int ps__frame_data_iov(const ps__frame_t *f, struct iovec *iov, int max);
 
 /** Frees what decode took. Accepts a zeroed frame. */
 void ps__frame_clear(ps__frame_t *f);

@@ -1,4 +1,4 @@
-/* Fuzz target: Frame decoding (ps__frame_decode, ps__frame_copy_data), any bytes in any slices. */
+/* Fuzz target: Frame decoding and its data (decode, copy_data, data_iov), in any slices. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -98,6 +98,20 @@ static void check_ranges(const ps__frame_t *f, const uint8_t *all, uint64_t seed
         FUZZ_CHECK(ps__frame_copy_data(f, from, part, len) == 0);
         FUZZ_CHECK(len == 0 || memcmp(part, all + from, len) == 0);
         free(part);
+    }
+    /* The pieces ps__frame_data_iov points at are the same bytes, in order,
+     * none empty; too few places for them is -1. */
+    struct iovec iov[64];
+    int k = ps__frame_data_iov(f, iov, 64);
+    if (k >= 0) {
+        size_t at = 0;
+        for (int i = 0; i < k; i++) {
+            FUZZ_CHECK(iov[i].iov_len > 0 && at + iov[i].iov_len <= n);
+            FUZZ_CHECK(memcmp(iov[i].iov_base, all + at, iov[i].iov_len) == 0);
+            at += iov[i].iov_len;
+        }
+        FUZZ_CHECK(at == n);
+        FUZZ_CHECK(k == 0 || ps__frame_data_iov(f, iov, k - 1) == -1);
     }
     uint8_t byte;
     FUZZ_CHECK(ps__frame_copy_data(f, n, &byte, 0) == 0);
