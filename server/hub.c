@@ -1476,8 +1476,12 @@ static int seg_failed(member_t *m, int write, int rc)
     coll_t *c = m->coll;
     pthread_mutex_lock(c->lock);
     int process = m->shm->kind == PS_SHM_PROCESS;
-    /* In the worker's memory a bad address is the caller's mistake. */
-    coll_fail(c, process && rc == -EFAULT ? GRPC_STATUS_INVALID_ARGUMENT : GRPC_STATUS_INTERNAL,
+    /* In the worker's memory a bad address is the caller's mistake, and a
+     * process that is gone a lost rank. */
+    coll_fail(c,
+              process && rc == -EFAULT  ? GRPC_STATUS_INVALID_ARGUMENT
+              : process && rc == -ESRCH ? GRPC_STATUS_ABORTED
+                                        : GRPC_STATUS_INTERNAL,
               "%s (group %u, seq %" PRIu64 "): %s rank %d's %s: %s", kind_name(c->kind), c->group,
               c->seq, write ? "writing" : "reading", c->ranks[m->index],
               process ? "memory (through its process segment)" : "segment", strerror(-rc));

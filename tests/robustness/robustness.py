@@ -1186,6 +1186,39 @@ def case_process_segment(d, rng):
               "process_segment: an address this process does not have: %r, want "
               "INVALID_ARGUMENT (Bad address) and rank 1 failed too" % (got,))
     pw.log("process_segment: an address this process does not have: %r" % (got,))
+    # A process segment whose process then exits: another process (a child
+    # that maps the same segment and says where) offers it, exits, and the
+    # collective naming it is ABORTED (its process is gone), at once.
+    cname = "/ps-robust-c-%d-%d" % (os.getpid(), rng.randrange(1 << 30))
+    cfd = os.open("/dev/shm" + cname, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    os.ftruncate(cfd, size)
+    cmagic = rng.getrandbits(63)
+    os.pwrite(cfd, cmagic.to_bytes(8, sys.byteorder), 0)
+    kept.append((cname, cfd, None))
+    child = subprocess.Popen(
+        [sys.executable, "-c",
+         "import ctypes, mmap, os, sys\n"
+         "f = os.open(sys.argv[1], os.O_RDWR)\n"
+         "m = mmap.mmap(f, %d)\n"
+         "print(os.getpid(), ctypes.addressof(ctypes.c_char.from_buffer(m)), flush=True)\n"
+         "sys.stdin.read()\n" % size, "/dev/shm" + cname],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        cpid, caddr = (int(x) for x in child.stdout.readline().split())
+        resp = conns[0].worker.ShmAttach(pb.ShmAttachRequest(
+            job="pp", rank=0, name=cname, size=size, magic=cmagic, process=True, pid=cpid,
+            address=caddr), timeout=CALL_DEADLINE_S)
+        pw.expect(resp.attached and resp.process_memory,
+                  "process_segment: a child's process segment: %r, want attached" % (resp,))
+    finally:
+        child.stdin.close()
+        child.wait(timeout=10)
+    got = all_reduce(2, shm=cname, shm_in_offset=caddr, shm_out_offset=caddr, shm_process=True)
+    pw.expect(got[0] is not None and got[0].name == "ABORTED" and
+              "No such process" in got[0].message and got[1] is not None and got[1].name != "OK",
+              "process_segment: its process gone: %r, want ABORTED (No such process) and rank 1 "
+              "failed too" % (got,))
+    pw.log("process_segment: its process gone: %r" % (got[0],))
     pw.log("process_segment: refused %s" % ([r.reason for r in refused],))
     for nm, fd, mm in kept:
         if mm is not None:
