@@ -71,15 +71,7 @@ static int cond_wait_until(ps_comm_t *comm, int64_t deadline_ms)
     int64_t now = ps__now_ms();
     if (now >= deadline_ms)
         return 1;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    int64_t left = deadline_ms - now;
-    ts.tv_sec += left / 1000;
-    ts.tv_nsec += (left % 1000) * 1000000;
-    if (ts.tv_nsec >= 1000000000) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000;
-    }
+    struct timespec ts = ps__abs_time(CLOCK_MONOTONIC, deadline_ms - now);
     return pthread_cond_timedwait(&comm->cond, &comm->lock, &ts) == ETIMEDOUT;
 }
 

@@ -51,14 +51,7 @@ static void *work_main(void *arg)
         work_run(w);
         pthread_mutex_lock(&pool.lock);
         pool.idle++;
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_sec += PS__WORK_IDLE_MS / 1000;
-        until.tv_nsec += (PS__WORK_IDLE_MS % 1000) * 1000000L;
-        if (until.tv_nsec >= 1000000000L) {
-            until.tv_sec++;
-            until.tv_nsec -= 1000000000L;
-        }
+        struct timespec until = ps__abs_time(CLOCK_REALTIME, PS__WORK_IDLE_MS);
         int rc = 0;
         while (!pool.head && rc != ETIMEDOUT)
             rc = pthread_cond_timedwait(&pool.more, &pool.lock, &until);

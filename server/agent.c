@@ -892,15 +892,9 @@ static void *health_main(void *arg)
             was_ready = ready;
         }
         pthread_mutex_lock(&a->lock);
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
         /* Poll fast until the first connection, then once a second. */
-        ts.tv_nsec += was_ready == 1 || checks > 20 ? 0 : 100000000;
-        ts.tv_sec += was_ready == 1 || checks > 20 ? 1 : 0;
-        if (ts.tv_nsec >= 1000000000) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000;
-        }
+        struct timespec ts =
+            ps__abs_time(CLOCK_REALTIME, was_ready == 1 || checks > 20 ? 1000 : 100);
         checks++;
         if (!a->stopping)
             pthread_cond_timedwait(&a->stop_cond, &a->lock, &ts);

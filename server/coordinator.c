@@ -129,19 +129,6 @@ static event_t *pop_event(member_t *m)
     return e;
 }
 
-static struct timespec abs_deadline(int64_t ms_from_now)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_sec += ms_from_now / 1000;
-    ts.tv_nsec += (ms_from_now % 1000) * 1000000;
-    if (ts.tv_nsec >= 1000000000) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000;
-    }
-    return ts;
-}
-
 /* ---- Join: rendezvous, then the membership stream ---- */
 
 typedef struct join_watch {
@@ -350,7 +337,7 @@ static void coord_join(ps__rpc_call_t *call, void *arg)
     watching = 1;
 
     pthread_mutex_lock(&c->lock);
-    struct timespec deadline = abs_deadline(timeout);
+    struct timespec deadline = ps__abs_time(CLOCK_MONOTONIC, timeout);
     int sent_ready = 0;
     for (;;) {
         member_t *m = &j->members[rank];

@@ -102,17 +102,6 @@ static void health_check(ps__rpc_call_t *call, void *arg)
     protobuf_c_message_free_unpacked(&req->base, NULL);
 }
 
-static void deadline_after_ms(struct timespec *ts, int ms)
-{
-    clock_gettime(CLOCK_MONOTONIC, ts);
-    ts->tv_sec += ms / 1000;
-    ts->tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (ts->tv_nsec >= 1000000000L) {
-        ts->tv_sec++;
-        ts->tv_nsec -= 1000000000L;
-    }
-}
-
 /* Sends the current status, then every change, until the call ends or the
  * daemon shuts down. */
 static void health_watch(ps__rpc_call_t *call, void *arg)
@@ -136,7 +125,7 @@ static void health_watch(ps__rpc_call_t *call, void *arg)
         if (h->shutting_down)
             break;
         struct timespec until;
-        deadline_after_ms(&until, H_REPEAT_MS);
+        until = ps__abs_time(CLOCK_MONOTONIC, H_REPEAT_MS);
         if (pthread_cond_timedwait(&h->changed, &h->lock, &until) != 0)
             sent = -1;
     }

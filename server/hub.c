@@ -565,17 +565,10 @@ static int kind_rooted(coll_kind_t k)
     return k == K_BROADCAST || k == K_REDUCE || k == K_GATHER || k == K_SCATTER;
 }
 
+/* ms from now on the clock of the hub's condition variables. */
 static struct timespec abs_ms(int64_t ms)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_sec += ms / 1000;
-    ts.tv_nsec += (ms % 1000) * 1000000;
-    if (ts.tv_nsec >= 1000000000) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000;
-    }
-    return ts;
+    return ps__abs_time(CLOCK_MONOTONIC, ms);
 }
 
 /* ---- jobs ---- */

@@ -135,6 +135,19 @@ int64_t ps__now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+struct timespec ps__abs_time(clockid_t clock, int64_t ms_from_now)
+{
+    struct timespec ts;
+    clock_gettime(clock, &ts);
+    ts.tv_sec += ms_from_now / 1000;
+    ts.tv_nsec += (long)(ms_from_now % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    return ts;
+}
+
 /* Channel arguments for a server or channel, built from options. */
 typedef struct rpc_args {
     grpc_arg arg[12];

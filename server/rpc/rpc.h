@@ -4,6 +4,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #include <grpc/byte_buffer.h>
 #include <grpc/grpc.h>
@@ -49,6 +50,11 @@ void ps__rpc_release(void);
 
 /** Monotonic milliseconds. */
 int64_t ps__now_ms(void);
+
+/** The time ms_from_now milliseconds from now on `clock`, as the absolute
+ * timespec pthread_cond_timedwait takes (CLOCK_REALTIME for a condition
+ * variable with default attributes). */
+struct timespec ps__abs_time(clockid_t clock, int64_t ms_from_now);
 
 /* ---- server ---- */
 
