@@ -185,31 +185,44 @@ static void shm_unref(shm_map_t *m)
     }
 }
 
-/* Reads (or writes) len bytes at `at` of segment m through its file, or,
- * for a process segment, at address `at` of the worker's memory (one copy,
- * no segment between): 0, or a negative errno (-EIO for a file shorter than
- * expected or memory that ends early). */
-static int seg_io(const shm_map_t *m, int write, void *buf, size_t len, uint64_t at)
+/* Reads (or writes) the bytes of local[0..n) (consumed as it goes) at `at`
+ * of segment m through its file, or, for a process segment, at address `at`
+ * of the worker's memory (one copy, no segment between): 0, or a negative
+ * errno (-EIO for a file shorter than expected or memory that ends early). */
+static int seg_iov(const shm_map_t *m, int write, struct iovec *local, int n, uint64_t at)
 {
-    uint8_t *p = buf;
-    while (len) {
-        ssize_t n;
+    while (n > 0) {
+        ssize_t k;
         if (m->kind == PS_SHM_PROCESS) {
-            struct iovec local = {p, len}, remote = {(void *)(uintptr_t)at, len};
-            n = write ? process_vm_writev(m->pid, &local, 1, &remote, 1, 0)
-                      : process_vm_readv(m->pid, &local, 1, &remote, 1, 0);
+            size_t len = 0;
+            for (int i = 0; i < n; i++)
+                len += local[i].iov_len;
+            struct iovec remote = {(void *)(uintptr_t)at, len};
+            k = write ? process_vm_writev(m->pid, local, (unsigned long)n, &remote, 1, 0)
+                      : process_vm_readv(m->pid, local, (unsigned long)n, &remote, 1, 0);
         } else {
-            n = write ? pwrite(m->fd, p, len, (off_t)at) : pread(m->fd, p, len, (off_t)at);
+            k = write ? pwritev(m->fd, local, n, (off_t)at) : preadv(m->fd, local, n, (off_t)at);
         }
-        if (n < 0 && errno == EINTR)
+        if (k < 0 && errno == EINTR)
             continue;
-        if (n <= 0)
-            return n < 0 ? -errno : -EIO;
-        p += n;
-        len -= (size_t)n;
-        at += (uint64_t)n;
+        if (k <= 0)
+            return k < 0 ? -errno : -EIO;
+        at += (uint64_t)k;
+        for (; n > 0 && (size_t)k >= local->iov_len; n--, local++)
+            k -= (ssize_t)local->iov_len;
+        if (n > 0) {
+            local->iov_base = (uint8_t *)local->iov_base + k;
+            local->iov_len -= (size_t)k;
+        }
     }
     return 0;
+}
+
+/* seg_iov of one buffer. */
+static int seg_io(const shm_map_t *m, int write, void *buf, size_t len, uint64_t at)
+{
+    struct iovec local = {buf, len};
+    return seg_iov(m, write, &local, len ? 1 : 0, at);
 }
 
 /* How the agent reaches a segment's payload, for the metrics: through its
@@ -238,8 +251,9 @@ static blob_t *blob_new(size_t len)
     return b;
 }
 
-/* The most pieces of an output frame written into a worker's memory with
- * one process_vm_writev (frames of 1 MiB arrive in far fewer). */
+/* The most pieces of an output frame written into a segment's file or a
+ * worker's memory with one vectored write (frames of 1 MiB arrive in far
+ * fewer; IOV_MAX is 1024). */
 #define PS_HUB_FRAME_IOV 256
 
 /* A blob that reads len bytes of a segment in place (no copy). */
@@ -3894,18 +3908,16 @@ int ps__hub_shm_io_put(ps__shm_io_t *io, const ps__frame_t *f)
     shm_map_t *map = io->map;
     int rc;
     struct iovec iov[PS_HUB_FRAME_IOV];
-    int n = map->kind == PS_SHM_PROCESS ? ps__frame_data_iov(f, iov, PS_HUB_FRAME_IOV) : -1;
-    if (n >= 0) {
-        /* Straight from the received slices into the worker's memory: one copy. */
-        struct iovec remote = {(void *)(uintptr_t)(io->out + off), f->data_len};
-        ssize_t put =
-            f->data_len ? process_vm_writev(map->pid, iov, (unsigned long)n, &remote, 1, 0) : 0;
-        rc = put == (ssize_t)f->data_len ? 0 : PS_EINTERNAL;
-    } else if (!io->by_file) {
+    int n;
+    if (!io->by_file) {
         rc = ps__frame_copy_data(f, 0, map->base + io->out + off, f->data_len);
+    } else if ((n = ps__frame_data_iov(f, iov, PS_HUB_FRAME_IOV)) >= 0) {
+        /* Straight from the received slices into the file or the worker's
+         * memory: one copy, and the segment's pages stay out of this
+         * agent's resident set. */
+        rc = seg_iov(map, 1, iov, n, io->out + off) < 0 ? PS_EINTERNAL : 0;
     } else {
-        /* Through a buffer of one frame, so the segment's pages stay out of
-         * this agent's resident set. */
+        /* A frame in more pieces than that: through a buffer of one frame. */
         uint8_t *buf = malloc(f->data_len ? f->data_len : 1);
         rc = !buf ? PS_ENOMEM : ps__frame_copy_data(f, 0, buf, f->data_len);
         if (rc == 0)
