@@ -26,7 +26,6 @@ import secrets
 import struct
 import sys
 import threading
-import time
 
 MIN_BYTES = 64 << 10
 ALIGN = 4096
@@ -295,6 +294,24 @@ def address(buf):
     return int(np.frombuffer(buf, np.uint8).ctypes.data) if len(buf) else 0
 
 
+def placed(in_place, send, recv):
+    """Where a collective's input and output lie when the agent may use them in place:
+    one contiguous buffer each way (or none), apart, or all_reduce/reduce's one buffer.
+    ((input memoryview, address), (output memoryview, address)), each None when there are
+    no such bytes; or None when they do not lie so."""
+    ends = []
+    for x in (send, recv):
+        mvs = x.mvs if x is not None and x.total else []
+        if len(mvs) > 1:
+            return None
+        ends.append((mvs[0], address(mvs[0])) if mvs else None)
+    i, o = ends
+    if i is not None and o is not None and not (
+            (in_place and i[1] == o[1]) or i[1] + len(i[0]) <= o[1] or o[1] + len(o[0]) <= i[1]):
+        return None
+    return i, o
+
+
 DIRECT_MIN = 32 << 20  # input and output bytes together, as client/shm.c
 
 
@@ -326,17 +343,10 @@ class Process:
         the segments."""
         if not direct_enabled():
             return None
-        sends = send.mvs if send is not None and send.total else []
-        recvs = recv.mvs if recv is not None and recv.total else []
-        total = sum(len(x) for x in sends) + sum(len(x) for x in recvs)
-        if total < DIRECT_MIN or len(sends) > 1 or len(recvs) > 1:
+        got = placed(in_place, send, recv)
+        if got is None or sum(len(e[0]) for e in got if e is not None) < DIRECT_MIN:
             return None
-        a_in = address(sends[0]) if sends else 0
-        a_out = address(recvs[0]) if recvs else 0
-        if sends and recvs and not ((in_place and a_in == a_out) or
-                                    a_in + len(sends[0]) <= a_out or
-                                    a_out + len(recvs[0]) <= a_in):
-            return None
+        a_in, a_out = (e[1] if e is not None else 0 for e in got)
         with self._lock:
             if self.disabled or self.making:
                 return None
@@ -440,17 +450,10 @@ class Registered:
         one. Returns (mem, input offset, output offset), or None."""
         if not self.mems or not enabled():
             return None
-        mvs = [x.mvs for x in (send, recv) if x is not None and x.total]
-        if not mvs or any(len(v) != 1 for v in mvs):
+        got = placed(in_place, send, recv)
+        if got is None or got == (None, None):
             return None
-        ins = send.mvs[0] if send is not None and send.total else None
-        outs = recv.mvs[0] if recv is not None and recv.total else None
-        a_in = address(ins) if ins is not None else None
-        a_out = address(outs) if outs is not None else None
-        if ins is not None and outs is not None and not (
-                (in_place and a_in == a_out) or a_in + len(ins) <= a_out or
-                a_out + len(outs) <= a_in):
-            return None
+        (ins, a_in), (outs, a_out) = (e if e is not None else (None, None) for e in got)
         first = a_in if a_in is not None else a_out
         with self._lock:
             mem = next((x for x in self.mems
@@ -587,8 +590,9 @@ class Doorbell:
         waits. direct: the agent reads and writes the caller's own buffers
         (header.shm_process), so the wait ends unanswered only once the agent can write
         no more: broken() should then say only that the agent is gone, and a closed
-        doorbell counts once its thread stopped (DB_STOPPED). Returns (code, message, source, output memoryview or None), or None when
-        the header does not fit (then use a call). The caller calls end()."""
+        doorbell counts once its thread stopped (DB_STOPPED). Returns (code, message,
+        source, output memoryview or None), or None when the header does not fit (then
+        use a call). The caller calls end()."""
         packed = header.SerializeToString()
         if len(packed) > DB_HEADER:
             return None
