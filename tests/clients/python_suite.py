@@ -1151,7 +1151,12 @@ def w_doorbell():
                       "all_gather of 36 MiB [%d] %d" % (q, k))
     os.environ.pop("PARAMSYNC_SHM_DIRECT", None)
     went = w.process.used - before
-    if shm:
+    # Where this machine does not let another process read ours (ptrace rules,
+    # seccomp), the agent refuses, and says so: that part cannot run here.
+    cannot = any(x in w.process.refused for x in ("may not read", "not readable here"))
+    if shm and cannot:
+        print("rank %d: direct part SKIPPED: %s" % (r, w.process.refused))
+    elif shm:
         assert went == 6, "%d of 6 collectives of 36 MiB read and written in place" % went
         m = H.scrape(os.environ["SUITE_METRICS"])
         for d in ("received", "sent"):

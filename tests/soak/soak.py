@@ -21,8 +21,8 @@ printed beside it (shm) but not bounded: counted in, their slow first touch
 reads as growth.
 
 Seconds: --seconds, else PARAMSYNC_SOAK_SECONDS, else 60 (CI); run longer by
-hand (PARAMSYNC_SOAK_SECONDS=3600). Prints VmRSS, threads and descriptors of
-the daemon over time. Standard library only. Exit 0 PASS, 1 FAIL.
+hand (PARAMSYNC_SOAK_SECONDS=3600). Prints the daemon's own RSS (with RssShmem
+beside), threads and descriptors over time. Standard library only. Exit 0 PASS, 1 FAIL.
 """
 import argparse
 import os

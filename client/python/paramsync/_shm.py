@@ -335,6 +335,7 @@ class Process:
         self.map = None
         self.disabled = False
         self.making = False
+        self.refused = ""  # why it stays off, once it does
         self.used = 0  # collectives that went this way
 
     def begin(self, in_place, send, recv):
@@ -357,9 +358,10 @@ class Process:
                 self.name, self.map = create(
                     ALIGN, lambda n, s, magic, m: self._attach(n, s, magic, address(m)),
                     pass_map=True)
-            except Exception:  # noqa: B902 - refused or failed: the segments serve, for good
+            except Exception as e:  # noqa: B902 - refused or failed: segments, for good
                 with self._lock:
                     self.disabled = True
+                    self.refused = str(e)
             finally:
                 with self._lock:
                     self.making = False
