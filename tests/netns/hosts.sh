@@ -7,7 +7,7 @@
 # runs (unique names per run) do not see each other. Needs root (ip netns).
 #
 #   eval "$(hosts.sh up N)"        make h0..h(N-1); prints `export PS_NETNS=DIR`
-#   hosts.sh run N [--paramsyncd BIN [-- DAEMON_ARGS]] -- CMD [ARGS]
+#   hosts.sh run N [--paramsyncd BIN [DAEMON_ARGS]] -- CMD [ARGS]
 #                                  up, (start paramsyncd), run CMD with PS_NETNS
 #                                  exported, down afterwards, also on failure or
 #                                  a signal; exits with CMD's status
