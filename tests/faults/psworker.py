@@ -209,7 +209,10 @@ class Daemon:
         self.binary, self.workdir, self.name = binary, workdir, name
         self.args = list(args)
         self.port = port or free_port()
-        self.metrics_port = free_port() if metrics else None
+        # The metrics port is the daemon's choice (127.0.0.1:0), read from its log at each
+        # start: one picked here could be taken by a parallel test before the daemon binds it.
+        self.metrics = metrics
+        self.metrics_port = None
         self.env = env
         self.proc = None
         self.logpath = os.path.join(workdir, name + ".log")
@@ -219,8 +222,7 @@ class Daemon:
         args = [self.binary] + self.args
         if "--listen" not in self.args:
             args += ["--listen", self.addr]
-        args += ["--metrics-addr",
-                 "127.0.0.1:%d" % self.metrics_port if self.metrics_port else "off"]
+        args += ["--metrics-addr", "127.0.0.1:0" if self.metrics else "off"]
         env = dict(os.environ)
         env.update(self.env or {})
         self.logf = open(self.logpath, "ab")
@@ -231,7 +233,12 @@ class Daemon:
                                      stderr=subprocess.STDOUT, env=env)
         end = time.monotonic() + timeout
         while time.monotonic() < end:
-            if "listening on" in self.log_text(since_start=True):
+            text = self.log_text(since_start=True)
+            if "listening on" in text:
+                m = re.search(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", text)
+                self.metrics_port = int(m.group(1)) if m else None
+                if self.metrics and not m:
+                    fail("%s does not say where it serves metrics:\n%s" % (self.name, text))
                 return self
             if self.proc.poll() is not None:
                 fail("%s exited with %s at start-up:\n%s" % (self.name, self.proc.returncode,
