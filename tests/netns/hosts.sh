@@ -35,7 +35,10 @@
 # `exec HOST iptables -A INPUT -p tcp --dport 29500 -j DROP` affect that host
 # alone. Environment: PS_NETNS_SUBNET (default 10.77.0, a /24 prefix),
 # PS_NETNS_MTU (default 1500), PS_NETNS_CC (the hosts' TCP congestion
-# control, e.g. reno; default: what a new namespace gets, the machine's).
+# control, e.g. reno; default: what a new namespace gets, the machine's),
+# PS_NETNS_RATE (each host's link limited to this rate each way, a tc rate
+# such as 1gbit, as a NIC of that speed would be; default: no limit, so the
+# hosts share the machine's cores and no link is ever the bottleneck).
 set -euo pipefail
 
 prog=$(basename "$0")
@@ -191,6 +194,16 @@ cmd_up() {
         ip -n "$ns" link set lo up
         ip -n "$ns" addr add "$subnet.$((i + 1))/24" dev eth0
         ip -n "$ns" link set eth0 up
+        if [ -n "${PS_NETNS_RATE:-}" ]; then
+            # Both ways: the host's egress, and the switch's towards it.
+            local q qns qdev
+            for q in "$ns eth0" "$sw h$i"; do
+                read -r qns qdev <<<"$q"
+                ip netns exec "$qns" tc qdisc add dev "$qdev" root tbf rate "$PS_NETNS_RATE" \
+                    burst 256kb latency 100ms ||
+                    die "cannot limit $qdev in $qns to $PS_NETNS_RATE (PS_NETNS_RATE)"
+            done
+        fi
         if [ -n "${PS_NETNS_CC:-}" ]; then
             ip netns exec "$ns" sysctl -qw net.ipv4.tcp_congestion_control="$PS_NETNS_CC" ||
                 die "cannot set TCP congestion control $PS_NETNS_CC (PS_NETNS_CC) in $ns"
