@@ -353,6 +353,7 @@ typedef struct job job_t;
  * around a ring of those agents (see ring_send_main). */
 typedef struct ring_frame {
     ps__frame_t f;
+    const struct ring_link *from; /* the link it came over */
     struct ring_frame *next;
 } ring_frame_t;
 
@@ -363,16 +364,36 @@ typedef struct ring_frame {
  * whole along the agents, ending at the agent of the rank it is for. */
 enum { RING_SPLIT, RING_PASS, RING_ACC };
 
+/* A link between this agent and another of a ring collective's. */
+typedef struct ring_link {
+    struct coll *c;
+    int peer;             /* the other agent's position in the ring */
+    char *addr, *who;     /* its address; the same with its ranks, for messages (ring_who) */
+    ps__rpc_call_t *call; /* while open */
+    uint64_t frames;      /* the steps' frames it carries (ring_frames_in, _out) */
+    int seen;             /* in: the link has arrived (it may be gone now) */
+    int busy;             /* out: its sender is in a send or finish: cancel `call` to fail */
+    int64_t failed_ms;    /* out: when its opening sender saw the collective failed */
+} ring_link_t;
+
+static void ring_link_clear(ring_link_t *l)
+{
+    free(l->addr);
+    free(l->who);
+}
+
 typedef struct ring {
     struct ps__hub *hub;
-    ring_frame_t *q_head, *q_tail; /* pieces read from prev, not applied yet */
+    ring_frame_t *q_head, *q_tail; /* pieces read from the links, not applied yet */
     int nagents, pos;              /* agents in the ring, this one's position */
     int group_size;                /* ranks in the group (AVG divides by it) */
-    char *next, *prev;             /* the next and previous agents' addresses */
-    char *next_who, *prev_who;     /* the same with their ranks, for messages (ring_who) */
-    ps__rpc_call_t *in, *out;      /* the links from prev and to next, while open */
-    int in_seen;                   /* the link from prev has arrived (it may be gone now) */
-    int out_busy;                  /* the sender is in a send or finish: cancel `out` to fail */
+    ring_link_t in, out;           /* from the previous agent, to the next */
+    /* A mesh (all_to_all): each step goes from its owner's agent straight to
+     * its rank's, over a link of its own between every two agents; besides
+     * in and out, xin[k] from the agent at pos - 2 - k and xout[k] to the one
+     * at pos + 2 + k (k < nagents - 2). */
+    int mesh;
+    ring_link_t *xin, *xout;
     int64_t timeout_ms;
     int mode;      /* RING_SPLIT, RING_PASS or RING_ACC (ring_mode) */
     int nlocal;    /* the group's ranks this agent serves */
@@ -768,12 +789,18 @@ static void coll_fail(coll_t *c, int code, const char *fmt, ...)
     for (int i = 0; i < c->n; i++)
         if (c->members[i] && !c->members[i]->finished)
             ps__rpc_call_cancel(c->members[i]->call, code, c->message);
-    /* The previous agent learns why from the link's status; the next one
-     * from a failure frame the sender sends, unless it is stuck sending. */
-    if (c->ring && c->ring->in)
-        ps__rpc_call_cancel(c->ring->in, code, c->message);
-    if (c->ring && c->ring->out && c->ring->out_busy)
-        ps__rpc_call_cancel(c->ring->out, code, c->message);
+    /* The agents whose links come here learn why from the link's status;
+     * those this one sends to from a failure frame the sender sends, unless
+     * it is stuck sending. */
+    int links = c->ring && c->ring->xin && c->ring->xout ? c->ring->nagents - 2 : 0;
+    for (int k = -1; c->ring && k < links; k++) {
+        ring_link_t *in = k < 0 ? &c->ring->in : &c->ring->xin[k];
+        ring_link_t *out = k < 0 ? &c->ring->out : &c->ring->xout[k];
+        if (in->call)
+            ps__rpc_call_cancel(in->call, code, c->message);
+        if (out->call && out->busy)
+            ps__rpc_call_cancel(out->call, code, c->message);
+    }
     pthread_cond_broadcast(&c->cond);
 }
 
@@ -972,6 +999,8 @@ static int ring_at(const coll_t *c, int64_t s)
         return RING_AT_MID;
     int start, end, a = c->ring->nagents, pos = c->ring->pos;
     ring_path(c, s, &start, &end);
+    if (c->ring->mesh) /* straight from start to end */
+        return (pos == start ? RING_AT_START : 0) | (pos == end ? RING_AT_END : 0);
     int d = (pos - start + a) % a, last = (end - start + a) % a;
     if (d > last)
         return 0;
@@ -986,11 +1015,33 @@ static int ring_sends(const coll_t *c, int64_t s)
     return at && !(at & RING_AT_END);
 }
 
-/* Whether this agent receives step s (or its pieces) from the previous one. */
+/* Whether this agent receives step s (or its pieces) from the previous one
+ * (a mesh: from the agent where it starts). */
 static int ring_takes(const coll_t *c, int64_t s)
 {
     int at = ring_at(c, s);
     return at && !(at & RING_AT_START);
+}
+
+/* The position of the agent this one sends step s to (ring_sends): the next
+ * one; in a mesh the one where the step ends. */
+static int ring_to(const coll_t *c, int64_t s)
+{
+    int start, end;
+    if (!c->ring->mesh)
+        return (c->ring->pos + 1) % c->ring->nagents;
+    ring_path(c, s, &start, &end);
+    return end;
+}
+
+/* The position of the agent this one takes step s from (ring_takes). */
+static int ring_from(const coll_t *c, int64_t s)
+{
+    int start, end;
+    if (!c->ring->mesh)
+        return (c->ring->pos + c->ring->nagents - 1) % c->ring->nagents;
+    ring_path(c, s, &start, &end);
+    return start;
 }
 
 /* ACC: whether step s ends here, with the rank it is for. */
@@ -1226,10 +1277,14 @@ static void coll_free(coll_t *c)
             ps__frame_clear(&q->f);
             free(q);
         }
-        free(c->ring->next);
-        free(c->ring->prev);
-        free(c->ring->next_who);
-        free(c->ring->prev_who);
+        ring_link_clear(&c->ring->out);
+        ring_link_clear(&c->ring->in);
+        for (int k = 0; c->ring->xin && c->ring->xout && k < c->ring->nagents - 2; k++) {
+            ring_link_clear(&c->ring->xin[k]);
+            ring_link_clear(&c->ring->xout[k]);
+        }
+        free(c->ring->xin);
+        free(c->ring->xout);
         free(c->ring->agent_of);
         free(c->ring);
     }
@@ -1993,7 +2048,7 @@ static void check_missing_alive(ps__hub_t *h, coll_t *c)
          * watches its own ranks, and another agent's rank may be done with
          * it and gone (a broadcast's root) while ranks here still come.
          * Before, none can be done: no agent agrees without this link. */
-        if (ring_whole(c) && c->ring->in_seen && !coll_serves(c, i))
+        if (ring_whole(c) && c->ring->in.seen && !coll_serves(c, i))
             continue;
         int grank = c->ring ? i : c->ranks[i];
         int jr = job_rank(&info, c->group, grank);
@@ -2117,6 +2172,7 @@ static int coll_get(ps__hub_t *h, job_t *j, const header_t *hd, int n, int ring,
 typedef struct ring_plan {
     int nagents, pos;
     const char *next, *prev;
+    const char **agents; /* position -> address (the job's strings) */
     int nlocal;
     int *local;    /* group ranks served by this agent, ascending */
     int *agent_of; /* group rank -> position of its agent */
@@ -2124,6 +2180,8 @@ typedef struct ring_plan {
 
 static void ring_plan_clear(ring_plan_t *plan)
 {
+    free(plan->agents);
+    plan->agents = NULL;
     free(plan->local);
     free(plan->agent_of);
     plan->local = plan->agent_of = NULL;
@@ -2169,7 +2227,7 @@ static int ring_plan(const ps__hub_t *h, const job_t *j, uint32_t group, ring_pl
         plan->next = agents[(plan->pos + 1) % plan->nagents];
         plan->prev = agents[(plan->pos + plan->nagents - 1) % plan->nagents];
     }
-    free(agents);
+    plan->agents = agents;
     if (plan->nagents < 2 || plan->pos < 0) {
         ring_plan_clear(plan);
         return 0;
@@ -2233,12 +2291,14 @@ static uint64_t ring_auto_ranks(int kind)
  * its group spans several): with --ring on, all_reduce, all_gather,
  * broadcast, reduce, reduce_scatter and all_to_all of --ring-min-bytes or
  * more (per rank), and barrier (0 bytes) when that is 0; with --ring auto,
- * all_reduce, barrier, broadcast, reduce and all_gather (ring_use decides). */
+ * all_reduce, barrier, broadcast, reduce, all_gather and all_to_all
+ * (ring_use decides). */
 static int ring_wanted(const ps__hub_t *h, const header_t *hd)
 {
     uint64_t esize = ps_dtype_size((ps_dtype_t)hd->dtype);
     if (h->cfg->ring == PS_RING_AUTO)
-        return ring_auto_ranks(hd->kind) && (esize || hd->kind == K_BARRIER);
+        return (ring_auto_ranks(hd->kind) || hd->kind == K_ALL_TO_ALL) &&
+               (esize || hd->kind == K_BARRIER);
     if (h->cfg->ring != PS_RING_ON || ring_mode(hd->kind) < 0)
         return 0;
     if (hd->kind == K_BARRIER)
@@ -2253,9 +2313,13 @@ static int ring_wanted(const ps__hub_t *h, const header_t *hd)
  * agent at any size, 2 from --ring-min-bytes; a barrier (no bytes, two laps
  * of tokens), broadcast, reduce or all_gather from PS_RING_AUTO_OTHER_RANKS,
  * but not an all_gather whose output fits in a step (--step-bytes: one step
- * at the hub, coll_packs). With one rank per agent the hub was as fast or
- * faster here, and reduce_scatter and all_to_all were slower round the ring
- * even with 16 per agent. Lock held. */
+ * at the hub, coll_packs); an all_to_all over the mesh from
+ * --ring-min-bytes per block, where the hub carries (A - 1) x A blocks each
+ * way and a mesh link one (4 netns hosts, one rank each, 16 MiB per rank:
+ * 1.75x the hub's busbw, 1 MiB at par, 256 KiB half). With one rank per
+ * agent the hub was as fast or faster here for the others, and
+ * reduce_scatter was slower round the ring even with 16 per agent. Lock
+ * held. */
 static int ring_use(const ps__hub_t *h, const job_t *j, const header_t *hd, ring_plan_t *plan)
 {
     if (!ring_wanted(h, hd) || !ring_plan(h, j, hd->group, plan))
@@ -2265,8 +2329,10 @@ static int ring_use(const ps__hub_t *h, const job_t *j, const header_t *hd, ring
     uint64_t n = (uint64_t)group_size(j, hd->group), a = (uint64_t)plan->nagents;
     size_t esize = ps_dtype_size((ps_dtype_t)hd->dtype);
     uint64_t bytes = hd->count * esize;
-    int use = n >= ring_auto_ranks(hd->kind) * a ||
-              (hd->kind == K_ALL_REDUCE && n >= 2 * a && bytes >= h->cfg->ring_min_bytes);
+    uint64_t ranks = ring_auto_ranks(hd->kind);
+    int use = (ranks && n >= ranks * a) ||
+              (hd->kind == K_ALL_REDUCE && n >= 2 * a && bytes >= h->cfg->ring_min_bytes) ||
+              (hd->kind == K_ALL_TO_ALL && bytes >= h->cfg->ring_min_bytes);
     /* An all_gather whose output fits in a step is one step at the hub
      * (coll_packs): faster there than a step per rank round the ring. */
     if (hd->kind == K_ALL_GATHER && bytes * n <= step_whole(h, 0, esize))
@@ -2356,16 +2422,44 @@ static int ring_rounds(const coll_t *c)
     return ring_whole(c) ? 1 : 2 * (c->ring->nagents - 1);
 }
 
-/* Frames the link from the previous agent carries: every round of every
- * step (SPLIT); the steps that do not start here (PASS, ACC). */
-static uint64_t ring_frames_in(const coll_t *c)
+/* Frames the link from the agent at position `from` carries, or with
+ * from = -1 all the links to this agent together: every round of every step
+ * (SPLIT, from the previous agent); the steps that do not start here (PASS,
+ * ACC; a mesh: those that start at `from`). */
+static uint64_t ring_frames_in(const coll_t *c, int from)
 {
     if (!ring_whole(c))
         return (uint64_t)c->nsteps * (uint64_t)ring_rounds(c);
     uint64_t k = 0;
     for (int64_t s = 0; s < c->nsteps; s++)
-        k += ring_takes(c, s);
+        k += ring_takes(c, s) && (from < 0 || ring_from(c, s) == from);
     return k;
+}
+
+/* Frames the link to the agent at position `to` carries. */
+static uint64_t ring_frames_out(const coll_t *c, int to)
+{
+    if (!ring_whole(c))
+        return (uint64_t)c->nsteps * (uint64_t)ring_rounds(c);
+    uint64_t k = 0;
+    for (int64_t s = 0; s < c->nsteps; s++)
+        k += ring_sends(c, s) && ring_to(c, s) == to;
+    return k;
+}
+
+/* The first link that has to come to this agent and has not come yet: the
+ * one from the previous agent (with need_in: when it carries frames or
+ * tokens), then in a mesh those from the others that carry frames; NULL when
+ * every one came. Lock held. */
+static const ring_link_t *ring_link_missing(const coll_t *c, int need_in)
+{
+    const ring_t *rg = c->ring;
+    if (need_in && !rg->in.seen)
+        return &rg->in;
+    for (int k = 0; rg->xin && k < rg->nagents - 2; k++)
+        if (!rg->xin[k].seen && rg->xin[k].frames > 0)
+            return &rg->xin[k];
+    return NULL;
 }
 
 /* The piece sent (or, with recv, received) in round r of a step. */
@@ -2441,7 +2535,7 @@ static void coll_retire(job_t *j, coll_t *c)
     /* A ring collective with nothing to move can be done here before the
      * previous agent's link comes: it stays until that link has been served,
      * or the link would start it afresh. */
-    if (c->ring && !c->ring->in_seen && !c->failed)
+    if (c->ring && ring_link_missing(c, 1) && !c->failed)
         return;
     if (c->nfinished < nlocal)
         tombstone_add(j, c);
@@ -2461,26 +2555,27 @@ static void ring_thread_exit(ps__hub_t *h, job_t *j, coll_t *c)
     pthread_mutex_unlock(&h->lock);
 }
 
-/* Fails c for the way the link to the next agent ended (rc < 0): with the
- * next agent's own words when it failed the collective, else as a broken
- * link. Lock held. */
-static void ring_link_failed(coll_t *c, int rc, const char *msg)
+/* Fails c for the way the link l to another agent ended (rc < 0): with that
+ * agent's own words when it failed the collective, else as a broken link.
+ * Lock held. */
+static void ring_link_failed(const ring_link_t *l, int rc, const char *msg)
 {
+    coll_t *c = l->c;
     if (rc < 0 && msg && *msg && rc != -GRPC_STATUS_UNAVAILABLE && rc != -GRPC_STATUS_CANCELLED)
         coll_fail(c, -rc, "%s", msg);
     else if (rc < 0)
         coll_fail(c, rc == -GRPC_STATUS_UNAVAILABLE ? GRPC_STATUS_UNAVAILABLE : -rc,
                   "%s (group %u, seq %" PRIu64 "): the link to agent %s broke: %s",
-                  kind_name(c->kind), c->group, c->seq, c->ring->next_who,
+                  kind_name(c->kind), c->group, c->seq, l->who,
                   msg && *msg ? msg : ps_strerror(rc));
 }
 
-/* Waits for the end of the link to the next agent while the sender works:
- * the next agent may end it early (a mismatch found there, its ranks gone),
- * which must fail the collective here at once, not when the sender next
- * sends or finishes. */
+/* Waits for the end of a link to another agent while its sender works: the
+ * agent may end it early (a mismatch found there, its ranks gone), which
+ * must fail the collective here at once, not when the sender next sends or
+ * finishes. */
 typedef struct ring_watch {
-    coll_t *c;
+    const ring_link_t *l;
     ps__rpc_call_t *out;
 } ring_watch_t;
 
@@ -2488,31 +2583,52 @@ static void *ring_watch_main(void *arg)
 {
     ring_watch_t *w = arg;
     grpc_byte_buffer *bb = NULL;
-    ps__rpc_call_recv(w->out, &bb); /* the next agent sends only its status */
+    ps__rpc_call_recv(w->out, &bb); /* the other agent sends only its status */
     if (bb)
         grpc_byte_buffer_destroy(bb);
     char *msg = NULL;
     int rc = ps__rpc_call_finish(w->out, &msg);
-    pthread_mutex_lock(w->c->lock);
-    ring_link_failed(w->c, rc, msg);
-    pthread_mutex_unlock(w->c->lock);
+    pthread_mutex_lock(w->l->c->lock);
+    ring_link_failed(w->l, rc, msg);
+    pthread_mutex_unlock(w->l->c->lock);
     free(msg);
     return NULL;
 }
 
-/* The link to the next agent: opens it, then sends each step's pieces as
- * soon as they are ready (its own partial in round 0, then what the
- * receiver has just added or completed). Also keeps the deadline until the
- * previous agent's link arrives, and checks meanwhile that the group's ranks
- * on other agents are still members. */
+/* Whether the sender of link l, still opening it (its call waits for the
+ * other agent to be reachable: gRPC's wait-for-ready), gives up: once its
+ * collective has failed for a second, time enough for a reachable agent to
+ * take the header and the failure frame after it. Without it a link to an
+ * agent that died before the call reached it waited for ever, and held the
+ * agent's shutdown. */
+static int ring_open_give_up(void *arg)
+{
+    ring_link_t *l = arg;
+    pthread_mutex_lock(l->c->lock);
+    int64_t now = ps__now_ms();
+    if (l->c->failed && !l->failed_ms)
+        l->failed_ms = now;
+    int give = l->c->failed && now - l->failed_ms >= 1000;
+    pthread_mutex_unlock(l->c->lock);
+    return give;
+}
+
+/* A link to another agent, l (the next one, or in a mesh any other): opens
+ * it, then sends each step's pieces that go over it as soon as they are
+ * ready (its own partial in round 0, then what the receiver has just added
+ * or completed). The sender to the next agent also passes the tokens on,
+ * keeps the deadline until every link to this agent has arrived, and checks
+ * meanwhile that the group's ranks on other agents are still members. */
 static void *ring_send_main(void *arg)
 {
-    coll_t *c = arg;
+    ring_link_t *l = arg;
+    coll_t *c = l->c;
     ring_t *rg = c->ring;
     ps__hub_t *h = rg->hub;
     job_t *j = c->job;
+    int next = l == &rg->out;
     ps__rpc_call_t *out = NULL;
-    int rc = h->ring_open(h->lookup_arg, rg->next, j->name, &out);
+    int rc = h->ring_open(h->lookup_arg, l->addr, j->name, &out);
     if (rc == 0) {
         header_t hd = PARAMSYNC__V1__COLLECTIVE_HEADER__INIT;
         hd.job = j->name;
@@ -2527,24 +2643,25 @@ static void *ring_send_main(void *arg)
         hd.incarnation = j->info.incarnation;
         hd.timeout_ms = (uint32_t)rg->timeout_ms;
         grpc_byte_buffer *bb = ps__frame_encode(&hd, NULL, 0, NULL, 0, NULL, NULL);
-        rc = bb ? ps__rpc_call_send(out, bb) : PS_ENOMEM;
+        rc = bb ? ps__rpc_call_send_or(out, bb, ring_open_give_up, l) : PS_ENOMEM;
         if (bb)
             grpc_byte_buffer_destroy(bb);
     }
-    ring_watch_t watch = {c, out};
+    ring_watch_t watch = {l, out};
     pthread_t watcher;
     int watching = rc == 0 && pthread_create(&watcher, NULL, ring_watch_main, &watch) == 0;
     pthread_mutex_lock(c->lock);
-    rg->out = out;
+    l->call = out;
     if (rc < 0 && !out)
         coll_fail(c, GRPC_STATUS_UNAVAILABLE,
-                  "%s (group %u, seq %" PRIu64 "): cannot reach agent %s, the next in the ring: %s",
-                  kind_name(c->kind), c->group, c->seq, rg->next_who, ps_strerror(rc));
+                  "%s (group %u, seq %" PRIu64 "): cannot reach agent %s, %s: %s",
+                  kind_name(c->kind), c->group, c->seq, l->who,
+                  next ? "the next in the ring" : "one of the mesh", ps_strerror(rc));
     int64_t start = ps__now_ms(), checked = start;
     int rounds = ring_rounds(c), broke = rc < 0;
     /* A passing ring that sends nothing (or no more) still keeps the
-     * deadline until the previous agent's link comes, if it has to come. */
-    int wait_in = ring_frames_in(c) > 0;
+     * deadline until the links to this agent come, if they have to come. */
+    int wait_in = rg->in.frames > 0;
     /* Pieces go as soon as they are ready, whichever step they belong to, so
      * the steps in the window go round the ring together; each frame's
      * offset says which (step x rounds + round). */
@@ -2555,27 +2672,27 @@ static void *ring_send_main(void *arg)
         while (lo < c->nsteps) {
             slot_t *x = &c->slots[lo % c->window];
             if ((x->step == lo && x->sent == rounds) || (x->step != lo && x->last_done >= lo) ||
-                !ring_sends(c, lo))
+                !ring_sends(c, lo) || ring_to(c, lo) != l->peer)
                 lo++;
             else
                 break;
         }
-        int tok_due = ring_agrees(c) ? ring_tok_out(rg) : 0;
-        if (rg->tok_ready > rg->tok_sent && !ring_tok_held(c)) {
+        int tok_due = next && ring_agrees(c) ? ring_tok_out(rg) : 0;
+        if (next && rg->tok_ready > rg->tok_sent && !ring_tok_held(c)) {
             /* A token goes before any piece: it only says links were taken. */
             uint64_t tag = PS_RING_TOKEN + (uint64_t)++rg->tok_sent;
-            rg->out_busy = 1;
+            l->busy = 1;
             pthread_mutex_unlock(c->lock);
             grpc_byte_buffer *bb = ps__frame_encode(NULL, NULL, tag, NULL, 0, NULL, NULL);
             rc = bb ? ps__rpc_call_send(out, bb) : PS_ENOMEM;
             if (bb)
                 grpc_byte_buffer_destroy(bb);
             pthread_mutex_lock(c->lock);
-            rg->out_busy = 0;
+            l->busy = 0;
             broke = rc < 0;
             continue;
         }
-        if (lo >= c->nsteps && !(wait_in && !rg->in_seen) && rg->tok_sent >= tok_due)
+        if (lo >= c->nsteps && (!next || !ring_link_missing(c, wait_in)) && rg->tok_sent >= tok_due)
             break;
         slot_t *sl = NULL;
         int64_t s = lo;
@@ -2588,25 +2705,26 @@ static void *ring_send_main(void *arg)
             int ready = rg->mode == RING_PASS  ? x->computed
                         : rg->mode == RING_ACC ? (ring_takes(c, s) ? x->rounds == 1 : x->partial)
                                                : (r == 0 ? x->partial : x->rounds >= r);
-            if (ready && ring_sends(c, s))
+            if (ready && ring_sends(c, s) && ring_to(c, s) == l->peer)
                 sl = x;
         }
         s--;
         if (!sl) {
-            if (rg->in_seen) {
+            if (!next || !ring_link_missing(c, 1)) {
                 pthread_cond_wait(&c->cond, c->lock);
                 continue;
             }
             struct timespec slice = abs_ms(PS_HUB_LIVENESS_CHECK_MS);
             pthread_cond_timedwait(&c->cond, c->lock, &slice);
             int64_t now = ps__now_ms();
-            if (c->failed || rg->in_seen)
+            const ring_link_t *missing = ring_link_missing(c, 1);
+            if (c->failed || !missing)
                 continue;
             if (now - start >= rg->timeout_ms)
                 coll_fail(c, GRPC_STATUS_DEADLINE_EXCEEDED,
                           "%s (group %u, seq %" PRIu64 "): the ranks on agent %s did not "
                           "arrive within %lld ms",
-                          kind_name(c->kind), c->group, c->seq, rg->prev,
+                          kind_name(c->kind), c->group, c->seq, missing->addr,
                           (long long)rg->timeout_ms);
             else if (now - checked >= PS_HUB_LIVENESS_CHECK_MS && !h->stopping) {
                 checked = now;
@@ -2615,9 +2733,10 @@ static void *ring_send_main(void *arg)
             continue;
         }
         sl->sent++;
+        int relays = rg->mode == RING_PASS && ring_at(c, s) == RING_AT_MID;
         blob_t *b = sl->out;
         blob_ref(b);
-        rg->out_busy = 1;
+        l->busy = 1;
         pthread_mutex_unlock(c->lock);
         size_t off = 0, len = sl->len;
         if (!ring_whole(c))
@@ -2630,8 +2749,10 @@ static void *ring_send_main(void *arg)
             grpc_byte_buffer_destroy(bb);
         if (rc == 0)
             ps__metrics_bytes(PS_M_TX, PS_M_LINK_AGENT, len);
+        if (rc == 0 && relays)
+            ps__metrics_relayed(len);
         pthread_mutex_lock(c->lock);
-        rg->out_busy = 0;
+        l->busy = 0;
         broke = rc < 0;
         if (!broke && r == rounds - 1 && ++sl->recv_done == sl->recv_need)
             slot_consumed(c, sl);
@@ -2641,12 +2762,12 @@ static void *ring_send_main(void *arg)
     int failed = c->failed;
     res.code = c->code;
     snprintf(why, sizeof(why), "%s", c->message);
-    rg->out_busy = 1;
+    l->busy = 1;
     pthread_mutex_unlock(c->lock);
     char *msg = NULL;
     if (out) {
         if (failed && !broke) {
-            /* The next agent fails the collective with the same words. */
+            /* The other agent fails the collective with the same words. */
             res.message = why;
             grpc_byte_buffer *bb = ps__frame_encode(NULL, &res, 0, NULL, 0, NULL, NULL);
             if (bb) {
@@ -2661,13 +2782,13 @@ static void *ring_send_main(void *arg)
             rc = ps__rpc_call_finish(out, &msg);
     }
     pthread_mutex_lock(c->lock);
-    rg->out = NULL;
-    rg->out_busy = 0;
+    l->call = NULL;
+    l->busy = 0;
     pthread_mutex_unlock(c->lock);
     ps__rpc_call_destroy(out);
     pthread_mutex_lock(c->lock);
     if (out && !watching)
-        ring_link_failed(c, rc, msg);
+        ring_link_failed(l, rc, msg);
     ring_thread_exit(h, j, c);
     free(msg);
     return NULL;
@@ -2704,26 +2825,84 @@ static char *ring_who(const job_t *j, uint32_t group, const ring_plan_t *plan, i
 
 /* Makes c a ring collective and starts its link to the next agent. Lock held.
  * 0, or -1 with the collective failed. */
+/* Sets link l up for the agent at position peer: its address and who. Lock
+ * held; -1 when out of memory. */
+static int ring_link_init(coll_t *c, const ring_plan_t *plan, ring_link_t *l, int peer)
+{
+    l->c = c;
+    l->peer = peer;
+    l->addr = strdup(plan->agents[peer]);
+    l->who = ring_who(c->job, c->group, plan, peer, plan->agents[peer]);
+    return l->addr && l->who ? 0 : -1;
+}
+
+/* The most steps a mesh gives a slot each (ring_mesh_widen). */
+#define PS_RING_MESH_SLOTS 65536
+
+/* A mesh all_to_all gets a slot for every step, when the memory those that
+ * come to this agent hold (a block piece each: no reductions) fits in what
+ * --max-inflight-bytes leaves: with a window of a few steps, numbered source
+ * rank first, an agent could not send its own blocks before it had taken
+ * those of the ranks before it (their slots are the same), and the agents
+ * took turns instead of sending at once (16 MiB per rank across 4 netns
+ * hosts with links of 1 Gbit/s, one rank each: 278-283 ms with --window 4,
+ * 134-141 ms with a slot each; on the unlimited links, where the shared
+ * cores are the limit, within noise). Lock held, before any slot is
+ * claimed. */
+static void ring_mesh_widen(const ps__hub_t *h, coll_t *c)
+{
+    if (c->nsteps <= c->window || c->nsteps > PS_RING_MESH_SLOTS)
+        return;
+    uint64_t here = 0;
+    for (int64_t s = 0; s < c->nsteps; s++)
+        here += ring_at(c, s) != 0;
+    uint64_t piece = c->block < c->step_bytes ? c->block : c->step_bytes;
+    uint64_t need = here * piece;
+    if (need > c->reserved && h->inflight_bytes + (need - c->reserved) > h->cfg->max_inflight_bytes)
+        return;
+    slot_t *slots = calloc((size_t)c->nsteps, sizeof(slot_t));
+    if (!slots)
+        return; /* the narrow window still works */
+    free(c->slots);
+    c->slots = slots;
+    c->window = (int)c->nsteps;
+    for (int i = 0; i < c->window; i++) {
+        c->slots[i].step = -1;
+        c->slots[i].last_done = i - c->window;
+    }
+    *c->budget = *c->budget - c->reserved + need;
+    c->reserved = need;
+}
+
+/* Makes c a ring collective (a mesh for all_to_all) and starts its links to
+ * the other agents. Lock held. 0, or -1 with the collective failed. */
 static int coll_ring_start(ps__hub_t *h, coll_t *c, const ring_plan_t *plan, int64_t timeout_ms)
 {
     ring_t *rg = calloc(1, sizeof(*rg));
-    if (rg) {
-        rg->next = strdup(plan->next);
-        rg->prev = strdup(plan->prev);
-        rg->next_who =
-            ring_who(c->job, c->group, plan, (plan->pos + 1) % plan->nagents, plan->next);
-        rg->prev_who = ring_who(c->job, c->group, plan,
-                                (plan->pos + plan->nagents - 1) % plan->nagents, plan->prev);
-        rg->nlocal = plan->nlocal;
-    }
+    int a = plan->nagents, nx = c->kind == K_ALL_TO_ALL ? a - 2 : 0, fail = !rg;
     c->ring = rg;
-    if (!rg || !rg->next || !rg->prev || !rg->next_who || !rg->prev_who) {
+    if (rg) {
+        rg->nagents = a;
+        rg->pos = plan->pos;
+        rg->nlocal = plan->nlocal;
+        rg->mesh = c->kind == K_ALL_TO_ALL;
+        fail |= ring_link_init(c, plan, &rg->out, (plan->pos + 1) % a) < 0;
+        fail |= ring_link_init(c, plan, &rg->in, (plan->pos + a - 1) % a) < 0;
+        if (nx > 0) {
+            rg->xin = calloc((size_t)nx, sizeof(ring_link_t));
+            rg->xout = calloc((size_t)nx, sizeof(ring_link_t));
+            fail |= !rg->xin || !rg->xout;
+            for (int k = 0; k < nx && !fail; k++) {
+                fail |= ring_link_init(c, plan, &rg->xin[k], (plan->pos + a - 2 - k) % a) < 0;
+                fail |= ring_link_init(c, plan, &rg->xout[k], (plan->pos + 2 + k) % a) < 0;
+            }
+        }
+    }
+    if (fail) {
         coll_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", kind_name(c->kind));
         return -1;
     }
     rg->hub = h;
-    rg->nagents = plan->nagents;
-    rg->pos = plan->pos;
     rg->group_size = group_size(c->job, c->group);
     rg->timeout_ms = timeout_ms;
     rg->mode = ring_mode(c->kind);
@@ -2739,14 +2918,29 @@ static int coll_ring_start(ps__hub_t *h, coll_t *c, const ring_plan_t *plan, int
         for (int i = 0; i < c->n; i++)
             c->ranks[i] = plan->local[i];
     }
+    rg->in.frames = ring_frames_in(c, rg->in.peer);
+    rg->out.frames = ring_frames_out(c, rg->out.peer);
+    for (int k = 0; k < nx; k++) {
+        rg->xin[k].frames = ring_frames_in(c, rg->xin[k].peer);
+        rg->xout[k].frames = ring_frames_out(c, rg->xout[k].peer);
+    }
+    if (rg->mesh)
+        ring_mesh_widen(h, c);
+    /* The sender to the next agent and the applier always; a sender to each
+     * other agent of a mesh that has steps for it (the agent there expects
+     * the link just then). */
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
     pthread_t t;
-    int started = 0;
-    void *(*mains[2])(void *) = {ring_send_main, ring_apply_main};
-    for (int i = 0; i < 2; i++) {
-        if (pthread_create(&t, &attr, mains[i], c) != 0)
+    int started = 0, want = 2;
+    for (int i = 0; i < 2 + nx; i++) {
+        void *(*fn)(void *) = i == 0 ? ring_send_main : i == 1 ? ring_apply_main : ring_send_main;
+        void *arg = i == 0 ? (void *)&rg->out : i == 1 ? (void *)c : (void *)&rg->xout[i - 2];
+        if (i >= 2 && rg->xout[i - 2].frames == 0)
+            continue;
+        want += i >= 2;
+        if (pthread_create(&t, &attr, fn, arg) != 0)
             break;
         started++;
         c->threads++;
@@ -2754,7 +2948,7 @@ static int coll_ring_start(ps__hub_t *h, coll_t *c, const ring_plan_t *plan, int
         h->helpers++;
     }
     pthread_attr_destroy(&attr);
-    if (started < 2) {
+    if (started < want) {
         coll_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: no thread for the ring",
                   kind_name(c->kind));
         return -1;
@@ -2774,15 +2968,19 @@ static int coll_index(const coll_t *c, int rank)
     return -1;
 }
 
-/* The link from the previous agent, read by the Ring call's handler thread:
- * frames are queued as they come (so a failure frame is seen at once, even
- * while the pieces before it wait for this agent's own ranks), and taken in
- * order by ring_apply_main. Ends at the end of the stream or a failure. */
-static void ring_receive(coll_t *c, ps__rpc_call_t *call)
+/* A link from another agent, l (the previous one, or in a mesh any other),
+ * read by the Ring call's handler thread: frames are queued as they come (so
+ * a failure frame is seen at once, even while the pieces before it wait for
+ * this agent's own ranks), and taken in order by ring_apply_main. Tokens
+ * come only from the previous agent. Ends at the end of the stream or a
+ * failure. */
+static void ring_receive(ring_link_t *l, ps__rpc_call_t *call)
 {
+    coll_t *c = l->c;
     ring_t *rg = c->ring;
     const char *pre = kind_name(c->kind);
-    uint64_t want = ring_frames_in(c), got = 0;
+    int tokens = l == &rg->in && ring_agrees(c);
+    uint64_t want = l->frames, got = 0;
     for (;;) {
         grpc_byte_buffer *bb = NULL;
         ring_frame_t *q = calloc(1, sizeof(*q));
@@ -2801,7 +2999,7 @@ static void ring_receive(coll_t *c, ps__rpc_call_t *call)
         } else if (rc == PS_ENOMEM) {
             coll_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", pre);
         } else if ((rc < 0 && rc != PS_EINVAL) ||
-                   (!bb && (got < want || (ring_agrees(c) && rg->tok_in < ring_tok_in(rg))))) {
+                   (!bb && (got < want || (tokens && rg->tok_in < ring_tok_in(rg))))) {
             /* Broken, or ended early: gRPC shows a cancelled stream as an
              * end too. The previous agent cancels the link when the
              * collective fails there, and says why on the link it reads
@@ -2813,14 +3011,14 @@ static void ring_receive(coll_t *c, ps__rpc_call_t *call)
             coll_fail(c, GRPC_STATUS_ABORTED,
                       "%s (group %u, seq %" PRIu64 "): the link from agent %s %s (it failed, "
                       "or died)",
-                      pre, c->group, c->seq, rg->prev_who, rc < 0 ? "broke" : "ended early");
-        } else if (rc == 0 && bb && !res && ring_agrees(c) && q->f.meta->offset > PS_RING_TOKEN &&
+                      pre, c->group, c->seq, l->who, rc < 0 ? "broke" : "ended early");
+        } else if (rc == 0 && bb && !res && tokens && q->f.meta->offset > PS_RING_TOKEN &&
                    !q->f.meta->header) {
             int t = (int)(q->f.meta->offset - PS_RING_TOKEN);
             if (t != rg->tok_in + 1 || t > ring_tok_in(rg) || q->f.data_len)
                 coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
                           "%s (group %u, seq %" PRIu64 "): agent %s sent token %d out of turn", pre,
-                          c->group, c->seq, rg->prev, t);
+                          c->group, c->seq, l->addr, t);
             else {
                 ring_token_in(c, t);
                 end = 0;
@@ -2828,11 +3026,12 @@ static void ring_receive(coll_t *c, ps__rpc_call_t *call)
         } else if (rc < 0 || res || (bb && got == want)) {
             coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
                       "%s (group %u, seq %" PRIu64 "): agent %s sent %s", pre, c->group, c->seq,
-                      rg->prev,
+                      l->addr,
                       rc < 0 ? "a malformed frame"
                       : res  ? "a result where a piece belongs"
                              : "more pieces than the collective has");
         } else if (bb) {
+            q->from = l;
             *(rg->q_tail ? &rg->q_tail->next : &rg->q_head) = q;
             rg->q_tail = q;
             q = NULL;
@@ -2858,7 +3057,7 @@ static void ring_pass_apply(coll_t *c)
 {
     ring_t *rg = c->ring;
     const char *pre = kind_name(c->kind);
-    for (uint64_t left = ring_frames_in(c); left > 0 && !c->failed;) {
+    for (uint64_t left = ring_frames_in(c, -1); left > 0 && !c->failed;) {
         ring_frame_t **take = NULL, *before = NULL, *prev = NULL;
         int64_t best = -1;
         for (ring_frame_t **link = &rg->q_head; *link && !c->failed;
@@ -2866,11 +3065,11 @@ static void ring_pass_apply(coll_t *c)
             uint64_t tag = (*link)->f.meta->offset;
             int64_t s = tag < (uint64_t)c->nsteps ? (int64_t)tag : -1;
             slot_t *x = s >= 0 ? &c->slots[s % c->window] : NULL;
-            int own = s >= 0 && !ring_takes(c, s);
+            int own = s >= 0 && (!ring_takes(c, s) || ring_from(c, s) != (*link)->from->peer);
             if (s < 0 || own || x->step == s || x->last_done >= s)
                 coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
                           "%s (group %u, seq %" PRIu64 "): agent %s sent step %" PRIu64 " %s", pre,
-                          c->group, c->seq, rg->prev, tag,
+                          c->group, c->seq, (*link)->from->addr, tag,
                           s < 0 ? "past the collective's end"
                           : own ? "that does not come from it"
                                 : "twice");
@@ -2897,7 +3096,7 @@ static void ring_pass_apply(coll_t *c)
         if (sl && q->f.data_len != sl->len)
             coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
                       "%s (group %u, seq %" PRIu64 "): agent %s sent %zu bytes for a step of %zu",
-                      pre, c->group, c->seq, rg->prev, q->f.data_len, sl->len);
+                      pre, c->group, c->seq, q->from->addr, q->f.data_len, sl->len);
         else if (sl && !b)
             coll_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", pre);
         if (b) {
@@ -2943,7 +3142,7 @@ static void *ring_apply_main(void *arg)
     /* Pieces come in the order the previous agent could send them: take the
      * first whose step is here with its partial and whose round is next
      * (ACC: a step, added to this agent's partial). */
-    for (uint64_t left = rg->mode == RING_PASS ? 0 : ring_frames_in(c); left > 0 && !c->failed;) {
+    for (uint64_t left = rg->mode == RING_PASS ? 0 : rg->in.frames; left > 0 && !c->failed;) {
         ring_frame_t *q = NULL, **link = &rg->q_head, *prev = NULL;
         slot_t *sl = NULL;
         int64_t s = 0;
@@ -2956,7 +3155,7 @@ static void *ring_apply_main(void *arg)
                 coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
                           "%s (group %u, seq %" PRIu64 "): agent %s sent a piece of step %" PRId64
                           " of %" PRId64 "%s",
-                          pre, c->group, c->seq, rg->prev, s, c->nsteps,
+                          pre, c->group, c->seq, rg->in.addr, s, c->nsteps,
                           s < c->nsteps ? ", which starts here" : "");
                 break;
             }
@@ -2989,7 +3188,7 @@ static void *ring_apply_main(void *arg)
             coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
                       "%s (group %u, seq %" PRIu64 "): agent %s sent %zu bytes for a piece "
                       "of %zu",
-                      pre, c->group, c->seq, rg->prev, q->f.data_len, len);
+                      pre, c->group, c->seq, rg->in.addr, q->f.data_len, len);
         } else {
             /* The slot cannot move on before this round is counted. */
             uint8_t *dst = sl->out->data + off;
@@ -3049,7 +3248,11 @@ void ps__hub_ring_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
     }
     if (!(j = job_get(h, hd, &code, msg, sizeof(msg))))
         goto done;
-    if (!ring_use(h, j, hd, &plan) || hd->rank != (plan.pos + plan.nagents - 1) % plan.nagents) {
+    /* From the previous agent; in a mesh (all_to_all) from any other. */
+    int from = hd->rank, ring = ring_use(h, j, hd, &plan);
+    if (!ring ||
+        !(from == (plan.pos + plan.nagents - 1) % plan.nagents ||
+          (hd->kind == K_ALL_TO_ALL && from >= 0 && from < plan.nagents && from != plan.pos))) {
         code = GRPC_STATUS_FAILED_PRECONDITION;
         snprintf(
             msg, sizeof(msg),
@@ -3072,11 +3275,11 @@ void ps__hub_ring_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
         coll_fail(c, GRPC_STATUS_FAILED_PRECONDITION,
                   "collective seq %" PRIu64 " on group %u: ranks on agent %s called %s "
                   "but ranks here called %s",
-                  hd->seq, hd->group, plan.prev, kind_name(hd->kind), kind_name(c->kind));
+                  hd->seq, hd->group, plan.agents[from], kind_name(hd->kind), kind_name(c->kind));
     } else if (!c->failed) {
         /* A different size can also mean ring here, hub there. */
         char who[300], theirs[300];
-        snprintf(who, sizeof(who), "the ranks on agent %s", plan.prev);
+        snprintf(who, sizeof(who), "the ranks on agent %s", plan.agents[from]);
         snprintf(theirs, sizeof(theirs), "the ranks on agent %s have", h->self);
         if (ring_mismatch(c, hd, who, theirs, msg, sizeof(msg)))
             coll_fail(c, GRPC_STATUS_FAILED_PRECONDITION, "%s", msg);
@@ -3085,13 +3288,22 @@ void ps__hub_ring_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
                       "%s (group %u, seq %" PRIu64 "): agent %s runs it in a ring and "
                       "this one (%s) at the hub: set --ring, --ring-min-bytes and "
                       "--step-bytes alike on every agent",
-                      kind_name(hd->kind), hd->group, hd->seq, plan.prev, h->self);
+                      kind_name(hd->kind), hd->group, hd->seq, plan.agents[from], h->self);
     }
-    if (c->ring && (c->ring->in_seen || c->failed)) {
+    ring_link_t *l = NULL;
+    if (c->ring && from == c->ring->in.peer)
+        l = &c->ring->in;
+    else if (c->ring && c->ring->xin)
+        l = &c->ring->xin[(c->ring->pos - from + c->ring->nagents) % c->ring->nagents - 2];
+    if (c->ring && !c->failed && !l)
+        coll_fail(c, GRPC_STATUS_FAILED_PRECONDITION,
+                  "%s (group %u, seq %" PRIu64 "): a ring link from agent %s, not next to this one",
+                  kind_name(c->kind), hd->group, hd->seq, plan.agents[from]);
+    if (c->ring && (!l || l->seen || c->failed)) {
         if (!c->failed)
             coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
                       "%s (group %u, seq %" PRIu64 "): a second ring link from agent %s",
-                      kind_name(c->kind), hd->group, hd->seq, plan.prev);
+                      kind_name(c->kind), hd->group, hd->seq, plan.agents[from]);
         code = c->code;
         snprintf(msg, sizeof(msg), "%s", c->message);
         coll_retire(j, c);
@@ -3105,18 +3317,18 @@ void ps__hub_ring_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
         c = NULL;
         goto done;
     }
-    c->ring->in = call;
-    c->ring->in_seen = 1;
-    if (ring_agrees(c) && c->ring->pos == 0)
+    l->call = call;
+    l->seen = 1;
+    if (l == &c->ring->in && ring_agrees(c) && c->ring->pos == 0)
         c->ring->tok_ready = 1; /* its own link is taken: token 1 can start */
     c->threads++;
     pthread_cond_broadcast(&c->cond);
     pthread_mutex_unlock(&h->lock);
 
-    ring_receive(c, call);
+    ring_receive(l, call);
 
     pthread_mutex_lock(&h->lock);
-    c->ring->in = NULL;
+    l->call = NULL;
     code = c->failed ? c->code : 0;
     snprintf(msg, sizeof(msg), "%s", c->failed ? c->message : "");
     c->threads--;
@@ -3344,7 +3556,7 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
         else if (!ref && c->ring) {
             char who[32], theirs[300];
             snprintf(who, sizeof(who), "rank %d", hd->rank);
-            snprintf(theirs, sizeof(theirs), "the ranks on agent %s have", c->ring->prev);
+            snprintf(theirs, sizeof(theirs), "the ranks on agent %s have", c->ring->in.addr);
             if (ring_mismatch(c, hd, who, theirs, msg, sizeof(msg)))
                 coll_fail(c, GRPC_STATUS_FAILED_PRECONDITION, "%s", msg);
         }

@@ -87,7 +87,8 @@ static _Atomic uint64_t g_straggler[M_RANK_SLOTS + 1];
 static _Atomic int g_rank_limit = M_DEFAULT_RANK;
 static _Atomic uint64_t g_bytes[2][2]; /* [dir][link] */
 static _Atomic uint64_t g_reduced[2];  /* [device] */
-static _Atomic uint64_t g_shm[2][3];   /* [dir][access] */
+static _Atomic uint64_t g_relayed;
+static _Atomic uint64_t g_shm[2][3]; /* [dir][access] */
 static _Atomic uint64_t g_events[PS_M_EV_COUNT];
 static _Atomic int64_t g_inflight;
 
@@ -195,6 +196,11 @@ void ps__metrics_reduced(int device, uint64_t bytes)
 {
     if (device >= 0 && device < 2)
         add(&g_reduced[device], bytes);
+}
+
+void ps__metrics_relayed(uint64_t bytes)
+{
+    add(&g_relayed, bytes);
 }
 
 void ps__metrics_event(int event)
@@ -431,6 +437,11 @@ static void render_traffic(strbuf_t *b)
     for (int d = 0; d < 2; d++)
         sb_printf(b, "paramsync_reduced_bytes_total{device=\"%s\"} %llu\n", device_names[d],
                   (unsigned long long)get(&g_reduced[d]));
+    sb_family(b, "paramsync_relayed_bytes_total", "counter",
+              "Payload bytes this agent received from the previous agent of a ring and "
+              "passed on unchanged to the next (all_gather, broadcast steps of ranks on "
+              "other agents). An all_to_all goes straight to its rank's agent: none.");
+    sb_printf(b, "paramsync_relayed_bytes_total %llu\n", (unsigned long long)get(&g_relayed));
 }
 
 static void render_events(strbuf_t *b)

@@ -78,6 +78,9 @@ void ps__metrics_shm_bytes(int dir, int access, uint64_t bytes);
 /** Bytes reduced (the input bytes of every reduction), by device. */
 void ps__metrics_reduced(int device, uint64_t bytes);
 
+/** Payload bytes a ring passed on unchanged between two other agents. */
+void ps__metrics_relayed(uint64_t bytes);
+
 /** Counts an event (timeouts, mismatches, ...). */
 void ps__metrics_event(int event);
 

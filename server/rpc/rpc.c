@@ -1087,6 +1087,12 @@ void ps__rpc_call_destroy(ps__rpc_call_t *c)
 
 int ps__rpc_call_send(ps__rpc_call_t *c, grpc_byte_buffer *msg)
 {
+    return ps__rpc_call_send_or(c, msg, NULL, NULL);
+}
+
+int ps__rpc_call_send_or(ps__rpc_call_t *c, grpc_byte_buffer *msg, int (*give_up)(void *),
+                         void *arg)
+{
     if (c->local)
         return local_take(c, msg, 0, 0, NULL);
     grpc_op ops[2];
@@ -1108,6 +1114,17 @@ int ps__rpc_call_send(ps__rpc_call_t *c, grpc_byte_buffer *msg)
     pthread_mutex_unlock(&c->lock);
     if (e != GRPC_CALL_OK)
         return PS_EINTERNAL;
+    while (give_up) {
+        gpr_timespec slice =
+            gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(100, GPR_TIMESPAN));
+        grpc_event ev = grpc_completion_queue_pluck(c->cq, &c->tag_send, slice, NULL);
+        if (ev.type != GRPC_QUEUE_TIMEOUT)
+            return ev.type == GRPC_OP_COMPLETE && ev.success ? 0 : PS_EUNAVAIL;
+        if (give_up(arg)) {
+            ps__rpc_call_cancel(c, GRPC_STATUS_CANCELLED, "given up");
+            break; /* the batch ends now */
+        }
+    }
     return pluck(c->cq, &c->tag_send) ? 0 : PS_EUNAVAIL;
 }
 

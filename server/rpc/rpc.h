@@ -165,6 +165,12 @@ void ps__rpc_call_destroy(ps__rpc_call_t *call);
  * the caller destroys it. 0, or a negative code when the call is broken. */
 int ps__rpc_call_send(ps__rpc_call_t *call, grpc_byte_buffer *msg);
 
+/** The same, but while gRPC has not taken the message (a call waiting for
+ * its server to be reachable), asks give_up(arg) every 100 ms and cancels
+ * the call once it says yes. */
+int ps__rpc_call_send_or(ps__rpc_call_t *call, grpc_byte_buffer *msg, int (*give_up)(void *),
+                         void *arg);
+
 /** Waits for one message. *msg is the caller's to destroy, or NULL at the
  * end of the stream. 0, or a negative code when the call is broken. */
 int ps__rpc_call_recv(ps__rpc_call_t *call, grpc_byte_buffer **msg);

@@ -697,6 +697,7 @@ class WorkerProc:
     spec: {addr, job, world, rank, token?, tls?, steps: [...]} where a step is
       {"do": "collective", "kind": "ALL_REDUCE", "count": N, "verify": bool, "raw": bool,
        "chunk": B, "slow_s": S, "announce_after": B, "timeout_ms": T}
+          (raw: zeros, N float32 elements; an ALL_TO_ALL's N per rank)
           -> {"ev": "coll_start"}, {"ev": "sending"} once announce_after bytes are out,
              {"ev": "coll", "code", "message", "t", "bytes", "verified"}
       {"do": "sleep", "s": S}
@@ -847,7 +848,9 @@ def _run_spec(spec):
             count = st.get("count", 0)
             kind = st.get("kind", "ALL_REDUCE")
             if st.get("raw"):
-                data = bytes(count * 4)
+                # An all_to_all's input is a block of count for every rank.
+                blocks = m.ready.world_size if kind == "ALL_TO_ALL" else 1
+                data = bytes(count * 4 * blocks)
             else:
                 data = rank_tensor(m.rank, count) if count else b""
             state = {"said": False}

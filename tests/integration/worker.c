@@ -711,6 +711,17 @@ static int sc_all_to_all(ctx_t *cx)
     return sweep(cx, K_ALL_TO_ALL, NULL);
 }
 
+/* Blocks of --ring-min-bytes (1 MiB) and more, which --ring auto sends
+ * straight between the agents (the mesh); odd counts, so that no step
+ * boundary lines up with a block's; one of them async. */
+static int sc_all_to_all_large(ctx_t *cx)
+{
+    TRY(run_case(cx, K_ALL_TO_ALL, PS_FLOAT32, PS_SUM, (1u << 18) + 3, 0, NULL, 0));
+    TRY(run_case(cx, K_ALL_TO_ALL, PS_INT64, PS_SUM, (3u << 17) + 1, 0, NULL, 1));
+    TRY(run_case(cx, K_ALL_TO_ALL, PS_INT8, PS_SUM, (3u << 20) + 7, 0, NULL, 0));
+    return 0;
+}
+
 /* A barrier holds every rank until the last arrives: rank r arrives r*150 ms
  * after the job formed, so nobody may leave before about (n-1)*150 ms. */
 static int sc_barrier(ctx_t *cx)
@@ -1797,6 +1808,20 @@ static int sc_mismatch(ctx_t *cx)
     clear_last_error();
     rc = ps_reduce_scatter(comm, f, f, odd ? 2 : 1, PS_FLOAT32, PS_SUM, NULL);
     TRY(expect_error(rc, "reduce_scatter count", "count", PS_EPRECOND, PS_EINVAL));
+    TRY(run_case(cx, K_ALL_REDUCE, PS_FLOAT32, PS_SUM, 9, 0, NULL, 0));
+
+    /* With --ring on an all_to_all goes over the mesh, each agent's blocks
+     * straight to the others: the odd rank comes late with another dtype,
+     * after the others' links carried their headers; every rank is told. */
+    float *in = calloc((size_t)n * 2, sizeof(float)), *out = calloc((size_t)n * 2, sizeof(float));
+    CHECK(in != NULL && out != NULL, "out of memory");
+    clear_last_error();
+    if (odd)
+        sleep_ms(300);
+    rc = ps_all_to_all(comm, out, in, 2, odd ? PS_INT32 : PS_FLOAT32, NULL);
+    free(in);
+    free(out);
+    TRY(expect_error(rc, "all_to_all dtype", "dtype", PS_EPRECOND, PS_EINVAL));
     return ps_barrier(comm, NULL);
 }
 
@@ -2222,6 +2247,7 @@ static const scenario_t scenarios[] = {
     {"scatter", sc_scatter, 1, 0},
     {"reduce_scatter", sc_reduce_scatter, 1, 0},
     {"all_to_all", sc_all_to_all, 1, 0},
+    {"all_to_all_large", sc_all_to_all_large, 1, 0},
     {"barrier", sc_barrier, 1, 0},
     {"send_recv", sc_send_recv, 1, 0},
     {"doorbell", sc_doorbell, 1, 0},
