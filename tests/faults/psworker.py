@@ -211,7 +211,7 @@ class Daemon:
         self.port = port or free_port()
         # The metrics port is the daemon's choice (127.0.0.1:0), read from its log at each
         # start: one picked here could be taken by a parallel test before the daemon binds it.
-        self.metrics = metrics
+        self.want_metrics = metrics
         self.metrics_port = None
         self.env = env
         self.proc = None
@@ -222,7 +222,7 @@ class Daemon:
         args = [self.binary] + self.args
         if "--listen" not in self.args:
             args += ["--listen", self.addr]
-        args += ["--metrics-addr", "127.0.0.1:0" if self.metrics else "off"]
+        args += ["--metrics-addr", "127.0.0.1:0" if self.want_metrics else "off"]
         env = dict(os.environ)
         env.update(self.env or {})
         self.logf = open(self.logpath, "ab")
@@ -237,7 +237,7 @@ class Daemon:
             if "listening on" in text:
                 m = re.search(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", text)
                 self.metrics_port = int(m.group(1)) if m else None
-                if self.metrics and not m:
+                if self.want_metrics and not m:
                     fail("%s does not say where it serves metrics:\n%s" % (self.name, text))
                 return self
             if self.proc.poll() is not None:
