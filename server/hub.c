@@ -370,7 +370,7 @@ typedef struct ring_link {
     int peer;             /* the other agent's position in the ring */
     char *addr, *who;     /* its address; the same with its ranks, for messages (ring_who) */
     ps__rpc_call_t *call; /* while open */
-    uint64_t frames;      /* the steps' frames it carries (ring_frames_in, _out) */
+    uint64_t frames;      /* the steps' frames it carries (ring_frames) */
     int seen;             /* in: the link has arrived (it may be gone now) */
     int busy;             /* out: its sender is in a send or finish: cancel `call` to fail */
     int64_t failed_ms;    /* out: when its opening sender saw the collective failed */
@@ -2171,7 +2171,6 @@ static int coll_get(ps__hub_t *h, job_t *j, const header_t *hd, int n, int ring,
 
 typedef struct ring_plan {
     int nagents, pos;
-    const char *next, *prev;
     const char **agents; /* position -> address (the job's strings) */
     int nlocal;
     int *local;    /* group ranks served by this agent, ascending */
@@ -2222,10 +2221,6 @@ static int ring_plan(const ps__hub_t *h, const job_t *j, uint32_t group, ring_pl
             plan->pos = k;
             plan->local[plan->nlocal++] = g;
         }
-    }
-    if (plan->nagents >= 2 && plan->pos >= 0) {
-        plan->next = agents[(plan->pos + 1) % plan->nagents];
-        plan->prev = agents[(plan->pos + plan->nagents - 1) % plan->nagents];
     }
     plan->agents = agents;
     if (plan->nagents < 2 || plan->pos < 0) {
@@ -2422,28 +2417,18 @@ static int ring_rounds(const coll_t *c)
     return ring_whole(c) ? 1 : 2 * (c->ring->nagents - 1);
 }
 
-/* Frames the link from the agent at position `from` carries, or with
- * from = -1 all the links to this agent together: every round of every step
- * (SPLIT, from the previous agent); the steps that do not start here (PASS,
- * ACC; a mesh: those that start at `from`). */
-static uint64_t ring_frames_in(const coll_t *c, int from)
+/* Frames the link from (out: to) the agent at position `peer` carries, or
+ * with peer = -1 all the links to this agent together: every round of every
+ * step (SPLIT, between neighbours); the steps that pass that way (PASS, ACC;
+ * a mesh: those between this agent and `peer`). */
+static uint64_t ring_frames(const coll_t *c, int peer, int out)
 {
     if (!ring_whole(c))
         return (uint64_t)c->nsteps * (uint64_t)ring_rounds(c);
     uint64_t k = 0;
     for (int64_t s = 0; s < c->nsteps; s++)
-        k += ring_takes(c, s) && (from < 0 || ring_from(c, s) == from);
-    return k;
-}
-
-/* Frames the link to the agent at position `to` carries. */
-static uint64_t ring_frames_out(const coll_t *c, int to)
-{
-    if (!ring_whole(c))
-        return (uint64_t)c->nsteps * (uint64_t)ring_rounds(c);
-    uint64_t k = 0;
-    for (int64_t s = 0; s < c->nsteps; s++)
-        k += ring_sends(c, s) && ring_to(c, s) == to;
+        k += out ? ring_sends(c, s) && ring_to(c, s) == peer
+                 : ring_takes(c, s) && (peer < 0 || ring_from(c, s) == peer);
     return k;
 }
 
@@ -2874,6 +2859,24 @@ static void ring_mesh_widen(const ps__hub_t *h, coll_t *c)
     c->reserved = need;
 }
 
+/* Starts a detached thread of c's ring (fn(arg)), counted in c->threads.
+ * Lock held; -1 when it could not. */
+static int ring_thread_start(ps__hub_t *h, coll_t *c, void *(*fn)(void *), void *arg)
+{
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_t t;
+    int rc = pthread_create(&t, &attr, fn, arg);
+    pthread_attr_destroy(&attr);
+    if (rc != 0)
+        return -1;
+    c->threads++;
+    c->job->refs++;
+    h->helpers++;
+    return 0;
+}
+
 /* Makes c a ring collective (a mesh for all_to_all) and starts its links to
  * the other agents. Lock held. 0, or -1 with the collective failed. */
 static int coll_ring_start(ps__hub_t *h, coll_t *c, const ring_plan_t *plan, int64_t timeout_ms)
@@ -2918,37 +2921,22 @@ static int coll_ring_start(ps__hub_t *h, coll_t *c, const ring_plan_t *plan, int
         for (int i = 0; i < c->n; i++)
             c->ranks[i] = plan->local[i];
     }
-    rg->in.frames = ring_frames_in(c, rg->in.peer);
-    rg->out.frames = ring_frames_out(c, rg->out.peer);
+    rg->in.frames = ring_frames(c, rg->in.peer, 0);
+    rg->out.frames = ring_frames(c, rg->out.peer, 1);
     for (int k = 0; k < nx; k++) {
-        rg->xin[k].frames = ring_frames_in(c, rg->xin[k].peer);
-        rg->xout[k].frames = ring_frames_out(c, rg->xout[k].peer);
+        rg->xin[k].frames = ring_frames(c, rg->xin[k].peer, 0);
+        rg->xout[k].frames = ring_frames(c, rg->xout[k].peer, 1);
     }
     if (rg->mesh)
         ring_mesh_widen(h, c);
     /* The sender to the next agent and the applier always; a sender to each
      * other agent of a mesh that has steps for it (the agent there expects
      * the link just then). */
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    pthread_t t;
-    int started = 0, want = 2;
-    for (int i = 0; i < 2 + nx; i++) {
-        void *(*fn)(void *) = i == 0 ? ring_send_main : i == 1 ? ring_apply_main : ring_send_main;
-        void *arg = i == 0 ? (void *)&rg->out : i == 1 ? (void *)c : (void *)&rg->xout[i - 2];
-        if (i >= 2 && rg->xout[i - 2].frames == 0)
-            continue;
-        want += i >= 2;
-        if (pthread_create(&t, &attr, fn, arg) != 0)
-            break;
-        started++;
-        c->threads++;
-        c->job->refs++;
-        h->helpers++;
-    }
-    pthread_attr_destroy(&attr);
-    if (started < want) {
+    int ok = ring_thread_start(h, c, ring_send_main, &rg->out) == 0 &&
+             ring_thread_start(h, c, ring_apply_main, c) == 0;
+    for (int k = 0; k < nx && ok; k++)
+        ok = rg->xout[k].frames == 0 || ring_thread_start(h, c, ring_send_main, &rg->xout[k]) == 0;
+    if (!ok) {
         coll_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: no thread for the ring",
                   kind_name(c->kind));
         return -1;
@@ -3057,7 +3045,7 @@ static void ring_pass_apply(coll_t *c)
 {
     ring_t *rg = c->ring;
     const char *pre = kind_name(c->kind);
-    for (uint64_t left = ring_frames_in(c, -1); left > 0 && !c->failed;) {
+    for (uint64_t left = ring_frames(c, -1, 0); left > 0 && !c->failed;) {
         ring_frame_t **take = NULL, *before = NULL, *prev = NULL;
         int64_t best = -1;
         for (ring_frame_t **link = &rg->q_head; *link && !c->failed;
