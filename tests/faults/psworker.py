@@ -291,6 +291,13 @@ class Daemon:
             return r.read().decode(errors="replace")
 
 
+def expect_stopped(*daemons):
+    """SIGTERM each daemon in turn; each must exit 0 (a failed expectation otherwise)."""
+    for d in daemons:
+        rc = d.stop()
+        expect(rc == 0, "%s exited %s on SIGTERM" % (d.name, rc))
+
+
 def expect_alive(*daemons):
     """Each daemon must still run; one that died (a crash: a signal) is a failure,
     reported with its exit status and the end of its log."""

@@ -165,9 +165,7 @@ def main():
             P.expect(ev is not None and ev["code"] == "OK" and ev["verified"],
                      "a new job through agent0 failed after the other agents died: " +
                      p.describe())
-        for d in (a0, coord):
-            rc = d.stop()
-            P.expect(rc == 0, "%s exited %s on SIGTERM" % (d.name, rc))
+        P.expect_stopped(a0, coord)
     P.done()
 
 

@@ -106,9 +106,7 @@ def main():
                          (job, p.describe()))
                 P.expect(p.finish(15) == 0, "%s did not end: %s" % (p.name, p.describe()))
             P.log("job %s after the restart: all_reduce correct on 3 ranks over 2 agents" % job)
-        for d in (a0, a1, coord):
-            rc = d.stop()
-            P.expect(rc == 0, "%s exited %s on SIGTERM" % (d.name, rc))
+        P.expect_stopped(a0, a1, coord)
     P.done()
 
 

@@ -131,9 +131,7 @@ def main():
 
         P.expect([d.proc.pid for d in (coord, a0, a1)] == pids and
                  all(d.alive() for d in (coord, a0, a1)), "a daemon was restarted or died")
-        for d in (a0, a1, coord):
-            rc = d.stop()
-            P.expect(rc == 0, "%s exited %s on SIGTERM" % (d.name, rc))
+        P.expect_stopped(a0, a1, coord)
     P.done()
 
 

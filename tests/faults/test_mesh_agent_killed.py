@@ -58,9 +58,7 @@ def main():
             P.expect(ev is not None and ev["code"] == "OK" and ev["bytes"] == 2 * BLOCK * 4,
                      "an all_to_all across agent0 and agent1 failed after agent2 died: " +
                      p.describe())
-        for d in (a0, a1, coord):
-            rc = d.stop()
-            P.expect(rc == 0, "%s exited %s on SIGTERM" % (d.name, rc))
+        P.expect_stopped(a0, a1, coord)
     P.done()
 
 
