@@ -1491,18 +1491,41 @@ static int member_read(member_t *m, uint8_t *dst, size_t len)
 }
 
 /* Each reducing thread keeps its own CUDA stager (they are not thread-safe);
- * the key's destructor frees it when the thread ends. */
+ * the key's destructor frees it when the thread ends. Pool threads are
+ * detached and may end while the process exits, after CUDA's runtime began
+ * tearing itself down (a crash seen on an H200: the daemon's exit after
+ * "stopped"). So once the first stager exists an exit handler, which runs
+ * before the runtime's own (registered earlier, at its first call), stops
+ * any further freeing; whatever is left then goes with the process. */
 static pthread_key_t stager_key;
-static pthread_once_t stager_once = PTHREAD_ONCE_INIT;
+static pthread_once_t stager_key_once = PTHREAD_ONCE_INIT;
+static pthread_once_t stager_exit_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t stager_lock = PTHREAD_MUTEX_INITIALIZER;
+static int stager_exiting;
 
 static void stager_free(void *s)
 {
-    ps_gpu_stager_destroy(s);
+    pthread_mutex_lock(&stager_lock);
+    if (!stager_exiting)
+        ps_gpu_stager_destroy(s);
+    pthread_mutex_unlock(&stager_lock);
 }
 
-static void stager_key_init(void)
+static void stager_atexit(void)
+{
+    pthread_mutex_lock(&stager_lock);
+    stager_exiting = 1;
+    pthread_mutex_unlock(&stager_lock);
+}
+
+static void stager_key_create(void)
 {
     pthread_key_create(&stager_key, stager_free);
+}
+
+static void stager_exit_register(void)
+{
+    atexit(stager_atexit);
 }
 
 /* Reduces one step on the device the agent was told to use; a collective
@@ -1514,10 +1537,13 @@ static int hub_reduce(coll_t *c, void *dst, const void **srcs, size_t nsrc, size
     ps_op_t op = c->ring && c->op == PS_AVG ? PS_SUM : (ps_op_t)c->op;
     uint64_t bytes = (uint64_t)count * ps_dtype_size((ps_dtype_t)c->dtype) * (uint64_t)nsrc;
     if (c->cuda && nsrc <= PS_GPU_MAX_SRCS) {
-        pthread_once(&stager_once, stager_key_init);
+        pthread_once(&stager_key_once, stager_key_create);
         ps_gpu_stager_t *st = pthread_getspecific(stager_key);
-        if (!st && ps_gpu_stager_create(&st, 0, PS_GPU_MAX_SRCS, 0) == 0)
+        if (!st && ps_gpu_stager_create(&st, 0, PS_GPU_MAX_SRCS, 0) == 0) {
             pthread_setspecific(stager_key, st);
+            /* After the runtime's first call: this handler runs before its own. */
+            pthread_once(&stager_exit_once, stager_exit_register);
+        }
         if (st && ps_gpu_reduce_host(st, op, (ps_dtype_t)c->dtype, dst, srcs, nsrc, count) == 0) {
             ps__metrics_reduced(PS_M_DEV_CUDA, bytes);
             return 0;
