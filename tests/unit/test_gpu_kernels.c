@@ -242,6 +242,43 @@ static void test_scale(void **state)
     }
 }
 
+/*
+ * Every float16 and bfloat16 value as the first input, against random second
+ * and third inputs rich in special values, through every float op and a
+ * scale: each conversion the device makes (its load of any 16-bit pattern,
+ * its rounding of sums, products and quotients back) equals the CPU's.
+ */
+static void test_half_exhaustive(void **state)
+{
+    (void)state;
+    gpu_test_seed("half_exhaustive");
+    const ps_dtype_t halves[] = {PS_FLOAT16, PS_BFLOAT16};
+    const ps_op_t ops[] = {PS_SUM, PS_PRODUCT, PS_MIN, PS_MAX, PS_AVG};
+    const size_t count = 1u << 16;
+    for (size_t t = 0; t < 2; t++) {
+        fixture_t f;
+        fixture_make(&f, halves[t]);
+        uint16_t *first = f.host[0];
+        for (size_t i = 0; i < count; i++)
+            first[i] = (uint16_t)i;
+        for (size_t o = 0; o < sizeof ops / sizeof ops[0]; o++)
+            for (size_t nsrc = 1; nsrc <= 3; nsrc++)
+                run_case(&f, ops[o], nsrc, count, 0, 0, 1, NULL);
+        const uint64_t divisors[] = {3, 7, 1000};
+        for (size_t k = 0; k < 3; k++) {
+            dbuf_load(&f.dev[0], 0, f.host[0], count * f.size);
+            memcpy(f.want, f.host[0], count * f.size);
+            assert_int_equal(ps_reduce_scale(f.dtype, f.want, count, divisors[k]), 0);
+            assert_int_equal(
+                ps_gpu_scale(f.dtype, dbuf_data(&f.dev[0], 0), count, divisors[k], NULL), 0);
+            assert_int_equal(ps_gpu_stream_synchronize(NULL), 0);
+            dbuf_fetch(&f.dev[0], 0, f.got, count * f.size);
+            assert_true(gpu_test_same(f.got, f.want, count, f.dtype, "scale, every value"));
+        }
+        fixture_free(&f);
+    }
+}
+
 /* The same kernels on a stream of the caller's, and on two streams at once. */
 static void test_streams(void **state)
 {
@@ -381,11 +418,9 @@ int main(void)
     }
     printf("gpu_kernels: %d CUDA device(s)\n", n);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_pointers_and_errors),
-        cmocka_unit_test(test_reduce_grid),
-        cmocka_unit_test(test_multi_grid),
-        cmocka_unit_test(test_scale),
-        cmocka_unit_test(test_streams),
+        cmocka_unit_test(test_pointers_and_errors), cmocka_unit_test(test_reduce_grid),
+        cmocka_unit_test(test_multi_grid),          cmocka_unit_test(test_scale),
+        cmocka_unit_test(test_half_exhaustive),     cmocka_unit_test(test_streams),
         cmocka_unit_test(test_reduce_host),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
