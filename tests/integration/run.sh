@@ -15,6 +15,8 @@
 # every daemon must be above zero, or zero (for zero, a series that is not there counts when
 # its family is: counters at zero are left out).
 # Exit status: 0 passed, 1 failed, 77 skipped (every worker said so). PS_IT_KEEP=1 keeps the logs.
+# PS_IT_DAEMON_ARGS: words added to every daemon's command line (e.g. '--reduce-device cuda', as
+# scripts/gpu-run runs the whole suite on a GPU host).
 set -u
 
 daemon= worker= scenario= example= expect= np=2 jobs=1 topology=embedded init=env nagents=2
@@ -94,7 +96,8 @@ done
 # port of their own, so that tests running side by side do not contend for the default one.
 start_daemon() {
   local dname=$1; shift
-  "${clean_env[@]}" "$daemon" --metrics-addr 127.0.0.1:0 "$@" 2>"$tmp/$dname.log" &
+  # shellcheck disable=SC2086 # PS_IT_DAEMON_ARGS is split into words on purpose
+  "${clean_env[@]}" "$daemon" --metrics-addr 127.0.0.1:0 ${PS_IT_DAEMON_ARGS:-} "$@" 2>"$tmp/$dname.log" &
   daemon_pids+=($!)
   daemon_names+=("$dname")
 }
