@@ -90,8 +90,10 @@ static void usage(FILE *out)
         "  --health-listen ADDR     also serve grpc.health.v1 alone, in plaintext, on ADDR:\n"
         "                           for Kubernetes probes when the gRPC port speaks TLS\n"
         "                           [PARAMSYNC_HEALTH_LISTEN] (default: none)\n"
-        "  --reduce-device DEV      cpu, cuda or auto (default): where agents reduce; auto\n"
-        "                           takes a CUDA device when one is usable, cuda requires one\n"
+        "  --reduce-device DEV      cpu (default), cuda or auto: where agents reduce the\n"
+        "                           bytes they receive; cuda requires a CUDA device, auto\n"
+        "                           takes one when usable. An agent's data is in host memory:\n"
+        "                           on an H200 host the CPU was faster (docs/GPU.md)\n"
         "                           [PARAMSYNC_REDUCE_DEVICE]\n"
         "  --ring auto|on|off       where a collective whose ranks span several agents runs.\n"
         "                           off: at the job's hub agent. on: an all_reduce is reduced\n"
@@ -406,7 +408,7 @@ int main(int argc, char **argv)
     cfg.rpc.tls_ca = val[O_TLS_CA];
     cfg.rpc.tls_server_name = val[O_TLS_NAME];
     cfg.tokens_file = val[O_TOKENS];
-    const char *device = val[O_REDUCE_DEVICE] ? val[O_REDUCE_DEVICE] : "auto";
+    const char *device = val[O_REDUCE_DEVICE] ? val[O_REDUCE_DEVICE] : "cpu";
     if (strcmp(device, "cpu") != 0 && strcmp(device, "cuda") != 0 && strcmp(device, "auto") != 0) {
         fprintf(stderr, "paramsyncd: --reduce-device must be cpu, cuda or auto, not '%s'\n",
                 device);
