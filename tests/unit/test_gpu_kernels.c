@@ -417,6 +417,10 @@ int main(void)
         return 77;
     }
     printf("gpu_kernels: %d CUDA device(s)\n", n);
+    /* A subset, e.g. under compute-sanitizer: PS_GPU_TEST_FILTER=test_reduce_host (a pattern). */
+    const char *only = getenv("PS_GPU_TEST_FILTER");
+    if (only != NULL)
+        cmocka_set_test_filter(only);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pointers_and_errors), cmocka_unit_test(test_reduce_grid),
         cmocka_unit_test(test_multi_grid),          cmocka_unit_test(test_scale),
