@@ -91,21 +91,21 @@ static inline PS_HD double ps_canon_f64(double x)
 /* ---- float16 <-> float32 */
 
 /*
- * Exact: every float16 is a float32. A NaN keeps sign and payload and is
- * made quiet, as VCVTPH2PS does, so every path sees the same float32 bits.
+ * Exact: every float16 is a float32. On the CPU a NaN keeps sign and
+ * payload and is made quiet, as VCVTPH2PS does, so every CPU path sees the
+ * same float32 bits.
  */
 static inline PS_HD float ps_f16_to_f32(uint16_t h)
 {
 #if defined(__CUDA_ARCH__)
     /* On the GPU the hardware conversion, exact like this function (subnormals
-     * kept, no flush), for every value but NaN, whose payload is kept below:
-     * the integer path cost float16 kernels half their bandwidth (H200). */
-    if ((h & 0x7FFFu) <= 0x7C00u) {
-        float f;
-        asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((unsigned short)h));
-        return f;
-    }
-#endif
+     * kept, no flush); a NaN stays a NaN, its payload perhaps not, which no
+     * result shows: every float16 store makes a NaN the canonical one. The
+     * integer path cost float16 kernels half their bandwidth (H200). */
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((unsigned short)h));
+    return f;
+#else
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
     uint32_t exp = (h >> 10) & 0x1Fu;
     uint32_t mant = h & 0x3FFu;
@@ -119,6 +119,7 @@ static inline PS_HD float ps_f16_to_f32(uint16_t h)
         return ps_f32_from_bits(sign | ps_f32_bits(mag));
     }
     return ps_f32_from_bits(sign | ((exp + 112u) << 23) | (mant << 13));
+#endif
 }
 
 /*
