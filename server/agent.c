@@ -278,8 +278,17 @@ static int agent_lookup(void *arg, const char *job, ps__job_info_t *info, char *
         for (int r = 0; r < resp->world_size; r++)
             agents_ok &= (info->rank_agents[r] = strdup(resp->rank_agents[r])) != NULL;
     }
+    /* Machines: only when the coordinator names one per rank. */
+    int machines_ok = 1;
+    if (resp->n_rank_machines == (size_t)resp->world_size && resp->world_size > 0 &&
+        (info->rank_machines = calloc((size_t)resp->world_size, sizeof(char *)))) {
+        for (int r = 0; r < resp->world_size; r++)
+            machines_ok &= (info->rank_machines[r] = strdup(resp->rank_machines[r])) != NULL;
+    } else if (resp->n_rank_machines == (size_t)resp->world_size && resp->world_size > 0) {
+        machines_ok = 0;
+    }
     if (!info->hub || !info->groups || !info->joined || (agents_ok && !info->rank_agents) ||
-        (info->rank_agents && !agents_ok)) {
+        (info->rank_agents && !agents_ok) || !machines_ok) {
         ps__job_info_clear(info);
         protobuf_c_message_free_unpacked(&resp->base, NULL);
         return PS_ENOMEM;
@@ -373,10 +382,11 @@ static void worker_join(ps__rpc_call_t *down, void *arg)
     }
     char *job = strdup(req->job);
     int rank = -1;
-    char *asked = req->agent, *asked_peer = req->peer;
+    char *asked = req->agent, *asked_peer = req->peer, *asked_machine = req->agent_machine;
     /* Borrowed; the request's own values are put back before freeing. */
     req->agent = a->self;
     req->peer = (char *)ps__rpc_call_peer(down);
+    req->agent_machine = (char *)(a->cfg->machine_id ? a->cfg->machine_id : "");
     /* A coordinator that cannot be reached within the rendezvous deadline
      * is an error for the worker, not a Join that waits for ever (nor one
      * that fails while a restarted coordinator's connection comes back). */
@@ -393,6 +403,7 @@ static void worker_join(ps__rpc_call_t *down, void *arg)
         rc = ps__rpc_send_msg(up, &req->base);
     req->agent = asked;
     req->peer = asked_peer;
+    req->agent_machine = asked_machine;
     protobuf_c_message_free_unpacked(&req->base, NULL);
     pipe_arg_t pa = {down, up, 1, 0};
     if (rc == 0 && pthread_create(&watcher, NULL, pipe_main, &pa) == 0)

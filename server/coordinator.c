@@ -29,6 +29,7 @@ typedef struct member {
     member_state_t state;
     int leaving; /* Leave was called: the end of its stream is not a loss */
     char *agent;
+    char *machine; /* of its agent ("" unknown) */
     char *peer;
     event_t *events, **events_tail;
 } member_t;
@@ -84,6 +85,7 @@ static void job_free(job_t *j)
             free(e);
         }
         free(m->agent);
+        free(m->machine);
         free(m->peer);
     }
     while (j->groups) {
@@ -269,8 +271,10 @@ static int join_register(ps__coordinator_t *c, const Paramsync__V1__JoinRequest 
     m->state = M_JOINED;
     m->leaving = 0;
     free(m->agent);
+    free(m->machine);
     free(m->peer);
     m->agent = strdup(req->agent ? req->agent : "");
+    m->machine = strdup(req->agent_machine ? req->agent_machine : "");
     m->peer = strdup(peer);
     j->njoined++;
     if (j->njoined == j->world_size) {
@@ -686,8 +690,16 @@ static int do_describe(ps__coordinator_t *c, const ProtobufCMessage *rq, Protobu
             break;
         resp->n_rank_agents++;
     }
+    resp->rank_machines = calloc(resp->n_rank_agents ? resp->n_rank_agents : 1, sizeof(char *));
+    for (int r = 0; r < j->world_size && resp->rank_machines; r++) {
+        resp->rank_machines[r] = strdup(j->members[r].machine ? j->members[r].machine : "");
+        if (!resp->rank_machines[r])
+            break;
+        resp->n_rank_machines++;
+    }
     if (!resp->job || !resp->hub || !resp->groups || !resp->joined || !resp->rank_agents ||
-        (int)resp->n_rank_agents < j->world_size) {
+        (int)resp->n_rank_agents < j->world_size || !resp->rank_machines ||
+        (int)resp->n_rank_machines < j->world_size) {
         snprintf(msg, msglen, "out of memory");
         rc = PS_ENOMEM;
     }
@@ -708,6 +720,9 @@ static void describe_clear(ProtobufCMessage *m)
     for (size_t i = 0; i < r->n_rank_agents; i++)
         free(r->rank_agents[i]);
     free(r->rank_agents);
+    for (size_t i = 0; i < r->n_rank_machines; i++)
+        free(r->rank_machines[i]);
+    free(r->rank_machines);
     if (r->job != protobuf_c_empty_string)
         free(r->job);
     if (r->hub != protobuf_c_empty_string)

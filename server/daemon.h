@@ -31,6 +31,7 @@ typedef struct ps__config {
     int reduce_cuda;             /* reductions on the GPU (--reduce-device) */
     int ring;                    /* PS_RING_OFF, _ON or _AUTO (--ring) */
     uint64_t ring_min_bytes;     /* smaller ones go to the hub (--ring-min-bytes) */
+    const char *machine_id;      /* the machine this agent runs on (--machine-id); "" unknown */
     uint64_t
         shm_resident_bytes; /* larger collectives let go of segment pages (--shm-resident-bytes) */
 } ps__config_t;
@@ -45,6 +46,10 @@ enum { PS_RING_OFF, PS_RING_ON, PS_RING_AUTO };
  * is over a step: a smaller one is one step at the hub) goes round the ring
  * from this many ranks per agent (measured the same place). */
 #define PS_RING_AUTO_OTHER_RANKS 4
+/* --ring auto, agents on two or more machines: an all_reduce, broadcast or
+ * all_gather of --ring-min-bytes per rank goes round the ring whatever the
+ * ranks per agent (the hub's links carry A - 1 times the ring's bytes, and
+ * each machine reduces and forwards on its own cores). */
 
 /* What a call cut by SIGTERM's drain is told (UNAVAILABLE). */
 #define PS_MSG_STOPPING "paramsyncd is shutting down (SIGTERM)"
@@ -114,7 +119,8 @@ typedef struct ps__job_info {
     char *hub;   /* the agent hosting the job's collectives */
     int *joined; /* job ranks that are members now */
     int njoined;
-    char **rank_agents; /* world_size entries: the agent of each job rank */
+    char **rank_agents;   /* world_size entries: the agent of each job rank */
+    char **rank_machines; /* world_size entries, or NULL: the machine of that agent */
     int ngroups;
     struct {
         uint32_t id;

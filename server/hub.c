@@ -613,6 +613,9 @@ void ps__job_info_clear(ps__job_info_t *info)
     for (int i = 0; info->rank_agents && i < info->world_size; i++)
         free(info->rank_agents[i]);
     free(info->rank_agents);
+    for (int i = 0; info->rank_machines && i < info->world_size; i++)
+        free(info->rank_machines[i]);
+    free(info->rank_machines);
     for (int i = 0; i < info->ngroups; i++)
         free(info->groups[i].ranks);
     free(info->groups);
@@ -2197,6 +2200,7 @@ static int coll_get(ps__hub_t *h, job_t *j, const header_t *hd, int n, int ring,
 
 typedef struct ring_plan {
     int nagents, pos;
+    int machines;        /* distinct machines of the agents; 0: one is not known */
     const char **agents; /* position -> address (the job's strings) */
     int nlocal;
     int *local;    /* group ranks served by this agent, ascending */
@@ -2210,6 +2214,38 @@ static void ring_plan_clear(ring_plan_t *plan)
     free(plan->local);
     free(plan->agent_of);
     plan->local = plan->agent_of = NULL;
+}
+
+/* How many machines the plan's agents are on (each agent's is that of its
+ * first rank, as the coordinator has it), or 0 when one is not known. */
+static int ring_machines(const job_t *j, uint32_t group, const ring_plan_t *plan)
+{
+    const char *const *rm = (const char *const *)j->info.rank_machines;
+    if (!rm)
+        return 0;
+    const char **seen = calloc((size_t)plan->nagents, sizeof(char *));
+    if (!seen)
+        return 0;
+    int nseen = 0, n = group_size(j, group);
+    for (int k = 0; k < plan->nagents; k++) {
+        const char *m = NULL;
+        for (int g = 0; g < n && !m; g++)
+            if (plan->agent_of[g] == k) {
+                int jr = job_rank(&j->info, group, g);
+                m = jr >= 0 && jr < j->info.world_size ? rm[jr] : "";
+            }
+        if (!m || !*m) {
+            nseen = 0;
+            break;
+        }
+        int i = 0;
+        while (i < nseen && strcmp(seen[i], m) != 0)
+            i++;
+        if (i == nseen)
+            seen[nseen++] = m;
+    }
+    free(seen);
+    return nseen;
 }
 
 /* Works out the ring of the job's group: 1 when this agent is in a ring of
@@ -2253,6 +2289,7 @@ static int ring_plan(const ps__hub_t *h, const job_t *j, uint32_t group, ring_pl
         ring_plan_clear(plan);
         return 0;
     }
+    plan->machines = ring_machines(j, group, plan);
     return 1;
 }
 
@@ -2339,8 +2376,10 @@ static int ring_wanted(const ps__hub_t *h, const header_t *hd)
  * way and a mesh link one (4 netns hosts, one rank each, 16 MiB per rank:
  * 1.75x the hub's busbw, 1 MiB at par, 256 KiB half). With one rank per
  * agent the hub was as fast or faster here for the others, and
- * reduce_scatter was slower round the ring even with 16 per agent. Lock
- * held. */
+ * reduce_scatter was slower round the ring even with 16 per agent. All of
+ * that on agents sharing two cores: agents on two or more machines
+ * (ring_machines) also take it for an all_reduce, broadcast or all_gather
+ * from --ring-min-bytes per rank, one rank per agent as well. Lock held. */
 static int ring_use(const ps__hub_t *h, const job_t *j, const header_t *hd, ring_plan_t *plan)
 {
     if (!ring_wanted(h, hd) || !ring_plan(h, j, hd->group, plan))
@@ -2351,9 +2390,11 @@ static int ring_use(const ps__hub_t *h, const job_t *j, const header_t *hd, ring
     size_t esize = ps_dtype_size((ps_dtype_t)hd->dtype);
     uint64_t bytes = hd->count * esize;
     uint64_t ranks = ring_auto_ranks(hd->kind);
-    int use = (ranks && n >= ranks * a) ||
-              (hd->kind == K_ALL_REDUCE && n >= 2 * a && bytes >= h->cfg->ring_min_bytes) ||
-              (hd->kind == K_ALL_TO_ALL && bytes >= h->cfg->ring_min_bytes);
+    int big = bytes >= h->cfg->ring_min_bytes;
+    int apart = plan->machines >= 2 &&
+                (hd->kind == K_ALL_REDUCE || hd->kind == K_BROADCAST || hd->kind == K_ALL_GATHER);
+    int use = (ranks && n >= ranks * a) || (hd->kind == K_ALL_REDUCE && n >= 2 * a && big) ||
+              (hd->kind == K_ALL_TO_ALL && big) || (apart && big);
     /* An all_gather whose output fits in a step is one step at the hub
      * (coll_packs): faster there than a step per rank round the ring. */
     if (hd->kind == K_ALL_GATHER && bytes * n <= step_whole(h, 0, esize))

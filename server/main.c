@@ -107,13 +107,21 @@ static void usage(FILE *out)
         "                           8 or more per agent, or 2 or more with --ring-min-bytes\n"
         "                           per rank, for a barrier, broadcast, reduce or all_gather\n"
         "                           (over --step-bytes) of 4 or more per agent, and the mesh\n"
-        "                           for an all_to_all of --ring-min-bytes blocks; the rest at\n"
-        "                           the hub. gather and scatter always go to the hub. Set it\n"
-        "                           alike on every agent\n"
+        "                           for an all_to_all of --ring-min-bytes blocks; when the\n"
+        "                           agents are on two or more machines (--machine-id), also\n"
+        "                           for an all_reduce, broadcast or all_gather of\n"
+        "                           --ring-min-bytes per rank; the rest at the hub. gather\n"
+        "                           and scatter always go to the hub. Set it alike on every\n"
+        "                           agent\n"
         "                           [PARAMSYNC_RING] (docs/PERFORMANCE.md: when each is faster)\n"
         "  --ring-min-bytes N       smaller collectives (bytes per rank) go to the hub, where\n"
         "                           they take fewer hops; with auto, see above\n"
         "                           [PARAMSYNC_RING_MIN_BYTES] (default 1M)\n"
+        "  --machine-id ID          agent: the machine it runs on, as the coordinator tells\n"
+        "                           the other agents; agents with different IDs do not share\n"
+        "                           cores or links [PARAMSYNC_MACHINE_ID] (default: the\n"
+        "                           kernel's boot id, /proc/sys/kernel/random/boot_id, which\n"
+        "                           containers and network namespaces of one host share)\n"
         "  --shm-resident-bytes N   a collective that touches more than N bytes of its ranks'\n"
         "                           shared-memory segments (summed over its ranks) reads and\n"
         "                           writes them through their files, one step at a time, not\n"
@@ -126,6 +134,22 @@ static void usage(FILE *out)
         "\n"
         "SIGTERM or SIGINT stop the daemon: it stops accepting calls, ends calls in flight\n"
         "with UNAVAILABLE and exits 0.\n");
+}
+
+/* The kernel's boot id into buf (its first line), or "" where it cannot be
+ * read: the default --machine-id. Every container and network namespace of
+ * one host reads the same, and so shares that host's cores and links. */
+static const char *boot_id(char *buf, size_t len)
+{
+    buf[0] = 0;
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (!f)
+        return buf;
+    if (!fgets(buf, (int)len, f))
+        buf[0] = 0;
+    fclose(f);
+    buf[strcspn(buf, "\n")] = 0;
+    return buf;
 }
 
 /* Parses a byte count with an optional K/M/G suffix (binary). */
@@ -260,6 +284,7 @@ static void admin_status(ps__rpc_call_t *call, void *arg)
 
 int main(int argc, char **argv)
 {
+    char machine[64];
     ps__config_t cfg = {
         .role = PS_ROLE_EMBEDDED,
         .timeout_ms = 1800000,
@@ -308,6 +333,7 @@ int main(int argc, char **argv)
         O_RING,
         O_RING_MIN,
         O_SHM_RESIDENT,
+        O_MACHINE_ID,
         O_COUNT,
         O_VERSION = 1000
     };
@@ -341,6 +367,7 @@ int main(int argc, char **argv)
         "PARAMSYNC_RING",
         "PARAMSYNC_RING_MIN_BYTES",
         "PARAMSYNC_SHM_RESIDENT_BYTES",
+        "PARAMSYNC_MACHINE_ID",
     };
     static const struct option opts[] = {
         {"role", required_argument, 0, O_ROLE},
@@ -371,6 +398,7 @@ int main(int argc, char **argv)
         {"health-listen", required_argument, 0, O_HEALTH_LISTEN},
         {"ring", required_argument, 0, O_RING},
         {"ring-min-bytes", required_argument, 0, O_RING_MIN},
+        {"machine-id", required_argument, 0, O_MACHINE_ID},
         {"shm-resident-bytes", required_argument, 0, O_SHM_RESIDENT},
         {"version", no_argument, 0, O_VERSION},
         {"help", no_argument, 0, 'h'},
@@ -531,6 +559,11 @@ int main(int argc, char **argv)
             return 2;
         }
         cfg.ring_min_bytes = v;
+    }
+    cfg.machine_id = val[O_MACHINE_ID] ? val[O_MACHINE_ID] : boot_id(machine, sizeof machine);
+    if (strlen(cfg.machine_id) > 128) {
+        fprintf(stderr, "paramsyncd: --machine-id is at most 128 characters\n");
+        return 2;
     }
     if (val[O_SHM_RESIDENT]) {
         if (parse_bytes(val[O_SHM_RESIDENT], &v) < 0) {

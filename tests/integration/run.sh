@@ -4,11 +4,14 @@
 # against their expected text, and that every daemon exits 0 on SIGTERM.
 #
 # usage: run.sh --daemon PATH (--worker PATH --scenario NAME | --example PATH [--arg A]... --expect FILE)
-#               [--np N] [--jobs K] [--topology embedded|split [--agents A]] [--init env|tcp|unix|file]
+#               [--np N] [--jobs K] [--topology embedded|split [--agents A] [--agent-machines]]
+#               [--init env|tcp|unix|file]
 #               [--daemon-arg ARG]... [--env NAME=VALUE]... [--sigterm-after SECONDS]
 #               [--then SCENARIO:NP] [--timeout SECONDS] [--metric 'SERIES>0' | --metric 'SERIES=0']...
 #               [--private-shm SIZE]
 # --agents: with --topology split, A agents (default 2); rank r joins through agent r mod A.
+# --agent-machines: with --topology split, each agent says it is on a machine of its own
+# (--machine-id machine-A); otherwise they share this one's boot id.
 # --private-shm: daemons and workers share a /dev/shm of SIZE of their own (a mount namespace;
 # skipped where one cannot be made).
 # --metric: after the scenario, SERIES (a metric with its labels, exactly as exposed) summed over
@@ -20,7 +23,7 @@
 set -u
 
 daemon= worker= scenario= example= expect= np=2 jobs=1 topology=embedded init=env nagents=2
-sigterm_after= then= timeout=150
+sigterm_after= then= timeout=150 agent_machines=
 daemon_args=() example_args=() extra_env=() metric_checks=()
 orig_args=("$@")
 while [ $# -gt 0 ]; do
@@ -35,6 +38,7 @@ while [ $# -gt 0 ]; do
     --jobs) jobs=$2; shift ;;
     --topology) topology=$2; shift ;;
     --agents) nagents=$2; shift ;;
+    --agent-machines) agent_machines=1 ;;
     --init) init=$2; shift ;;
     --daemon-arg) daemon_args+=("$2"); shift ;;
     --env) extra_env+=("$2"); shift ;;
@@ -124,7 +128,10 @@ if [ "$topology" = split ]; then
   start_daemon coordinator --role coordinator --listen 127.0.0.1:0 "${daemon_args[@]}"
   coord=$(wait_listening coordinator) || { dump_logs; exit 1; }
   for a in $(seq "$nagents"); do
-    start_daemon agent$a --role agent --coordinator "$coord" --listen 127.0.0.1:0 "${daemon_args[@]}"
+    machine=()
+    [ -n "$agent_machines" ] && machine=(--machine-id "machine-$a")
+    start_daemon agent$a --role agent --coordinator "$coord" --listen 127.0.0.1:0 \
+      "${machine[@]}" "${daemon_args[@]}"
     agent_addrs+=("$(wait_listening agent$a)") || { dump_logs; exit 1; }
   done
 else
