@@ -38,7 +38,10 @@
 # control, e.g. reno; default: what a new namespace gets, the machine's),
 # PS_NETNS_RATE (each host's link limited to this rate each way, a tc rate
 # such as 1gbit, as a NIC of that speed would be; default: no limit, so the
-# hosts share the machine's cores and no link is ever the bottleneck).
+# hosts share the machine's cores and no link is ever the bottleneck),
+# PS_NETNS_MACHINES=1 (`paramsyncd` gives each host's agent --machine-id HOST,
+# as agents on machines of their own would have; default: they share this
+# machine's boot id, which --ring auto takes for shared cores).
 set -euo pipefail
 
 prog=$(basename "$0")
@@ -311,10 +314,12 @@ cmd_paramsyncd() {
     cmd_spawn h0 coordinator "$bin" --role coordinator --listen "$caddr" \
         --announce-file "$state/coordinator.addr" "$@"
     wait_serving coordinator "$state/coordinator.addr"
+    local machine=()
     for h in $(awk '{print $1}' "$state/hosts"); do
         addr="$(host_addr "$h"):$AGENT_PORT"
+        [ "${PS_NETNS_MACHINES:-0}" = 1 ] && machine=(--machine-id "$h")
         cmd_spawn "$h" "agent-$h" "$bin" --role agent --listen "$addr" --advertise "$addr" \
-            --coordinator "$caddr" --announce-file "$state/agent-$h.addr" "$@"
+            --coordinator "$caddr" --announce-file "$state/agent-$h.addr" "${machine[@]}" "$@"
     done
     for h in $(awk '{print $1}' "$state/hosts"); do
         wait_serving "agent-$h" "$state/agent-$h.addr"
