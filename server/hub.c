@@ -2355,7 +2355,8 @@ static int ring_wanted(const ps__hub_t *h, const header_t *hd)
 {
     uint64_t esize = ps_dtype_size((ps_dtype_t)hd->dtype);
     if (h->cfg->ring == PS_RING_AUTO)
-        return (ring_auto_ranks(hd->kind) || hd->kind == K_ALL_TO_ALL) &&
+        return (ring_auto_ranks(hd->kind) || hd->kind == K_ALL_TO_ALL ||
+                hd->kind == K_REDUCE_SCATTER) &&
                (esize || hd->kind == K_BARRIER);
     if (h->cfg->ring != PS_RING_ON || ring_mode(hd->kind) < 0)
         return 0;
@@ -2378,8 +2379,10 @@ static int ring_wanted(const ps__hub_t *h, const header_t *hd)
  * agent the hub was as fast or faster here for the others, and
  * reduce_scatter was slower round the ring even with 16 per agent. All of
  * that on agents sharing two cores: agents on two or more machines
- * (ring_machines) also take it for an all_reduce, broadcast or all_gather
- * from --ring-min-bytes per rank, one rank per agent as well. Lock held. */
+ * (ring_machines) also take it for every kind that moves bytes (all_reduce,
+ * broadcast, reduce, all_gather, reduce_scatter) from --ring-min-bytes per
+ * rank, one rank per agent as well: on 1 Gbit/s links 1.8-3.2x faster than the
+ * hub (docs/PERFORMANCE.md, "--ring auto across machines"). Lock held. */
 static int ring_use(const ps__hub_t *h, const job_t *j, const header_t *hd, ring_plan_t *plan)
 {
     if (!ring_wanted(h, hd) || !ring_plan(h, j, hd->group, plan))
@@ -2391,8 +2394,7 @@ static int ring_use(const ps__hub_t *h, const job_t *j, const header_t *hd, ring
     uint64_t bytes = hd->count * esize;
     uint64_t ranks = ring_auto_ranks(hd->kind);
     int big = bytes >= h->cfg->ring_min_bytes;
-    int apart = plan->machines >= 2 &&
-                (hd->kind == K_ALL_REDUCE || hd->kind == K_BROADCAST || hd->kind == K_ALL_GATHER);
+    int apart = plan->machines >= 2 && hd->kind != K_BARRIER;
     int use = (ranks && n >= ranks * a) || (hd->kind == K_ALL_REDUCE && n >= 2 * a && big) ||
               (hd->kind == K_ALL_TO_ALL && big) || (apart && big);
     /* An all_gather whose output fits in a step is one step at the hub
