@@ -715,7 +715,8 @@ int main(int argc, char **argv)
            PS_VERSION, role, cfg.reduce_cuda ? "cuda" : "cpu",
            ps_reduce_path_name(ps_reduce_get_path()), cfg.step_bytes, cfg.window);
     if (cfg.role == PS_ROLE_AGENT)
-        PS_LOG(PS_LOG_INFO, "agent %s, coordinator %s", self, coordinator);
+        PS_LOG(PS_LOG_INFO, "agent %s, coordinator %s, machine %s", self, coordinator,
+               *cfg.machine_id ? cfg.machine_id : "unknown");
     if (metrics_bound)
         fprintf(stderr, "paramsyncd: metrics on http://%s/metrics\n", metrics_bound);
     fprintf(stderr, "paramsyncd: listening on %s\n", dial);
