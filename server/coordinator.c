@@ -830,7 +830,8 @@ int ps__coordinator_status(ps__coordinator_t *c, const char *job,
             rs->state = strdup(member_state_names[m->state]);
             rs->peer = strdup(m->peer ? m->peer : "");
             rs->agent = strdup(m->agent ? m->agent : "");
-            if (!rs->state || !rs->peer || !rs->agent)
+            rs->machine = strdup(m->machine ? m->machine : "");
+            if (!rs->state || !rs->peer || !rs->agent || !rs->machine)
                 rc = PS_ENOMEM;
         }
         size_t ng = 0;

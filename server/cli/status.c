@@ -327,6 +327,8 @@ static void print_json(FILE *f, const view_t *v)
             ps__cli_json_string(f, rs->peer);
             fputs(",\"agent\":", f);
             ps__cli_json_string(f, rs->agent);
+            fputs(",\"machine\":", f);
+            ps__cli_json_string(f, rs->machine);
             fputc('}', f);
         }
         fputs("],\"groups\":[", f);
@@ -468,7 +470,7 @@ static void print_job(FILE *f, const job_t *js, const view_t *v)
         fputs(", hub ", f);
         ps__cli_text(f, js->hub);
     }
-    fputs("\n  RANK  STATE     AGENT                  PEER\n", f);
+    fputs("\n  RANK  STATE     AGENT                  MACHINE   PEER\n", f);
     for (size_t k = 0; k < js->n_ranks; k++) {
         const Paramsync__V1__RankStatus *rs = js->ranks[k];
         fprintf(f, "  %-5d ", rs->rank);
@@ -479,6 +481,13 @@ static void print_job(FILE *f, const job_t *js, const view_t *v)
         snprintf(agent, sizeof(agent), "%s", rs->agent && *rs->agent ? rs->agent : "-");
         ps__cli_text(f, agent);
         for (size_t pad = strlen(agent); pad < 22; pad++)
+            fputc(' ', f);
+        fputc(' ', f);
+        /* The start of its id, as git shows commits: enough to tell machines apart. */
+        char machine[10];
+        snprintf(machine, sizeof(machine), "%s", rs->machine && *rs->machine ? rs->machine : "-");
+        ps__cli_text(f, machine);
+        for (size_t pad = strlen(machine); pad < 9; pad++)
             fputc(' ', f);
         fputc(' ', f);
         ps__cli_text(f, rs->peer && *rs->peer ? rs->peer : "-");

@@ -87,6 +87,13 @@ def main():
         rc, out, err, _ = run(cli, "status", "--addr", d.addr, "--json", "--job", "plain")
         st = json.loads(out)
         h.expect_equal("--job plain: jobs", [j["job"] for j in st["jobs"]], ["plain"])
+        # Each rank's agent's machine: by default this host's boot id.
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        h.expect_equal("--job plain: each rank's machine is the boot id",
+                       [r["machine"] for r in st["jobs"][0]["ranks"]], [boot, boot])
+        rc, out, err, _ = run(cli, "status", "--addr", d.addr, "--job", "plain")
+        h.check("MACHINE" in out and boot[:9] in out, f"the text shows the machine: {out}")
         h.check(all(c["job"] == "plain" for c in st["collectives"]),
                 f"--job plain: collectives {st['collectives']}")
         open(hold, "w").close()
