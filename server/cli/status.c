@@ -458,6 +458,18 @@ static void print_inflight(FILE *f, const inflight_ref_t *ref, const job_t *js, 
     fputs("]\n", f);
 }
 
+/* A column of the ranks table: s ("-" when empty), cut to max characters,
+ * then spaces up to width and one more. */
+static void text_cell(FILE *f, const char *s, size_t max, size_t width)
+{
+    char cell[64];
+    snprintf(cell, max + 1 < sizeof(cell) ? max + 1 : sizeof(cell), "%s", s && *s ? s : "-");
+    ps__cli_text(f, cell);
+    for (size_t pad = strlen(cell); pad < width; pad++)
+        fputc(' ', f);
+    fputc(' ', f);
+}
+
 static void print_job(FILE *f, const job_t *js, const view_t *v)
 {
     fputs("\njob ", f);
@@ -477,19 +489,9 @@ static void print_job(FILE *f, const job_t *js, const view_t *v)
         char state[16];
         snprintf(state, sizeof(state), "%s", rs->state ? rs->state : "");
         fprintf(f, "%-9s ", state);
-        char agent[64];
-        snprintf(agent, sizeof(agent), "%s", rs->agent && *rs->agent ? rs->agent : "-");
-        ps__cli_text(f, agent);
-        for (size_t pad = strlen(agent); pad < 22; pad++)
-            fputc(' ', f);
-        fputc(' ', f);
+        text_cell(f, rs->agent, 63, 22);
         /* The start of its id, as git shows commits: enough to tell machines apart. */
-        char machine[10];
-        snprintf(machine, sizeof(machine), "%s", rs->machine && *rs->machine ? rs->machine : "-");
-        ps__cli_text(f, machine);
-        for (size_t pad = strlen(machine); pad < 9; pad++)
-            fputc(' ', f);
-        fputc(' ', f);
+        text_cell(f, rs->machine, 9, 9);
         ps__cli_text(f, rs->peer && *rs->peer ? rs->peer : "-");
         fputc('\n', f);
     }
