@@ -246,6 +246,22 @@ static const char *job_auth(const ps__agent_t *a, const char *job, char *buf, si
     return buf;
 }
 
+/* Copies the n strings of a DescribeJob field given by rank into *out when
+ * there is one per rank of a world of world: 1; 0 (*out NULL) when the
+ * coordinator sent none; PS_ENOMEM. */
+static int rank_strings(char *const *src, size_t n, int world, char ***out)
+{
+    *out = NULL;
+    if (world <= 0 || n != (size_t)world)
+        return 0;
+    if (!(*out = calloc(n, sizeof(char *))))
+        return PS_ENOMEM;
+    for (size_t r = 0; r < n; r++)
+        if (!((*out)[r] = strdup(src[r])))
+            return PS_ENOMEM; /* ps__job_info_clear frees what was copied */
+    return 1;
+}
+
 static int agent_lookup(void *arg, const char *job, ps__job_info_t *info, char **errmsg)
 {
     ps__agent_t *a = arg;
@@ -270,25 +286,14 @@ static int agent_lookup(void *arg, const char *job, ps__job_info_t *info, char *
         memcpy(info->joined, resp->joined, resp->n_joined * sizeof(int));
         info->njoined = (int)resp->n_joined;
     }
-    /* An older coordinator sends no rank_agents: then every collective
-     * goes to the hub, as it did. */
-    int agents_ok = resp->n_rank_agents == (size_t)resp->world_size;
-    if (agents_ok && resp->world_size > 0 &&
-        (info->rank_agents = calloc((size_t)resp->world_size, sizeof(char *)))) {
-        for (int r = 0; r < resp->world_size; r++)
-            agents_ok &= (info->rank_agents[r] = strdup(resp->rank_agents[r])) != NULL;
-    }
-    /* Machines: only when the coordinator names one per rank. */
-    int machines_ok = 1;
-    if (resp->n_rank_machines == (size_t)resp->world_size && resp->world_size > 0 &&
-        (info->rank_machines = calloc((size_t)resp->world_size, sizeof(char *)))) {
-        for (int r = 0; r < resp->world_size; r++)
-            machines_ok &= (info->rank_machines[r] = strdup(resp->rank_machines[r])) != NULL;
-    } else if (resp->n_rank_machines == (size_t)resp->world_size && resp->world_size > 0) {
-        machines_ok = 0;
-    }
-    if (!info->hub || !info->groups || !info->joined || (agents_ok && !info->rank_agents) ||
-        (info->rank_agents && !agents_ok) || !machines_ok) {
+    /* An older coordinator sends no rank_agents (then every collective goes
+     * to the hub, as it did) nor rank_machines (then --ring auto keeps to its
+     * one-machine rules). */
+    if (!info->hub || !info->groups || !info->joined ||
+        rank_strings(resp->rank_agents, resp->n_rank_agents, resp->world_size, &info->rank_agents) <
+            0 ||
+        rank_strings(resp->rank_machines, resp->n_rank_machines, resp->world_size,
+                     &info->rank_machines) < 0) {
         ps__job_info_clear(info);
         protobuf_c_message_free_unpacked(&resp->base, NULL);
         return PS_ENOMEM;

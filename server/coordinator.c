@@ -1,6 +1,7 @@
 /* The coordinator: job membership, rank assignment, groups and the liveness of ranks. */
 #include <errno.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -645,6 +646,22 @@ static void coord_new_group(ps__rpc_call_t *call, void *arg)
                 NULL);
 }
 
+/* Every rank's string at offset field of its member_t ("" when unset),
+ * into a new *out: how many were copied (the world size unless out of
+ * memory). */
+static size_t member_strings(const job_t *j, size_t field, char ***out)
+{
+    size_t n = 0;
+    *out = calloc(j->world_size > 0 ? (size_t)j->world_size : 1, sizeof(char *));
+    for (int r = 0; r < j->world_size && *out; r++) {
+        const char *s = *(char *const *)((const char *)&j->members[r] + field);
+        if (!((*out)[r] = strdup(s ? s : "")))
+            break;
+        n++;
+    }
+    return n;
+}
+
 static int do_describe(ps__coordinator_t *c, const ProtobufCMessage *rq, ProtobufCMessage *rs,
                        char *msg, size_t msglen)
 {
@@ -683,23 +700,10 @@ static int do_describe(ps__coordinator_t *c, const ProtobufCMessage *rq, Protobu
     for (int r = 0; r < j->world_size && resp->joined; r++)
         if (j->members[r].state == M_JOINED)
             resp->joined[resp->n_joined++] = r;
-    resp->rank_agents = calloc((size_t)j->world_size, sizeof(char *));
-    for (int r = 0; r < j->world_size && resp->rank_agents; r++) {
-        resp->rank_agents[r] = strdup(j->members[r].agent ? j->members[r].agent : "");
-        if (!resp->rank_agents[r])
-            break;
-        resp->n_rank_agents++;
-    }
-    resp->rank_machines = calloc(resp->n_rank_agents ? resp->n_rank_agents : 1, sizeof(char *));
-    for (int r = 0; r < j->world_size && resp->rank_machines; r++) {
-        resp->rank_machines[r] = strdup(j->members[r].machine ? j->members[r].machine : "");
-        if (!resp->rank_machines[r])
-            break;
-        resp->n_rank_machines++;
-    }
-    if (!resp->job || !resp->hub || !resp->groups || !resp->joined || !resp->rank_agents ||
-        (int)resp->n_rank_agents < j->world_size || !resp->rank_machines ||
-        (int)resp->n_rank_machines < j->world_size) {
+    resp->n_rank_agents = member_strings(j, offsetof(member_t, agent), &resp->rank_agents);
+    resp->n_rank_machines = member_strings(j, offsetof(member_t, machine), &resp->rank_machines);
+    if (!resp->job || !resp->hub || !resp->groups || !resp->joined ||
+        (int)resp->n_rank_agents < j->world_size || (int)resp->n_rank_machines < j->world_size) {
         snprintf(msg, msglen, "out of memory");
         rc = PS_ENOMEM;
     }

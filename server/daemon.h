@@ -46,11 +46,9 @@ enum { PS_RING_OFF, PS_RING_ON, PS_RING_AUTO };
  * is over a step: a smaller one is one step at the hub) goes round the ring
  * from this many ranks per agent (measured the same place). */
 #define PS_RING_AUTO_OTHER_RANKS 4
-/* --ring auto, agents on two or more machines: an all_reduce, broadcast,
- * reduce, all_gather or reduce_scatter of --ring-min-bytes per rank goes
- * round the ring whatever the ranks per agent (the hub's links carry A - 1
- * times the ring's bytes, and each machine reduces and forwards on its own
- * cores). */
+/* With agents on two or more machines (--machine-id), auto also takes the
+ * ring from --ring-min-bytes per rank whatever the ranks per agent
+ * (ring_use in hub.c). */
 
 /* What a call cut by SIGTERM's drain is told (UNAVAILABLE). */
 #define PS_MSG_STOPPING "paramsyncd is shutting down (SIGTERM)"

@@ -2216,36 +2216,27 @@ static void ring_plan_clear(ring_plan_t *plan)
     plan->local = plan->agent_of = NULL;
 }
 
-/* How many machines the plan's agents are on (each agent's is that of its
- * first rank, as the coordinator has it), or 0 when one is not known. */
-static int ring_machines(const job_t *j, uint32_t group, const ring_plan_t *plan)
+/* The index of s among v[0..n), or n. */
+static int str_index(const char *const *v, int n, const char *s)
 {
-    const char *const *rm = (const char *const *)j->info.rank_machines;
-    if (!rm)
-        return 0;
-    const char **seen = calloc((size_t)plan->nagents, sizeof(char *));
-    if (!seen)
-        return 0;
-    int nseen = 0, n = group_size(j, group);
-    for (int k = 0; k < plan->nagents; k++) {
-        const char *m = NULL;
-        for (int g = 0; g < n && !m; g++)
-            if (plan->agent_of[g] == k) {
-                int jr = job_rank(&j->info, group, g);
-                m = jr >= 0 && jr < j->info.world_size ? rm[jr] : "";
-            }
-        if (!m || !*m) {
-            nseen = 0;
-            break;
-        }
-        int i = 0;
-        while (i < nseen && strcmp(seen[i], m) != 0)
-            i++;
-        if (i == nseen)
-            seen[nseen++] = m;
+    int i = 0;
+    while (i < n && strcmp(v[i], s) != 0)
+        i++;
+    return i;
+}
+
+/* How many machines the ring's agents are on (mach[k]: agent k's, as the
+ * coordinator has it), or 0 when one is not known. Reorders mach. */
+static int ring_machines(const char **mach, int nagents)
+{
+    int n = 0;
+    for (int k = 0; k < nagents; k++) {
+        if (!mach[k] || !*mach[k])
+            return 0;
+        if (str_index(mach, n, mach[k]) == n)
+            mach[n++] = mach[k];
     }
-    free(seen);
-    return nseen;
+    return n;
 }
 
 /* Works out the ring of the job's group: 1 when this agent is in a ring of
@@ -2258,10 +2249,12 @@ static int ring_plan(const ps__hub_t *h, const job_t *j, uint32_t group, ring_pl
     if (!h->cfg->ring || !j->info.rank_agents || n < 2)
         return 0;
     const char **agents = calloc((size_t)n, sizeof(char *));
+    const char **mach = calloc((size_t)n, sizeof(char *)); /* position -> its machine */
     plan->local = calloc((size_t)n, sizeof(int));
     plan->agent_of = calloc((size_t)n, sizeof(int));
-    if (!agents || !plan->local || !plan->agent_of) {
+    if (!agents || !mach || !plan->local || !plan->agent_of) {
         free(agents);
+        free(mach);
         ring_plan_clear(plan);
         return 0;
     }
@@ -2273,11 +2266,11 @@ static int ring_plan(const ps__hub_t *h, const job_t *j, uint32_t group, ring_pl
             plan->nagents = 0;
             break;
         }
-        int k = 0;
-        while (k < plan->nagents && strcmp(agents[k], ag) != 0)
-            k++;
-        if (k == plan->nagents)
+        int k = str_index(agents, plan->nagents, ag);
+        if (k == plan->nagents) {
+            mach[k] = j->info.rank_machines ? j->info.rank_machines[jr] : NULL;
             agents[plan->nagents++] = ag;
+        }
         plan->agent_of[g] = k;
         if (strcmp(ag, h->self) == 0) {
             plan->pos = k;
@@ -2285,11 +2278,12 @@ static int ring_plan(const ps__hub_t *h, const job_t *j, uint32_t group, ring_pl
         }
     }
     plan->agents = agents;
+    plan->machines = ring_machines(mach, plan->nagents);
+    free(mach);
     if (plan->nagents < 2 || plan->pos < 0) {
         ring_plan_clear(plan);
         return 0;
     }
-    plan->machines = ring_machines(j, group, plan);
     return 1;
 }
 
