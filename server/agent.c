@@ -608,22 +608,28 @@ static void collective_proxy_shm(ps__agent_t *a, ps__rpc_call_t *down,
     int rc = hub_call_start(a, down, hub, &fw);
     ps__rpc_call_t *up = fw.up;
     shm_feed_t feed = {down, up, &io, 0, hd->chunk_bytes ? hd->chunk_bytes : 1u << 20};
+    /* A doorbell's request (a local call: no stream to watch) whose input
+     * fits in the first frame needs no feeding thread: the frame goes with
+     * the half-close. */
+    int whole = 0;
     if (rc == 0) {
         Paramsync__V1__CollectiveHeader fwd = *hd;
         fwd.shm = (char *)"";
         fwd.shm_out_offset = 0;
         feed.from = io.in_total < feed.chunk ? io.in_total : feed.chunk;
+        whole = feed.from == io.in_total && ps__rpc_call_is_local(down);
         grpc_byte_buffer *bb = ps__hub_shm_io_frame(&io, &fwd, 0, (size_t)feed.from);
-        rc = bb ? ps__rpc_call_send(up, bb) : PS_ENOMEM;
+        rc = !bb ? PS_ENOMEM : whole ? ps__rpc_call_send_close(up, bb) : ps__rpc_call_send(up, bb);
         if (bb)
             grpc_byte_buffer_destroy(bb);
     }
     pthread_t t;
-    int feeding = rc == 0 && pthread_create(&t, NULL, shm_feed_main, &feed) == 0;
+    int feeding = rc == 0 && !whole && pthread_create(&t, NULL, shm_feed_main, &feed) == 0;
+    int receiving = feeding || (rc == 0 && whole);
     Paramsync__V1__CollectiveResult res = PARAMSYNC__V1__COLLECTIVE_RESULT__INIT;
     const char *bad = NULL;  /* from the hub */
     const char *here = NULL; /* failed at this agent */
-    while (feeding && !bad && !here) {
+    while (receiving && !bad && !here) {
         grpc_byte_buffer *bb = NULL;
         ps__frame_t f;
         if (ps__rpc_call_recv(up, &bb) < 0 || !bb)

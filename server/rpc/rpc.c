@@ -407,6 +407,11 @@ int ps__rpc_call_local(ps__rpc_call_t **out)
     return 0;
 }
 
+int ps__rpc_call_is_local(const ps__rpc_call_t *c)
+{
+    return c->local;
+}
+
 /* What a local call got: a message (kept if it is the first) and/or its
  * status (the first one wins, as with gRPC). */
 static int local_take(ps__rpc_call_t *c, grpc_byte_buffer *msg, int has_status, int code,
@@ -1051,6 +1056,18 @@ int ps__rpc_call_close_send(ps__rpc_call_t *c)
     if (grpc_call_start_batch(c->call, &op, 1, &c->tag_close, NULL) != GRPC_CALL_OK)
         return PS_EINTERNAL;
     return pluck(c->cq, &c->tag_close) ? 0 : PS_EUNAVAIL;
+}
+
+int ps__rpc_call_send_close(ps__rpc_call_t *c, grpc_byte_buffer *msg)
+{
+    grpc_op ops[2];
+    memset(ops, 0, sizeof(ops));
+    ops[0].op = GRPC_OP_SEND_MESSAGE;
+    ops[0].data.send_message.send_message = msg;
+    ops[1].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    if (grpc_call_start_batch(c->call, ops, 2, &c->tag_send, NULL) != GRPC_CALL_OK)
+        return PS_EINTERNAL;
+    return pluck(c->cq, &c->tag_send) ? 0 : PS_EUNAVAIL;
 }
 
 int ps__rpc_call_finish(ps__rpc_call_t *c, char **message)

@@ -152,6 +152,10 @@ int ps__rpc_call_start_ex(ps__rpc_channel_t *ch, const char *method, int64_t tim
 /** Client side: half-closes the request stream. */
 int ps__rpc_call_close_send(ps__rpc_call_t *call);
 
+/** Client side: sends msg (not taken) and half-closes, in one batch: the
+ * last message of a request without a wait in between. */
+int ps__rpc_call_send_close(ps__rpc_call_t *call, grpc_byte_buffer *msg);
+
 /** Client side: waits for the status. *message (may be NULL) gets a malloc'd
  * copy of the status message, owned by the caller. Returns -code (0 for OK). */
 int ps__rpc_call_finish(ps__rpc_call_t *call, char **message);
@@ -190,6 +194,9 @@ void ps__rpc_call_cancel(ps__rpc_call_t *call, int code, const char *message);
  * it has no metadata and its peer never cancels. Free with
  * ps__rpc_call_destroy. 0 or PS_ENOMEM. */
 int ps__rpc_call_local(ps__rpc_call_t **out);
+
+/** 1 for a call made by ps__rpc_call_local, else 0. */
+int ps__rpc_call_is_local(const ps__rpc_call_t *call);
 
 /** The status a local call was ended with (INTERNAL if none) and its
  * message (malloc'd), and the first message sent on it (NULL if none; the
