@@ -619,7 +619,9 @@ static void collective_proxy_shm(ps__agent_t *a, ps__rpc_call_t *down,
         feed.from = io.in_total < feed.chunk ? io.in_total : feed.chunk;
         whole = feed.from == io.in_total && ps__rpc_call_is_local(down);
         grpc_byte_buffer *bb = ps__hub_shm_io_frame(&io, &fwd, 0, (size_t)feed.from);
-        rc = !bb ? PS_ENOMEM : whole ? ps__rpc_call_send_close(up, bb) : ps__rpc_call_send(up, bb);
+        rc = !bb     ? PS_ENOMEM
+             : whole ? ps__rpc_call_send_last(up, bb, 0, NULL)
+                     : ps__rpc_call_send(up, bb);
         if (bb)
             grpc_byte_buffer_destroy(bb);
     }

@@ -1058,18 +1058,6 @@ int ps__rpc_call_close_send(ps__rpc_call_t *c)
     return pluck(c->cq, &c->tag_close) ? 0 : PS_EUNAVAIL;
 }
 
-int ps__rpc_call_send_close(ps__rpc_call_t *c, grpc_byte_buffer *msg)
-{
-    grpc_op ops[2];
-    memset(ops, 0, sizeof(ops));
-    ops[0].op = GRPC_OP_SEND_MESSAGE;
-    ops[0].data.send_message.send_message = msg;
-    ops[1].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-    if (grpc_call_start_batch(c->call, ops, 2, &c->tag_send, NULL) != GRPC_CALL_OK)
-        return PS_EINTERNAL;
-    return pluck(c->cq, &c->tag_send) ? 0 : PS_EUNAVAIL;
-}
-
 int ps__rpc_call_finish(ps__rpc_call_t *c, char **message)
 {
     if (c->start_outstanding) {

@@ -152,10 +152,6 @@ int ps__rpc_call_start_ex(ps__rpc_channel_t *ch, const char *method, int64_t tim
 /** Client side: half-closes the request stream. */
 int ps__rpc_call_close_send(ps__rpc_call_t *call);
 
-/** Client side: sends msg (not taken) and half-closes, in one batch: the
- * last message of a request without a wait in between. */
-int ps__rpc_call_send_close(ps__rpc_call_t *call, grpc_byte_buffer *msg);
-
 /** Client side: waits for the status. *message (may be NULL) gets a malloc'd
  * copy of the status message, owned by the caller. Returns -code (0 for OK). */
 int ps__rpc_call_finish(ps__rpc_call_t *call, char **message);
