@@ -15,6 +15,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "rpc/frame.h"
+#include "rpc/task.h"
 
 typedef struct peer_channel {
     char *address;
@@ -373,7 +374,7 @@ static void worker_join(ps__rpc_call_t *down, void *arg)
     Paramsync__V1__JoinRequest *req = NULL;
     ps__rpc_call_t *up = NULL;
     char *msg = NULL;
-    pthread_t watcher;
+    ps__task_t watcher;
     int watching = 0;
     if (ps__rpc_recv_msg(down, &paramsync__v1__join_request__descriptor,
                          (ProtobufCMessage **)&req) != 0) {
@@ -411,7 +412,7 @@ static void worker_join(ps__rpc_call_t *down, void *arg)
     req->agent_machine = asked_machine;
     protobuf_c_message_free_unpacked(&req->base, NULL);
     pipe_arg_t pa = {down, up, 1, 0};
-    if (rc == 0 && pthread_create(&watcher, NULL, pipe_main, &pa) == 0)
+    if (rc == 0 && ps__task_start(&watcher, pipe_main, &pa) == 0)
         watching = 1;
     for (;;) {
         Paramsync__V1__JoinEvent *ev = NULL;
@@ -446,7 +447,7 @@ static void worker_join(ps__rpc_call_t *down, void *arg)
     }
     if (watching) {
         ps__rpc_call_cancel(down, GRPC_STATUS_CANCELLED, "join ended");
-        pthread_join(watcher, NULL);
+        ps__task_join(&watcher);
     }
     ps__rpc_call_destroy(up);
     free(msg);
@@ -625,8 +626,8 @@ static void collective_proxy_shm(ps__agent_t *a, ps__rpc_call_t *down,
         if (bb)
             grpc_byte_buffer_destroy(bb);
     }
-    pthread_t t;
-    int feeding = rc == 0 && !whole && pthread_create(&t, NULL, shm_feed_main, &feed) == 0;
+    ps__task_t t;
+    int feeding = rc == 0 && !whole && ps__task_start(&t, shm_feed_main, &feed) == 0;
     int receiving = feeding || (rc == 0 && whole);
     Paramsync__V1__CollectiveResult res = PARAMSYNC__V1__COLLECTIVE_RESULT__INIT;
     const char *bad = NULL;  /* from the hub */
@@ -687,7 +688,7 @@ static void collective_proxy_shm(ps__agent_t *a, ps__rpc_call_t *down,
     }
     if (feeding) {
         ps__rpc_call_cancel(up, GRPC_STATUS_CANCELLED, "done");
-        pthread_join(t, NULL);
+        ps__task_join(&t);
     }
     ps__rpc_call_destroy(up);
     ps__hub_shm_io_close(&io);
@@ -700,7 +701,7 @@ static void collective_proxy(ps__agent_t *a, ps__rpc_call_t *down, grpc_byte_buf
 {
     forward_t fw = {NULL, NULL};
     char *msg = NULL;
-    pthread_t t;
+    ps__task_t t;
     int rc = hub_call_start(a, down, hub, &fw);
     ps__rpc_call_t *up = fw.up;
     if (rc == 0) {
@@ -708,7 +709,7 @@ static void collective_proxy(ps__agent_t *a, ps__rpc_call_t *down, grpc_byte_buf
         rc = ps__rpc_call_send(up, first);
     }
     pipe_arg_t pa = {down, up, 1, 1};
-    int piping = rc == 0 && pthread_create(&t, NULL, pipe_main, &pa) == 0;
+    int piping = rc == 0 && ps__task_start(&t, pipe_main, &pa) == 0;
     while (piping) {
         grpc_byte_buffer *bb = NULL;
         if (ps__rpc_call_recv(up, &bb) < 0 || !bb)
@@ -738,7 +739,7 @@ static void collective_proxy(ps__agent_t *a, ps__rpc_call_t *down, grpc_byte_buf
     }
     if (piping) {
         ps__rpc_call_cancel(up, GRPC_STATUS_CANCELLED, "done");
-        pthread_join(t, NULL);
+        ps__task_join(&t);
     }
     ps__rpc_call_destroy(up);
     free(msg);

@@ -27,6 +27,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "rpc/frame.h"
+#include "rpc/task.h"
 
 /*
  * Every collective is a sequence of steps. In a step some members contribute
@@ -2696,8 +2697,8 @@ static void *ring_send_main(void *arg)
             grpc_byte_buffer_destroy(bb);
     }
     ring_watch_t watch = {l, out};
-    pthread_t watcher;
-    int watching = rc == 0 && pthread_create(&watcher, NULL, ring_watch_main, &watch) == 0;
+    ps__task_t watcher;
+    int watching = rc == 0 && ps__task_start(&watcher, ring_watch_main, &watch) == 0;
     pthread_mutex_lock(c->lock);
     l->call = out;
     if (rc < 0 && !out)
@@ -2825,7 +2826,7 @@ static void *ring_send_main(void *arg)
         }
         ps__rpc_call_close_send(out);
         if (watching)
-            pthread_join(watcher, NULL);
+            ps__task_join(&watcher);
         else
             rc = ps__rpc_call_finish(out, &msg);
     }
@@ -2922,17 +2923,11 @@ static void ring_mesh_widen(const ps__hub_t *h, coll_t *c)
     c->reserved = need;
 }
 
-/* Starts a detached thread of c's ring (fn(arg)), counted in c->threads.
- * Lock held; -1 when it could not. */
+/* Starts a thread of c's ring (fn(arg), on a kept thread), counted in
+ * c->threads. Lock held; -1 when it could not. */
 static int ring_thread_start(ps__hub_t *h, coll_t *c, void *(*fn)(void *), void *arg)
 {
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    pthread_t t;
-    int rc = pthread_create(&t, &attr, fn, arg);
-    pthread_attr_destroy(&attr);
-    if (rc != 0)
+    if (ps__task_run(fn, arg) != 0)
         return -1;
     c->threads++;
     c->job->refs++;
@@ -3621,7 +3616,7 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
     member_totals(c, m->index, &m->in_total, &m->out_total);
     if (m->shm)
         m->by_file = shm_by_file(h, m->shm, c, m->first->header);
-    pthread_t writer;
+    ps__task_t writer;
     int have_writer = 0;
     if (!c->failed) {
         /* Output after the input, or (all_reduce, reduce) over it at 0:
@@ -3639,7 +3634,7 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
                       kind_name(c->kind), c->group, c->seq, c->ranks[m->index]);
             pthread_mutex_unlock(&h->lock);
         } else if (m->out_total > 0 && c->nsteps > 1) {
-            have_writer = pthread_create(&writer, NULL, writer_main, m) == 0;
+            have_writer = ps__task_start(&writer, writer_main, m) == 0;
             if (!have_writer) {
                 pthread_mutex_lock(&h->lock);
                 coll_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "no thread for the collective");
@@ -3650,7 +3645,7 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
     if (!c->failed)
         member_deposit(m);
     if (have_writer)
-        pthread_join(writer, NULL);
+        ps__task_join(&writer);
     if (!c->failed) {
         /* The input must end where its count says. */
         grpc_byte_buffer *bb = NULL;
