@@ -1,5 +1,6 @@
 /* One collective call on the wire: the Collective stream, sending and receiving at once. */
 #include "internal.h"
+#include "task.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,11 +59,11 @@ static size_t first_frame_len(const ps__coll_t *c)
     return c->in_bytes < c->comm->chunk_bytes ? c->in_bytes : c->comm->chunk_bytes;
 }
 
-/* Sends the input frames after the first, then half-closes. Runs on its own
- * thread for multi-frame inputs, because the daemon streams results back
- * while inputs still arrive: a client that only sends would stall HTTP/2
- * flow control on both sides. Failures end the call, and the receiver sees
- * them in the status. */
+/* Sends the input frames after the first, then half-closes. Runs on a
+ * thread of its own (a kept one, rpc/task.h) for multi-frame inputs,
+ * because the daemon streams results back while inputs still arrive: a
+ * client that only sends would stall HTTP/2 flow control on both sides.
+ * Failures end the call, and the receiver sees them in the status. */
 static void *sender_main(void *arg)
 {
     ps__coll_t *c = arg;
@@ -198,7 +199,7 @@ int ps__coll_run(ps__coll_t *c)
 {
     ps_comm_t *comm = c->comm;
     recv_state_t st;
-    pthread_t sender;
+    ps__task_t sender;
     ps__rpc_call_t *call = NULL;
     int sender_started = 0;
     char *status_msg = NULL, *msg = NULL;
@@ -224,7 +225,7 @@ int ps__coll_run(ps__coll_t *c)
     int more = !shm && first < c->in_bytes;
     rc = send_frame(c, &c->hdr, 0, first, !more);
     if (rc == 0 && more) {
-        if (pthread_create(&sender, NULL, sender_main, c) == 0)
+        if (ps__task_start(&sender, sender_main, c) == 0)
             sender_started = 1;
         else
             fail_local(c, &st, PS_ENOMEM, strdup("no thread to send the input"));
@@ -248,7 +249,7 @@ int ps__coll_run(ps__coll_t *c)
          * for flow control that will never come. */
         if (rc < 0)
             ps__rpc_call_cancel(call, -rc, "the collective failed");
-        pthread_join(sender, NULL);
+        ps__task_join(&sender);
     }
     ps__inflight_detach(comm, c);
 
