@@ -1495,7 +1495,8 @@ static int member_read(member_t *m, uint8_t *dst, size_t len)
 }
 
 /* Each reducing thread keeps its own CUDA stager (they are not thread-safe);
- * the key's destructor frees it when the thread ends. Pool threads are
+ * the key's destructor frees it when the thread ends (a kept thread,
+ * rpc/task.h, keeps it for its next task). Handler and kept threads are
  * detached and may end while the process exits, after CUDA's runtime began
  * tearing itself down (a crash seen on an H200: the daemon's exit after
  * "stopped"). So once the first stager exists an exit handler, which runs
