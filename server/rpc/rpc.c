@@ -17,7 +17,7 @@
 #include <paramsync/common.h>
 
 /* Requests kept outstanding per method, so bursts of new calls (a job's
- * ranks arriving at once) do not wait for the dispatcher. */
+ * ranks arriving at once) do not wait for a request to be made again. */
 #define PS_RPC_PENDING_PER_METHOD 8
 #define PS_RPC_MAX_METHODS        32
 
@@ -52,7 +52,6 @@ struct ps__rpc_call {
     /* server bookkeeping */
     struct ps__rpc_server *server;
     struct ps__rpc_call *next_active, *prev_active;
-    struct ps__rpc_call *next_queued;
 };
 
 typedef struct rpc_method {
@@ -80,18 +79,16 @@ struct ps__rpc_server {
     rpc_method_t methods[PS_RPC_MAX_METHODS];
     int nmethods;
     int started, shutting_down, destroyed;
-    pthread_t dispatcher;
     pthread_mutex_t lock;
     pthread_cond_t idle;
     int active_handlers;
     int pending_requests;
     int shutdown_notified;
     struct ps__rpc_call *active;
-    /* Handler threads are pooled: creating one per call cost 100-150 us on
-     * these VMs, more than the rest of a small collective. */
-    struct ps__rpc_call *queue, **queue_tail;
-    pthread_cond_t work;
-    int pool_threads, pool_idle, pool_queued, pool_stop;
+    /* Handler threads are kept: creating one per call cost 100-150 us on
+     * these VMs, more than the rest of a small collective. pool_idle counts
+     * those waiting on the server's queue. */
+    int pool_threads, pool_idle;
     ps__rpc_observer_fn observer;
     char tag_shutdown;
 };
@@ -329,8 +326,6 @@ int ps__rpc_server_create_ex(const ps__rpc_options_t *o, ps__rpc_server_t **out)
     grpc_server_register_completion_queue(s->server, s->cq, NULL);
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->idle, NULL);
-    pthread_cond_init(&s->work, NULL);
-    s->queue_tail = &s->queue;
     *out = s;
     return 0;
 }
@@ -544,71 +539,30 @@ static void serve_call(ps__rpc_call_t *c)
 #define PS_RPC_POOL_KEEP    16
 #define PS_RPC_POOL_IDLE_MS 5000
 
-static void *pool_main(void *arg)
-{
-    ps__rpc_server_t *s = arg;
-    pthread_mutex_lock(&s->lock);
-    for (;;) {
-        int timed_out = 0;
-        while (!s->queue && !s->pool_stop && !timed_out) {
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_sec += PS_RPC_POOL_IDLE_MS / 1000;
-            timed_out = pthread_cond_timedwait(&s->work, &s->lock, &ts) == ETIMEDOUT && !s->queue &&
-                        s->pool_idle - s->pool_queued > PS_RPC_POOL_KEEP;
-        }
-        if (!s->queue)
-            break;
-        ps__rpc_call_t *c = s->queue;
-        s->queue = c->next_queued;
-        if (!s->queue)
-            s->queue_tail = &s->queue;
-        s->pool_idle--;
-        s->pool_queued--;
-        pthread_mutex_unlock(&s->lock);
-        serve_call(c);
-        pthread_mutex_lock(&s->lock);
-        s->pool_idle++;
-    }
-    s->pool_idle--;
-    s->pool_threads--;
-    pthread_cond_broadcast(&s->idle);
-    /* A burst is over: hand back what the tuned allocator keeps for reuse,
-     * once per 256 threads gone (trimming walks every arena). */
-    int trim = !s->pool_stop && s->pool_threads % 256 == PS_RPC_POOL_KEEP % 256;
-    pthread_mutex_unlock(&s->lock);
-    if (trim)
-        malloc_trim(0);
-    return NULL;
-}
+static void *pool_main(void *arg);
 
-/* Queues c for a pool thread, starting one when none is idle. Lock held.
- * 0, or PS_ENOMEM when no thread can be had. */
-static int pool_submit(ps__rpc_server_t *s, ps__rpc_call_t *c)
+/* Starts one more handler thread, waiting on the server's queue. Lock
+ * held. 0, or PS_ENOMEM. */
+static int pool_grow(ps__rpc_server_t *s)
 {
-    /* Every queued call needs a thread of its own: handlers block until
-     * their collective completes, which may need the calls queued after. */
-    if (s->pool_idle <= s->pool_queued) {
-        pthread_t t;
-        pthread_attr_t attr;
-        pthread_attr_init(&attr);
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        int failed = pthread_create(&t, &attr, pool_main, s) != 0;
-        pthread_attr_destroy(&attr);
-        if (failed)
-            return PS_ENOMEM;
-        s->pool_threads++;
-        s->pool_idle++;
-    }
-    c->next_queued = NULL;
-    s->pool_queued++;
-    *s->queue_tail = c;
-    s->queue_tail = &c->next_queued;
-    pthread_cond_signal(&s->work);
+    pthread_t t;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    int failed = pthread_create(&t, &attr, pool_main, s) != 0;
+    pthread_attr_destroy(&attr);
+    if (failed)
+        return PS_ENOMEM;
+    s->pool_threads++;
+    s->pool_idle++;
     return 0;
 }
 
-static void start_handler(ps__rpc_server_t *s, rpc_pending_t *p)
+/* Makes the server's call of an accepted request and serves it in this
+ * thread. served says whether another thread waits for the next request:
+ * when none could be had, the call is refused rather than served, since a
+ * handler may block until calls not yet accepted come in. */
+static void handle_call(ps__rpc_server_t *s, rpc_pending_t *p, int served)
 {
     ps__rpc_call_t *c = call_alloc();
     if (!c) {
@@ -646,70 +600,100 @@ static void start_handler(ps__rpc_server_t *s, rpc_pending_t *p)
     s->active = c;
     s->active_handlers++;
     int shutting = s->shutting_down;
-    int queued = pool_submit(s, c);
     pthread_mutex_unlock(&s->lock);
     if (shutting)
         grpc_call_cancel_with_status(c->call, GRPC_STATUS_UNAVAILABLE,
                                      "the daemon is shutting down", NULL);
-    if (queued != 0) {
-        /* Without a thread the call cannot be served: end it here. */
+    if (served) {
+        serve_call(c);
+    } else {
         ps__rpc_call_send_status(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "no thread for the call");
         pluck(c->cq, &c->tag_close);
         call_retire(s, c);
     }
 }
 
-static void *dispatcher_main(void *arg)
+/* One event of the server's queue: a call accepted (served here), a
+ * request that failed, or the server's shutdown. */
+static void handle_event(ps__rpc_server_t *s, grpc_event ev, int served)
+{
+    if (ev.tag == &s->tag_shutdown) {
+        pthread_mutex_lock(&s->lock);
+        s->shutdown_notified = 1;
+        pthread_cond_broadcast(&s->idle);
+        pthread_mutex_unlock(&s->lock);
+        return;
+    }
+    rpc_pending_t *p = ev.tag;
+    pthread_mutex_lock(&s->lock);
+    s->pending_requests--;
+    int shutting = s->shutting_down;
+    /* The request is made again first, so the next call is not kept
+     * waiting while this one is served. */
+    if (ev.success && !shutting)
+        request_call(s, p->method);
+    pthread_mutex_unlock(&s->lock);
+    if (!ev.success) {
+        pending_free(p);
+    } else if (p->method < 0) {
+        char msg[300];
+        snprintf(msg, sizeof(msg), "unknown method %.*s",
+                 (int)(GRPC_SLICE_LENGTH(p->details.method) > 200
+                           ? 200
+                           : GRPC_SLICE_LENGTH(p->details.method)),
+                 (const char *)GRPC_SLICE_START_PTR(p->details.method));
+        grpc_call_cancel_with_status(p->call, GRPC_STATUS_UNIMPLEMENTED, msg, NULL);
+        grpc_call_unref(p->call);
+        pending_free(p);
+    } else {
+        handle_call(s, p, served);
+    }
+    pthread_mutex_lock(&s->lock);
+    pthread_cond_broadcast(&s->idle);
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* A handler thread: every idle one waits on the server's queue, and the one
+ * that takes an accepted call serves it itself (no hand-off to another
+ * thread, which cost a context switch per call). Before it does, it makes
+ * sure another thread waits for the next call, starting one if none is
+ * idle, because handlers block on each other inside a collective. */
+static void *pool_main(void *arg)
 {
     ps__rpc_server_t *s = arg;
+    int shutdown = 0;
     for (;;) {
-        grpc_event ev = grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
-        if (ev.type == GRPC_QUEUE_SHUTDOWN)
+        gpr_timespec until = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                                          gpr_time_from_millis(PS_RPC_POOL_IDLE_MS, GPR_TIMESPAN));
+        grpc_event ev = grpc_completion_queue_next(s->cq, until, NULL);
+        pthread_mutex_lock(&s->lock);
+        if (ev.type == GRPC_QUEUE_SHUTDOWN) {
+            shutdown = 1;
             break;
-        if (ev.type != GRPC_OP_COMPLETE)
-            continue;
-        if (ev.tag == &s->tag_shutdown) {
-            pthread_mutex_lock(&s->lock);
-            s->shutdown_notified = 1;
-            pthread_cond_broadcast(&s->idle);
+        }
+        if (ev.type == GRPC_QUEUE_TIMEOUT) {
+            if (s->pool_idle > PS_RPC_POOL_KEEP)
+                break;
             pthread_mutex_unlock(&s->lock);
             continue;
         }
-        rpc_pending_t *p = ev.tag;
-        pthread_mutex_lock(&s->lock);
-        s->pending_requests--;
-        int shutting = s->shutting_down;
+        s->pool_idle--;
+        int served = s->pool_idle > 0 || pool_grow(s) == 0;
         pthread_mutex_unlock(&s->lock);
-        if (!ev.success) {
-            pending_free(p);
-        } else if (p->method < 0) {
-            char msg[300];
-            snprintf(msg, sizeof(msg), "unknown method %.*s",
-                     (int)(GRPC_SLICE_LENGTH(p->details.method) > 200
-                               ? 200
-                               : GRPC_SLICE_LENGTH(p->details.method)),
-                     (const char *)GRPC_SLICE_START_PTR(p->details.method));
-            grpc_call_cancel_with_status(p->call, GRPC_STATUS_UNIMPLEMENTED, msg, NULL);
-            grpc_call_unref(p->call);
-            pending_free(p);
-            if (!shutting) {
-                pthread_mutex_lock(&s->lock);
-                request_call(s, -1);
-                pthread_mutex_unlock(&s->lock);
-            }
-        } else {
-            int method = p->method;
-            start_handler(s, p);
-            if (!shutting) {
-                pthread_mutex_lock(&s->lock);
-                request_call(s, method);
-                pthread_mutex_unlock(&s->lock);
-            }
-        }
+        handle_event(s, ev, served);
         pthread_mutex_lock(&s->lock);
-        pthread_cond_broadcast(&s->idle);
+        s->pool_idle++;
         pthread_mutex_unlock(&s->lock);
     }
+    s->pool_idle--;
+    s->pool_threads--;
+    pthread_cond_broadcast(&s->idle);
+    /* A burst is over: hand back what the tuned allocator keeps for reuse,
+     * once per 256 threads gone (trimming walks every arena). */
+    int trim = !shutdown && s->pool_threads % 256 == PS_RPC_POOL_KEEP % 256;
+    pthread_mutex_unlock(&s->lock);
+    if (trim)
+        malloc_trim(0);
     return NULL;
 }
 
@@ -722,10 +706,9 @@ int ps__rpc_server_start(ps__rpc_server_t *s)
         for (int i = 0; i < PS_RPC_PENDING_PER_METHOD; i++)
             request_call(s, m);
     request_call(s, -1);
+    int rc = pool_grow(s);
     pthread_mutex_unlock(&s->lock);
-    if (pthread_create(&s->dispatcher, NULL, dispatcher_main, s) != 0)
-        return PS_ENOMEM;
-    return 0;
+    return rc;
 }
 
 void ps__rpc_server_shutdown(ps__rpc_server_t *s)
@@ -751,17 +734,15 @@ void ps__rpc_server_shutdown(ps__rpc_server_t *s)
     pthread_mutex_unlock(&s->lock);
     grpc_server_destroy(s->server);
     s->server = NULL;
+    /* Handler threads are detached; each ends at the queue's shutdown and
+     * says when it is gone. */
     grpc_completion_queue_shutdown(s->cq);
-    pthread_join(s->dispatcher, NULL);
-    grpc_completion_queue_destroy(s->cq);
-    s->cq = NULL;
-    /* Pool threads are detached; each says when it is gone. */
     pthread_mutex_lock(&s->lock);
-    s->pool_stop = 1;
-    pthread_cond_broadcast(&s->work);
     while (s->pool_threads > 0)
         pthread_cond_wait(&s->idle, &s->lock);
     pthread_mutex_unlock(&s->lock);
+    grpc_completion_queue_destroy(s->cq);
+    s->cq = NULL;
 }
 
 void ps__rpc_server_destroy(ps__rpc_server_t *s)
@@ -787,7 +768,6 @@ void ps__rpc_server_destroy(ps__rpc_server_t *s)
         grpc_server_credentials_release(s->creds);
     pthread_mutex_destroy(&s->lock);
     pthread_cond_destroy(&s->idle);
-    pthread_cond_destroy(&s->work);
     free(s);
 }
 
