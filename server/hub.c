@@ -2372,7 +2372,8 @@ static int ring_wanted(const ps__hub_t *h, const header_t *hd)
  * --ring-min-bytes per block, where the hub carries (A - 1) x A blocks each
  * way and a mesh link one (4 netns hosts, one rank each, 16 MiB per rank:
  * 1.75x the hub's busbw, 1 MiB at par, 256 KiB half). With one rank per
- * agent the hub was as fast or faster here for the others, and
+ * agent the hub was as fast or faster here for the others (since the kept
+ * threads: mixed, 0.7-1.4x by kind, size and round), and
  * reduce_scatter was slower round the ring even with 16 per agent. All of
  * that on agents sharing two cores: agents on two or more machines
  * (ring_machines) also take it for every kind that moves bytes (all_reduce,
