@@ -29,7 +29,12 @@ struct ps__rpc_call {
     char *peer;
     gpr_timespec deadline;
     pthread_mutex_t lock;
-    int initial_md_sent;   /* server: SEND_INITIAL_METADATA already in a batch */
+    int initial_md_sent; /* SEND_INITIAL_METADATA already in a batch */
+    /* client: the initial metadata, sent with the first batch that sends
+     * anything, so a call's headers and first message go in one write */
+    char *md_authorization, *md_via;
+    uint32_t md_flags;
+    int md_outstanding;    /* client: sent in a batch of its own, not plucked yet */
     int status_sent;       /* server */
     int start_outstanding; /* client: the start batch is not plucked yet */
     int status_outstanding;
@@ -44,7 +49,7 @@ struct ps__rpc_call {
     grpc_metadata_array md_request; /* server: the client's metadata */
     ps__rpc_channel_t *channel;     /* client: for its metadata */
     /* Tags: distinct addresses inside the call. */
-    char tag_start, tag_status, tag_send, tag_recv, tag_close;
+    char tag_start, tag_status, tag_send, tag_recv, tag_close, tag_md;
     /* A local call (ps__rpc_call_local): no gRPC call behind it; what is
      * sent on it is kept for ps__rpc_call_local_outcome. */
     int local;
@@ -252,6 +257,8 @@ static void call_free(ps__rpc_call_t *c)
         grpc_byte_buffer_destroy(c->local_first);
     if (c->peer)
         gpr_free(c->peer);
+    free(c->md_authorization);
+    free(c->md_via);
     pthread_mutex_destroy(&c->lock);
     free(c);
 }
@@ -803,6 +810,8 @@ int64_t ps__rpc_call_remaining_ms(const ps__rpc_call_t *c)
     return ms < 0 ? 0 : ms;
 }
 
+static grpc_call_error start_batch_md(ps__rpc_call_t *c, grpc_op *ops, size_t n, void *tag);
+
 /* Sends an optional last message and the status in one batch: one trip
  * through the transport instead of two for small collectives. */
 static int send_status_batch(ps__rpc_call_t *c, grpc_byte_buffer *msg, int code,
@@ -866,12 +875,12 @@ int ps__rpc_call_send_last(ps__rpc_call_t *c, grpc_byte_buffer *msg, int code, c
         return local_take(c, msg, 1, code, message);
     if (c->is_server)
         return send_status_batch(c, msg, code, message);
-    grpc_op ops[2];
+    grpc_op ops[3];
     memset(ops, 0, sizeof(ops));
     ops[0].op = GRPC_OP_SEND_MESSAGE;
     ops[0].data.send_message.send_message = msg;
     ops[1].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-    if (grpc_call_start_batch(c->call, ops, 2, &c->tag_send, NULL) != GRPC_CALL_OK)
+    if (start_batch_md(c, ops, 2, &c->tag_send) != GRPC_CALL_OK)
         return PS_EINTERNAL;
     return pluck(c->cq, &c->tag_send) ? 0 : PS_EUNAVAIL;
 }
@@ -984,29 +993,18 @@ int ps__rpc_call_start_ex(ps__rpc_channel_t *ch, const char *method, int64_t tim
         call_free(c);
         return PS_EINTERNAL;
     }
-    grpc_op ops[2];
-    memset(ops, 0, sizeof(ops));
     /* Wait for the server instead of failing at once while it starts. */
-    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[0].flags = wait_for_ready ? GRPC_INITIAL_METADATA_WAIT_FOR_READY : 0;
-    grpc_metadata md[2];
-    size_t nmd = 0;
-    if (authorization) {
-        md[nmd].key = grpc_slice_from_static_string("authorization");
-        md[nmd++].value = grpc_slice_from_copied_string(authorization);
+    c->md_flags = wait_for_ready ? GRPC_INITIAL_METADATA_WAIT_FOR_READY : 0;
+    if ((authorization && !(c->md_authorization = strdup(authorization))) ||
+        (via && !(c->md_via = strdup(via)))) {
+        call_free(c);
+        return PS_ENOMEM;
     }
-    if (via) {
-        md[nmd].key = grpc_slice_from_static_string(PS_RPC_VIA_METADATA);
-        md[nmd++].value = grpc_slice_from_copied_string(via);
-    }
-    ops[0].data.send_initial_metadata.count = nmd;
-    ops[0].data.send_initial_metadata.metadata = nmd ? md : NULL;
-    ops[1].op = GRPC_OP_RECV_INITIAL_METADATA;
-    ops[1].data.recv_initial_metadata.recv_initial_metadata = &c->md_initial;
-    grpc_call_error started = grpc_call_start_batch(c->call, ops, 2, &c->tag_start, NULL);
-    for (size_t i = 0; i < nmd; i++)
-        grpc_slice_unref(md[i].value);
-    if (started != GRPC_CALL_OK) {
+    grpc_op op;
+    memset(&op, 0, sizeof(op));
+    op.op = GRPC_OP_RECV_INITIAL_METADATA;
+    op.data.recv_initial_metadata.recv_initial_metadata = &c->md_initial;
+    if (grpc_call_start_batch(c->call, &op, 1, &c->tag_start, NULL) != GRPC_CALL_OK) {
         call_free(c);
         return PS_EINTERNAL;
     }
@@ -1028,18 +1026,68 @@ int ps__rpc_call_start_ex(ps__rpc_channel_t *ch, const char *method, int64_t tim
     return 0;
 }
 
+/* Starts a batch of n ops (room for one more at the front): on a client
+ * call whose initial metadata is not sent yet, SEND_INITIAL_METADATA goes
+ * first in it. */
+static grpc_call_error start_batch_md(ps__rpc_call_t *c, grpc_op *ops, size_t n, void *tag)
+{
+    grpc_metadata md[2];
+    size_t nmd = 0;
+    pthread_mutex_lock(&c->lock);
+    int first = !c->is_server && !c->initial_md_sent;
+    if (first) {
+        memmove(ops + 1, ops, n * sizeof(*ops));
+        memset(ops, 0, sizeof(*ops));
+        ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+        ops[0].flags = c->md_flags;
+        if (c->md_authorization) {
+            md[nmd].key = grpc_slice_from_static_string("authorization");
+            md[nmd++].value = grpc_slice_from_copied_string(c->md_authorization);
+        }
+        if (c->md_via) {
+            md[nmd].key = grpc_slice_from_static_string(PS_RPC_VIA_METADATA);
+            md[nmd++].value = grpc_slice_from_copied_string(c->md_via);
+        }
+        ops[0].data.send_initial_metadata.count = nmd;
+        ops[0].data.send_initial_metadata.metadata = nmd ? md : NULL;
+        c->initial_md_sent = 1;
+        n++;
+    }
+    grpc_call_error e = grpc_call_start_batch(c->call, ops, n, tag, NULL);
+    pthread_mutex_unlock(&c->lock);
+    for (size_t i = 0; i < nmd; i++)
+        grpc_slice_unref(md[i].value);
+    return e;
+}
+
+/* A client call that is to wait for the server's side without having sent
+ * anything sends its initial metadata first, in a batch of its own. */
+static void send_md_alone(ps__rpc_call_t *c)
+{
+    if (c->is_server || c->initial_md_sent)
+        return;
+    grpc_op op[1];
+    if (start_batch_md(c, op, 0, &c->tag_md) == GRPC_CALL_OK)
+        c->md_outstanding = 1;
+}
+
 int ps__rpc_call_close_send(ps__rpc_call_t *c)
 {
-    grpc_op op;
-    memset(&op, 0, sizeof(op));
-    op.op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-    if (grpc_call_start_batch(c->call, &op, 1, &c->tag_close, NULL) != GRPC_CALL_OK)
+    grpc_op ops[2];
+    memset(ops, 0, sizeof(ops));
+    ops[0].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    if (start_batch_md(c, ops, 1, &c->tag_close) != GRPC_CALL_OK)
         return PS_EINTERNAL;
     return pluck(c->cq, &c->tag_close) ? 0 : PS_EUNAVAIL;
 }
 
 int ps__rpc_call_finish(ps__rpc_call_t *c, char **message)
 {
+    send_md_alone(c);
+    if (c->md_outstanding) {
+        pluck(c->cq, &c->tag_md);
+        c->md_outstanding = 0;
+    }
     if (c->start_outstanding) {
         pluck(c->cq, &c->tag_start);
         c->start_outstanding = 0;
@@ -1058,8 +1106,10 @@ void ps__rpc_call_destroy(ps__rpc_call_t *c)
 {
     if (!c)
         return;
-    if (c->start_outstanding || c->status_outstanding) {
+    if (c->start_outstanding || c->status_outstanding || c->md_outstanding) {
         grpc_call_cancel(c->call, NULL);
+        if (c->md_outstanding)
+            pluck(c->cq, &c->tag_md);
         if (c->start_outstanding)
             pluck(c->cq, &c->tag_start);
         if (c->status_outstanding)
@@ -1083,20 +1133,27 @@ int ps__rpc_call_send_or(ps__rpc_call_t *c, grpc_byte_buffer *msg, int (*give_up
     grpc_op ops[2];
     size_t n = 0;
     memset(ops, 0, sizeof(ops));
-    pthread_mutex_lock(&c->lock);
-    if (c->is_server && c->status_sent) {
+    grpc_call_error e;
+    if (!c->is_server) {
+        ops[0].op = GRPC_OP_SEND_MESSAGE;
+        ops[0].data.send_message.send_message = msg;
+        e = start_batch_md(c, ops, 1, &c->tag_send);
+    } else {
+        pthread_mutex_lock(&c->lock);
+        if (c->status_sent) {
+            pthread_mutex_unlock(&c->lock);
+            return PS_EINVAL;
+        }
+        if (!c->initial_md_sent) {
+            ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+            c->initial_md_sent = 1;
+        }
+        ops[n].op = GRPC_OP_SEND_MESSAGE;
+        ops[n].data.send_message.send_message = msg;
+        n++;
+        e = grpc_call_start_batch(c->call, ops, n, &c->tag_send, NULL);
         pthread_mutex_unlock(&c->lock);
-        return PS_EINVAL;
     }
-    if (c->is_server && !c->initial_md_sent) {
-        ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
-        c->initial_md_sent = 1;
-    }
-    ops[n].op = GRPC_OP_SEND_MESSAGE;
-    ops[n].data.send_message.send_message = msg;
-    n++;
-    grpc_call_error e = grpc_call_start_batch(c->call, ops, n, &c->tag_send, NULL);
-    pthread_mutex_unlock(&c->lock);
     if (e != GRPC_CALL_OK)
         return PS_EINTERNAL;
     while (give_up) {
@@ -1119,6 +1176,7 @@ int ps__rpc_call_recv(ps__rpc_call_t *c, grpc_byte_buffer **msg)
         *msg = NULL;
         return 0;
     }
+    send_md_alone(c);
     grpc_byte_buffer *bb = NULL;
     grpc_op op;
     memset(&op, 0, sizeof(op));
