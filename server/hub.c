@@ -3608,11 +3608,11 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
             if (ring_mismatch(c, hd, who, theirs, msg, sizeof(msg)))
                 coll_fail(c, GRPC_STATUS_FAILED_PRECONDITION, "%s", msg);
         }
-        /* At the hub the members that came before wait for the last
-         * (wait_arrivals): waking them at every arrival woke each of p
-         * members up to p - 1 times for nothing. A ring's threads may wait
-         * for what an arrival brings, so they hear of each. */
-        if (c->narrived == coll_nlocal(c) || c->failed || c->ring)
+        /* The members that came before wait for the last (wait_arrivals),
+         * and so does a ring's token 1 (ring_tok_held): waking them at
+         * every arrival woke each of p members up to p - 1 times for
+         * nothing. */
+        if (c->narrived == coll_nlocal(c) || c->failed)
             pthread_cond_broadcast(&c->cond);
         if (c->failed)
             ps__rpc_call_cancel(call, c->code, c->message);
