@@ -778,6 +778,15 @@ void ps__rpc_server_destroy(ps__rpc_server_t *s)
     free(s);
 }
 
+int ps__rpc_server_threads(ps__rpc_server_t *s, int *idle)
+{
+    pthread_mutex_lock(&s->lock);
+    int n = s->pool_threads;
+    *idle = s->pool_idle;
+    pthread_mutex_unlock(&s->lock);
+    return n;
+}
+
 void ps__rpc_server_set_observer(ps__rpc_server_t *s, ps__rpc_observer_fn fn)
 {
     s->observer = fn;

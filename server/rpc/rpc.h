@@ -94,6 +94,10 @@ void ps__rpc_server_shutdown(ps__rpc_server_t *srv);
 typedef void (*ps__rpc_observer_fn)(const char *method, int code);
 void ps__rpc_server_set_observer(ps__rpc_server_t *srv, ps__rpc_observer_fn fn);
 
+/** The server's handler threads, and in *idle those waiting for a call
+ * (for tests). */
+int ps__rpc_server_threads(ps__rpc_server_t *srv, int *idle);
+
 /** Frees a server (shutting it down first if needed). Accepts NULL. */
 void ps__rpc_server_destroy(ps__rpc_server_t *srv);
 

@@ -1,0 +1,294 @@
+/* Unit tests for server/rpc/rpc.c over a real gRPC server on loopback: handler threads that
+ * block on each other, idle ones ending, a client call's deferred headers. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/status.h>
+#include <paramsync/common.h>
+
+#include "rpc/rpc.h"
+
+/* More calls at once than the server keeps idle threads for (16). */
+#define NCALLS 24
+
+typedef struct fixture {
+    ps__rpc_server_t *srv;
+    ps__rpc_channel_t *ch;
+} fixture_t;
+
+/* Handlers of "Meet" wait for each other: every call completes only if the
+ * server gives each its own thread while the others block. */
+static struct {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    int arrived;
+} meet = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+
+static grpc_byte_buffer *bb_of(const char *text)
+{
+    grpc_slice s = grpc_slice_from_copied_string(text);
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
+    grpc_slice_unref(s);
+    return bb;
+}
+
+/* The message's bytes as a string in buf; consumes bb. */
+static const char *text_of(grpc_byte_buffer *bb, char *buf, size_t len)
+{
+    grpc_byte_buffer_reader r;
+    buf[0] = 0;
+    if (bb && grpc_byte_buffer_reader_init(&r, bb)) {
+        grpc_slice s = grpc_byte_buffer_reader_readall(&r);
+        size_t n = GRPC_SLICE_LENGTH(s) < len - 1 ? GRPC_SLICE_LENGTH(s) : len - 1;
+        memcpy(buf, GRPC_SLICE_START_PTR(s), n);
+        buf[n] = 0;
+        grpc_slice_unref(s);
+        grpc_byte_buffer_reader_destroy(&r);
+    }
+    if (bb)
+        grpc_byte_buffer_destroy(bb);
+    return buf;
+}
+
+static void meet_handler(ps__rpc_call_t *call, void *arg)
+{
+    (void)arg;
+    grpc_byte_buffer *bb = NULL;
+    ps__rpc_call_recv(call, &bb);
+    if (bb)
+        grpc_byte_buffer_destroy(bb);
+    pthread_mutex_lock(&meet.lock);
+    meet.arrived++;
+    pthread_cond_broadcast(&meet.cond);
+    struct timespec until = ps__abs_time(CLOCK_REALTIME, 20000);
+    while (meet.arrived < NCALLS && pthread_cond_timedwait(&meet.cond, &meet.lock, &until) == 0)
+        ;
+    int all = meet.arrived >= NCALLS;
+    pthread_mutex_unlock(&meet.lock);
+    grpc_byte_buffer *reply = bb_of(all ? "met" : "alone");
+    ps__rpc_call_send_last(call, reply, all ? GRPC_STATUS_OK : GRPC_STATUS_DEADLINE_EXCEEDED, "");
+    grpc_byte_buffer_destroy(reply);
+}
+
+/* "First" speaks before the client has sent anything, then echoes. */
+static void first_handler(ps__rpc_call_t *call, void *arg)
+{
+    (void)arg;
+    grpc_byte_buffer *hello = bb_of("hello");
+    int rc = ps__rpc_call_send(call, hello);
+    grpc_byte_buffer_destroy(hello);
+    grpc_byte_buffer *bb = NULL;
+    if (rc == 0 && ps__rpc_call_recv(call, &bb) == 0 && bb) {
+        ps__rpc_call_send_last(call, bb, GRPC_STATUS_OK, "");
+        grpc_byte_buffer_destroy(bb);
+        return;
+    }
+    ps__rpc_call_send_status(call, GRPC_STATUS_INVALID_ARGUMENT, "no echo");
+}
+
+/* "Md" answers with the metadata the call brought. */
+static void md_handler(ps__rpc_call_t *call, void *arg)
+{
+    (void)arg;
+    grpc_byte_buffer *bb = NULL;
+    ps__rpc_call_recv(call, &bb);
+    char got[64];
+    text_of(bb, got, sizeof(got));
+    char auth[64] = "-", via[64] = "-", out[256];
+    ps__rpc_call_metadata(call, "authorization", auth, sizeof(auth));
+    ps__rpc_call_metadata(call, PS_RPC_VIA_METADATA, via, sizeof(via));
+    snprintf(out, sizeof(out), "%s|%s|%s", auth, via, got);
+    grpc_byte_buffer *reply = bb_of(out);
+    ps__rpc_call_send_last(call, reply, GRPC_STATUS_OK, "");
+    grpc_byte_buffer_destroy(reply);
+}
+
+static int setup(void **state)
+{
+    fixture_t *f = calloc(1, sizeof(*f));
+    assert_non_null(f);
+    ps__rpc_acquire();
+    assert_int_equal(ps__rpc_server_create(&f->srv), 0);
+    assert_int_equal(ps__rpc_server_add_method(f->srv, "/t.T/Meet", meet_handler, NULL), 0);
+    assert_int_equal(ps__rpc_server_add_method(f->srv, "/t.T/First", first_handler, NULL), 0);
+    assert_int_equal(ps__rpc_server_add_method(f->srv, "/t.T/Md", md_handler, NULL), 0);
+    int port = 0;
+    assert_int_equal(ps__rpc_server_listen(f->srv, "127.0.0.1:0", &port), 0);
+    assert_int_equal(ps__rpc_server_start(f->srv), 0);
+    char target[64];
+    snprintf(target, sizeof(target), "127.0.0.1:%d", port);
+    assert_int_equal(ps__rpc_channel_create(target, &f->ch), 0);
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fixture_t *f = *state;
+    ps__rpc_channel_destroy(f->ch);
+    ps__rpc_server_destroy(f->srv);
+    ps__rpc_release();
+    free(f);
+    return 0;
+}
+
+typedef struct meeter {
+    fixture_t *f;
+    int rc;
+    char reply[16];
+} meeter_t;
+
+static void *meeter_main(void *arg)
+{
+    meeter_t *m = arg;
+    ps__rpc_call_t *c = NULL;
+    m->rc = ps__rpc_call_start(m->f->ch, "/t.T/Meet", 30000, &c);
+    if (m->rc == 0) {
+        grpc_byte_buffer *bb = bb_of("hi");
+        ps__rpc_call_send_last(c, bb, 0, NULL);
+        grpc_byte_buffer_destroy(bb);
+        bb = NULL;
+        ps__rpc_call_recv(c, &bb);
+        text_of(bb, m->reply, sizeof(m->reply));
+        m->rc = ps__rpc_call_finish(c, NULL);
+    }
+    ps__rpc_call_destroy(c);
+    return NULL;
+}
+
+static void test_handlers_blocking_on_each_other_all_run(void **state)
+{
+    fixture_t *f = *state;
+    meeter_t m[NCALLS];
+    pthread_t t[NCALLS];
+    for (int i = 0; i < NCALLS; i++) {
+        m[i] = (meeter_t){f, -1, ""};
+        assert_int_equal(pthread_create(&t[i], NULL, meeter_main, &m[i]), 0);
+    }
+    for (int i = 0; i < NCALLS; i++) {
+        pthread_join(t[i], NULL);
+        assert_int_equal(m[i].rc, 0);
+        assert_string_equal(m[i].reply, "met");
+    }
+    int idle = 0;
+    int threads = ps__rpc_server_threads(f->srv, &idle);
+    assert_true(threads > NCALLS); /* one each, and one more waiting for the next call */
+
+    /* Idle handler threads beyond the 16 kept end after 5 s. */
+    for (int i = 0; i < 200 && ps__rpc_server_threads(f->srv, &idle) > 16; i++)
+        usleep(50000);
+    assert_int_equal(ps__rpc_server_threads(f->srv, &idle), 16);
+    assert_int_equal(idle, 16);
+
+    /* And calls are still served, by the threads kept. */
+    meeter_t one = {f, -1, ""};
+    pthread_mutex_lock(&meet.lock);
+    meet.arrived = NCALLS - 1;
+    pthread_mutex_unlock(&meet.lock);
+    meeter_main(&one);
+    assert_int_equal(one.rc, 0);
+    assert_string_equal(one.reply, "met");
+    assert_int_equal(ps__rpc_server_threads(f->srv, &idle), 16);
+}
+
+static void test_client_receiving_first_reaches_the_server(void **state)
+{
+    fixture_t *f = *state;
+    ps__rpc_call_t *c = NULL;
+    char buf[32];
+    /* The call's headers wait for its first message; one that receives
+     * first must still send them, or the server never sees the call. */
+    assert_int_equal(ps__rpc_call_start(f->ch, "/t.T/First", 5000, &c), 0);
+    grpc_byte_buffer *bb = NULL;
+    assert_int_equal(ps__rpc_call_recv(c, &bb), 0);
+    assert_string_equal(text_of(bb, buf, sizeof(buf)), "hello");
+    bb = bb_of("echo me");
+    assert_int_equal(ps__rpc_call_send_last(c, bb, 0, NULL), 0);
+    grpc_byte_buffer_destroy(bb);
+    bb = NULL;
+    assert_int_equal(ps__rpc_call_recv(c, &bb), 0);
+    assert_string_equal(text_of(bb, buf, sizeof(buf)), "echo me");
+    assert_int_equal(ps__rpc_call_finish(c, NULL), 0);
+    ps__rpc_call_destroy(c);
+}
+
+static void test_headers_go_with_the_first_message(void **state)
+{
+    fixture_t *f = *state;
+    char buf[256];
+    /* Sent with the message and the half-close in one batch. */
+    ps__rpc_call_t *c = NULL;
+    assert_int_equal(
+        ps__rpc_call_start_auth(f->ch, "/t.T/Md", 5000, "Bearer s3cret", "agent-7", &c), 0);
+    grpc_byte_buffer *bb = bb_of("payload");
+    assert_int_equal(ps__rpc_call_send_last(c, bb, 0, NULL), 0);
+    grpc_byte_buffer_destroy(bb);
+    bb = NULL;
+    assert_int_equal(ps__rpc_call_recv(c, &bb), 0);
+    assert_string_equal(text_of(bb, buf, sizeof(buf)), "Bearer s3cret|agent-7|payload");
+    assert_int_equal(ps__rpc_call_finish(c, NULL), 0);
+    ps__rpc_call_destroy(c);
+
+    /* With a plain send, then the half-close on its own; no metadata. */
+    assert_int_equal(ps__rpc_call_start_auth(f->ch, "/t.T/Md", 5000, NULL, NULL, &c), 0);
+    bb = bb_of("two");
+    assert_int_equal(ps__rpc_call_send(c, bb), 0);
+    grpc_byte_buffer_destroy(bb);
+    assert_int_equal(ps__rpc_call_close_send(c), 0);
+    bb = NULL;
+    assert_int_equal(ps__rpc_call_recv(c, &bb), 0);
+    assert_string_equal(text_of(bb, buf, sizeof(buf)), "-|-|two");
+    assert_int_equal(ps__rpc_call_finish(c, NULL), 0);
+    ps__rpc_call_destroy(c);
+
+    /* Only the half-close: the headers go with it. */
+    assert_int_equal(ps__rpc_call_start_auth(f->ch, "/t.T/Md", 5000, "Bearer x", NULL, &c), 0);
+    assert_int_equal(ps__rpc_call_close_send(c), 0);
+    bb = NULL;
+    assert_int_equal(ps__rpc_call_recv(c, &bb), 0);
+    assert_string_equal(text_of(bb, buf, sizeof(buf)), "Bearer x|-|");
+    assert_int_equal(ps__rpc_call_finish(c, NULL), 0);
+    ps__rpc_call_destroy(c);
+}
+
+static void test_cancel_before_sending(void **state)
+{
+    fixture_t *f = *state;
+    /* A call cancelled before it sent anything (its headers still held)
+     * ends at once with the cancel's status, not at its deadline. */
+    ps__rpc_call_t *c = NULL;
+    assert_int_equal(ps__rpc_call_start(f->ch, "/t.T/First", 5000, &c), 0);
+    char *msg = NULL;
+    int64_t t0 = ps__now_ms();
+    ps__rpc_call_cancel(c, GRPC_STATUS_CANCELLED, "given up");
+    int rc = ps__rpc_call_finish(c, &msg);
+    assert_int_equal(rc, -GRPC_STATUS_CANCELLED);
+    assert_true(ps__now_ms() - t0 < 4000); /* not the deadline */
+    free(msg);
+    ps__rpc_call_destroy(c);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_handlers_blocking_on_each_other_all_run, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_client_receiving_first_reaches_the_server, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_headers_go_with_the_first_message, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_cancel_before_sending, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
