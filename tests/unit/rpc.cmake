@@ -1,8 +1,11 @@
-# Unit tests of server/rpc/rpc.c over a real gRPC server on loopback; included by
-# tests/unit/CMakeLists.txt.
+# Unit tests of server/rpc/ (paramsync_rpc); included by tests/unit/CMakeLists.txt.
+#   unit.rpc   rpc.c over a real gRPC server on loopback: handler threads, held headers
+#   unit.task  task.c: kept threads that never make a task wait for a busy one
 if(TARGET PkgConfig::CMOCKA)
-  add_executable(test_rpc ${CMAKE_CURRENT_LIST_DIR}/test_rpc.c)
-  target_link_libraries(test_rpc PRIVATE paramsync_rpc PkgConfig::CMOCKA)
-  add_test(NAME unit.rpc COMMAND test_rpc)
-  set_tests_properties(unit.rpc PROPERTIES TIMEOUT 90 LABELS unit)
+  foreach(t rpc task)
+    add_executable(test_${t} ${CMAKE_CURRENT_LIST_DIR}/test_${t}.c)
+    target_link_libraries(test_${t} PRIVATE paramsync_rpc PkgConfig::CMOCKA)
+    add_test(NAME unit.${t} COMMAND test_${t})
+  endforeach()
+  set_tests_properties(unit.rpc unit.task PROPERTIES TIMEOUT 90 LABELS unit)
 endif()

@@ -16,6 +16,7 @@
 #include <paramsync/common.h>
 
 #include "health.h"
+#include "loopback.h"
 
 /* Not in health.h yet (asked for): Watch handlers running. */
 int ps__health_watchers(ps__health_t *h);
@@ -37,12 +38,7 @@ static int setup(void **state)
     ps__rpc_acquire();
     assert_int_equal(ps__rpc_server_create(&f->srv), 0);
     assert_int_equal(ps__health_create(f->srv, &f->health), 0);
-    int port = 0;
-    assert_int_equal(ps__rpc_server_listen(f->srv, "127.0.0.1:0", &port), 0);
-    assert_int_equal(ps__rpc_server_start(f->srv), 0);
-    char target[64];
-    snprintf(target, sizeof(target), "127.0.0.1:%d", port);
-    assert_int_equal(ps__rpc_channel_create(target, &f->ch), 0);
+    loopback_start(f->srv, &f->ch);
     *state = f;
     return 0;
 }

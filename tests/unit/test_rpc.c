@@ -18,6 +18,7 @@
 #include <grpc/status.h>
 #include <paramsync/common.h>
 
+#include "loopback.h"
 #include "rpc/rpc.h"
 
 /* More calls at once than the server keeps idle threads for (16). */
@@ -60,6 +61,31 @@ static const char *text_of(grpc_byte_buffer *bb, char *buf, size_t len)
     if (bb)
         grpc_byte_buffer_destroy(bb);
     return buf;
+}
+
+/* Sends text on c (with the half-close when last). */
+static void send_text(ps__rpc_call_t *c, const char *text, int last)
+{
+    grpc_byte_buffer *bb = bb_of(text);
+    assert_int_equal(last ? ps__rpc_call_send_last(c, bb, 0, NULL) : ps__rpc_call_send(c, bb), 0);
+    grpc_byte_buffer_destroy(bb);
+}
+
+/* Receives the next message of c and checks that it reads `want`. */
+static void expect_text(ps__rpc_call_t *c, const char *want)
+{
+    grpc_byte_buffer *bb = NULL;
+    char buf[256];
+    assert_int_equal(ps__rpc_call_recv(c, &bb), 0);
+    assert_string_equal(text_of(bb, buf, sizeof(buf)), want);
+}
+
+/* The last message of c reads `want` and the call ends OK; frees c. */
+static void expect_reply(ps__rpc_call_t *c, const char *want)
+{
+    expect_text(c, want);
+    assert_int_equal(ps__rpc_call_finish(c, NULL), 0);
+    ps__rpc_call_destroy(c);
 }
 
 static void meet_handler(ps__rpc_call_t *call, void *arg)
@@ -124,12 +150,7 @@ static int setup(void **state)
     assert_int_equal(ps__rpc_server_add_method(f->srv, "/t.T/Meet", meet_handler, NULL), 0);
     assert_int_equal(ps__rpc_server_add_method(f->srv, "/t.T/First", first_handler, NULL), 0);
     assert_int_equal(ps__rpc_server_add_method(f->srv, "/t.T/Md", md_handler, NULL), 0);
-    int port = 0;
-    assert_int_equal(ps__rpc_server_listen(f->srv, "127.0.0.1:0", &port), 0);
-    assert_int_equal(ps__rpc_server_start(f->srv), 0);
-    char target[64];
-    snprintf(target, sizeof(target), "127.0.0.1:%d", port);
-    assert_int_equal(ps__rpc_channel_create(target, &f->ch), 0);
+    loopback_start(f->srv, &f->ch);
     *state = f;
     return 0;
 }
@@ -207,60 +228,34 @@ static void test_client_receiving_first_reaches_the_server(void **state)
 {
     fixture_t *f = *state;
     ps__rpc_call_t *c = NULL;
-    char buf[32];
     /* The call's headers wait for its first message; one that receives
      * first must still send them, or the server never sees the call. */
     assert_int_equal(ps__rpc_call_start(f->ch, "/t.T/First", 5000, &c), 0);
-    grpc_byte_buffer *bb = NULL;
-    assert_int_equal(ps__rpc_call_recv(c, &bb), 0);
-    assert_string_equal(text_of(bb, buf, sizeof(buf)), "hello");
-    bb = bb_of("echo me");
-    assert_int_equal(ps__rpc_call_send_last(c, bb, 0, NULL), 0);
-    grpc_byte_buffer_destroy(bb);
-    bb = NULL;
-    assert_int_equal(ps__rpc_call_recv(c, &bb), 0);
-    assert_string_equal(text_of(bb, buf, sizeof(buf)), "echo me");
-    assert_int_equal(ps__rpc_call_finish(c, NULL), 0);
-    ps__rpc_call_destroy(c);
+    expect_text(c, "hello");
+    send_text(c, "echo me", 1);
+    expect_reply(c, "echo me");
 }
 
 static void test_headers_go_with_the_first_message(void **state)
 {
     fixture_t *f = *state;
-    char buf[256];
     /* Sent with the message and the half-close in one batch. */
     ps__rpc_call_t *c = NULL;
     assert_int_equal(
         ps__rpc_call_start_auth(f->ch, "/t.T/Md", 5000, "Bearer s3cret", "agent-7", &c), 0);
-    grpc_byte_buffer *bb = bb_of("payload");
-    assert_int_equal(ps__rpc_call_send_last(c, bb, 0, NULL), 0);
-    grpc_byte_buffer_destroy(bb);
-    bb = NULL;
-    assert_int_equal(ps__rpc_call_recv(c, &bb), 0);
-    assert_string_equal(text_of(bb, buf, sizeof(buf)), "Bearer s3cret|agent-7|payload");
-    assert_int_equal(ps__rpc_call_finish(c, NULL), 0);
-    ps__rpc_call_destroy(c);
+    send_text(c, "payload", 1);
+    expect_reply(c, "Bearer s3cret|agent-7|payload");
 
     /* With a plain send, then the half-close on its own; no metadata. */
     assert_int_equal(ps__rpc_call_start_auth(f->ch, "/t.T/Md", 5000, NULL, NULL, &c), 0);
-    bb = bb_of("two");
-    assert_int_equal(ps__rpc_call_send(c, bb), 0);
-    grpc_byte_buffer_destroy(bb);
+    send_text(c, "two", 0);
     assert_int_equal(ps__rpc_call_close_send(c), 0);
-    bb = NULL;
-    assert_int_equal(ps__rpc_call_recv(c, &bb), 0);
-    assert_string_equal(text_of(bb, buf, sizeof(buf)), "-|-|two");
-    assert_int_equal(ps__rpc_call_finish(c, NULL), 0);
-    ps__rpc_call_destroy(c);
+    expect_reply(c, "-|-|two");
 
     /* Only the half-close: the headers go with it. */
     assert_int_equal(ps__rpc_call_start_auth(f->ch, "/t.T/Md", 5000, "Bearer x", NULL, &c), 0);
     assert_int_equal(ps__rpc_call_close_send(c), 0);
-    bb = NULL;
-    assert_int_equal(ps__rpc_call_recv(c, &bb), 0);
-    assert_string_equal(text_of(bb, buf, sizeof(buf)), "Bearer x|-|");
-    assert_int_equal(ps__rpc_call_finish(c, NULL), 0);
-    ps__rpc_call_destroy(c);
+    expect_reply(c, "Bearer x|-|");
 }
 
 static void test_cancel_before_sending(void **state)
