@@ -416,6 +416,7 @@ typedef struct coll {
     int *ranks; /* group ranks of the members (p2p: sender, receiver) */
     member_t **members;
     int narrived, nfinished;
+    int64_t alive_checked_ms; /* the last liveness check while ranks arrive */
     int failed;
     int code;
     char message[512];
@@ -2126,8 +2127,13 @@ static void wait_arrivals(ps__hub_t *h, coll_t *c, int64_t timeout_ms)
             abs_ms(left < PS_HUB_LIVENESS_CHECK_MS ? left : PS_HUB_LIVENESS_CHECK_MS);
         if (left > 0 && pthread_cond_timedwait(&c->cond, c->lock, &slice) == ETIMEDOUT &&
             c->narrived < nlocal && !c->failed && ps__now_ms() < end) {
-            if (!h->stopping)
+            /* Once a second for the collective, by whichever waiting rank
+             * comes to it first, not once a second for each of them. */
+            int64_t now = ps__now_ms();
+            if (!h->stopping && now - c->alive_checked_ms >= PS_HUB_LIVENESS_CHECK_MS) {
+                c->alive_checked_ms = now;
                 check_missing_alive(h, c);
+            }
             check_cancelled(c);
             continue;
         }

@@ -1840,6 +1840,16 @@ static int sc_early_exit(ctx_t *cx)
     return 0;
 }
 
+/* Rank 0 comes to a barrier 3.5 s late: the others wait for it (the hub
+ * checks once a second that rank 0 is still a member), then all go on. */
+static int sc_straggler(ctx_t *cx)
+{
+    if (cx->rank == 0)
+        sleep_ms(3500);
+    TRY(ps_barrier(cx->comm, NULL));
+    return run_case(cx, K_ALL_REDUCE, PS_FLOAT32, PS_SUM, 1000, 0, NULL, 0);
+}
+
 /* A payload over the daemon's --max-tensor-bytes (1 MiB in this test) fails
  * with PS_ENOMEM on every rank, and smaller ones still work. */
 static int sc_too_big(ctx_t *cx)
@@ -2267,6 +2277,7 @@ static const scenario_t scenarios[] = {
     {"too_big", sc_too_big, 1, 0},
     {"smoke", sc_smoke, 1, 0},
     {"early_exit", sc_early_exit, 1, 0},
+    {"straggler", sc_straggler, 1, 0},
     {"peer_timeout", sc_peer_timeout, 1, 2000},
     {"barrier_late_rank", sc_barrier_late_rank, 1, 2000},
     {"barrier_late_half", sc_barrier_late_half, 1, 2000},
