@@ -622,7 +622,7 @@ static void handle_call(ps__rpc_server_t *s, rpc_pending_t *p, int served)
 
 /* One event of the server's queue: a call accepted (served here), a
  * request that failed, or the server's shutdown. */
-static void handle_event(ps__rpc_server_t *s, grpc_event ev, int served)
+static void handle_event(ps__rpc_server_t *s, grpc_event ev)
 {
     if (ev.tag == &s->tag_shutdown) {
         pthread_mutex_lock(&s->lock);
@@ -639,6 +639,9 @@ static void handle_event(ps__rpc_server_t *s, grpc_event ev, int served)
      * waiting while this one is served. */
     if (ev.success && !shutting)
         request_call(s, p->method);
+    /* Before serving, another thread must wait for the next call: handlers
+     * block on each other inside a collective. */
+    int served = ev.success && p->method >= 0 && (s->pool_idle > 0 || pool_grow(s) == 0);
     pthread_mutex_unlock(&s->lock);
     if (!ev.success) {
         pending_free(p);
@@ -685,9 +688,8 @@ static void *pool_main(void *arg)
             continue;
         }
         s->pool_idle--;
-        int served = s->pool_idle > 0 || pool_grow(s) == 0;
         pthread_mutex_unlock(&s->lock);
-        handle_event(s, ev, served);
+        handle_event(s, ev);
         pthread_mutex_lock(&s->lock);
         s->pool_idle++;
         pthread_mutex_unlock(&s->lock);
@@ -1037,7 +1039,8 @@ int ps__rpc_call_start_ex(ps__rpc_channel_t *ch, const char *method, int64_t tim
 
 /* Starts a batch of n ops (room for one more at the front): on a client
  * call whose initial metadata is not sent yet, SEND_INITIAL_METADATA goes
- * first in it. */
+ * first in it. With n 0, only that: GRPC_CALL_ERROR (nothing started) when
+ * it went already. */
 static grpc_call_error start_batch_md(ps__rpc_call_t *c, grpc_op *ops, size_t n, void *tag)
 {
     grpc_metadata md[2];
@@ -1062,7 +1065,7 @@ static grpc_call_error start_batch_md(ps__rpc_call_t *c, grpc_op *ops, size_t n,
         c->initial_md_sent = 1;
         n++;
     }
-    grpc_call_error e = grpc_call_start_batch(c->call, ops, n, tag, NULL);
+    grpc_call_error e = n ? grpc_call_start_batch(c->call, ops, n, tag, NULL) : GRPC_CALL_ERROR;
     pthread_mutex_unlock(&c->lock);
     for (size_t i = 0; i < nmd; i++)
         grpc_slice_unref(md[i].value);
@@ -1073,9 +1076,9 @@ static grpc_call_error start_batch_md(ps__rpc_call_t *c, grpc_op *ops, size_t n,
  * anything sends its initial metadata first, in a batch of its own. */
 static void send_md_alone(ps__rpc_call_t *c)
 {
-    if (c->is_server || c->initial_md_sent)
+    if (c->is_server)
         return;
-    grpc_op op[1];
+    grpc_op op[1]; /* start_batch_md decides, under the call's lock */
     if (start_batch_md(c, op, 0, &c->tag_md) == GRPC_CALL_OK)
         c->md_outstanding = 1;
 }
