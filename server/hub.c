@@ -416,7 +416,7 @@ typedef struct coll {
     int *ranks; /* group ranks of the members (p2p: sender, receiver) */
     member_t **members;
     int narrived, nfinished;
-    int64_t alive_checked_ms; /* the last liveness check while ranks arrive */
+    int64_t alive_checked_ms; /* the last check_missing_alive */
     int failed;
     int code;
     char message[512];
@@ -1186,6 +1186,7 @@ static coll_t *coll_new(ps__hub_t *h, job_t *j, const header_t *hd, int n, int p
     c->job = j;
     c->group = hd->group;
     c->seq = hd->seq;
+    c->alive_checked_ms = ps__now_ms(); /* the first check a second from now */
     c->p2p = p2p;
     c->kind = p2p ? K_SEND : (coll_kind_t)hd->kind;
     c->op = hd->op;
@@ -2052,11 +2053,20 @@ static int header_check(const ps__config_t *cfg, const header_t *hd, int n, char
     return 0;
 }
 
+/* Liveness of missing ranks is checked this often while a collective waits. */
+#define PS_HUB_LIVENESS_CHECK_MS 1000
+
 /* Asks the coordinator whether the ranks still missing are members; fails
  * the collective naming the first that is not (it died or left), so the
- * others need not wait for the timeout. Lock held; dropped while asking. */
+ * others need not wait for the timeout. At most once a second for the
+ * collective, whichever of its waiting threads (ranks, ring links) calls
+ * first: the others return at once. Lock held; dropped while asking. */
 static void check_missing_alive(ps__hub_t *h, coll_t *c)
 {
+    int64_t now = ps__now_ms();
+    if (h->stopping || now - c->alive_checked_ms < PS_HUB_LIVENESS_CHECK_MS)
+        return;
+    c->alive_checked_ms = now;
     ps__job_info_t info;
     char *err = NULL;
     memset(&info, 0, sizeof(info));
@@ -2113,9 +2123,6 @@ static void check_cancelled(coll_t *c)
     }
 }
 
-/* Liveness of missing ranks is checked this often while a collective waits. */
-#define PS_HUB_LIVENESS_CHECK_MS 1000
-
 /* Waits, lock held, until the collective may start; fails it at the deadline. */
 static void wait_arrivals(ps__hub_t *h, coll_t *c, int64_t timeout_ms)
 {
@@ -2127,13 +2134,7 @@ static void wait_arrivals(ps__hub_t *h, coll_t *c, int64_t timeout_ms)
             abs_ms(left < PS_HUB_LIVENESS_CHECK_MS ? left : PS_HUB_LIVENESS_CHECK_MS);
         if (left > 0 && pthread_cond_timedwait(&c->cond, c->lock, &slice) == ETIMEDOUT &&
             c->narrived < nlocal && !c->failed && ps__now_ms() < end) {
-            /* Once a second for the collective, by whichever waiting rank
-             * comes to it first, not once a second for each of them. */
-            int64_t now = ps__now_ms();
-            if (!h->stopping && now - c->alive_checked_ms >= PS_HUB_LIVENESS_CHECK_MS) {
-                c->alive_checked_ms = now;
-                check_missing_alive(h, c);
-            }
+            check_missing_alive(h, c);
             check_cancelled(c);
             continue;
         }
@@ -2714,7 +2715,7 @@ static void *ring_send_main(void *arg)
                   "%s (group %u, seq %" PRIu64 "): cannot reach agent %s, %s: %s",
                   kind_name(c->kind), c->group, c->seq, l->who,
                   next ? "the next in the ring" : "one of the mesh", ps_strerror(rc));
-    int64_t start = ps__now_ms(), checked = start;
+    int64_t start = ps__now_ms();
     int rounds = ring_rounds(c), broke = rc < 0;
     /* A passing ring that sends nothing (or no more) still keeps the
      * deadline until the links to this agent come, if they have to come. */
@@ -2783,10 +2784,8 @@ static void *ring_send_main(void *arg)
                           "arrive within %lld ms",
                           kind_name(c->kind), c->group, c->seq, missing->addr,
                           (long long)rg->timeout_ms);
-            else if (now - checked >= PS_HUB_LIVENESS_CHECK_MS && !h->stopping) {
-                checked = now;
+            else
                 check_missing_alive(h, c);
-            }
             continue;
         }
         sl->sent++;
