@@ -253,6 +253,14 @@ cmd_spawn() {
     echo $! >"$state/$name.pid"
 }
 
+# Whether process PID runs: a zombie (ended, not yet reaped; this machine's
+# init reaps the orphans of spawn only every second or two) counts as gone.
+alive() {
+    local st
+    st=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null) || return 1
+    [ "${st%% *}" != Z ]
+}
+
 cmd_stop() {
     need_state
     local f="$state/$1.pid" sig=${2:-TERM}
@@ -261,10 +269,10 @@ cmd_stop() {
     pid=$(cat "$f")
     kill -"$sig" "$pid" 2>/dev/null || true
     for _ in $(seq 100); do
-        kill -0 "$pid" 2>/dev/null || break
+        alive "$pid" || break
         sleep 0.1
     done
-    if kill -0 "$pid" 2>/dev/null; then
+    if alive "$pid"; then
         kill -KILL "$pid" 2>/dev/null || true
     fi
     rm -f "$f"
@@ -292,7 +300,7 @@ wait_serving() {
     pid=$(cat "$state/$name.pid")
     for _ in $(seq 300); do
         [ -s "$file" ] && return 0
-        if ! kill -0 "$pid" 2>/dev/null; then
+        if ! alive "$pid"; then
             echo "$prog: $name exited before serving; its log:" >&2
             cat "$state/$name.log" >&2
             return 1
