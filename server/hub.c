@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -17,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <grpc/slice.h>
 #include <grpc/status.h>
 
 #include <paramsync/gpu.h>
@@ -73,8 +75,14 @@ typedef struct shm_map {
 typedef struct blob {
     int refs;
     size_t len;
-    uint8_t *data;  /* storage[], or a view into map */
+    uint8_t *data;  /* storage[], or a view into map; NULL when held in pieces */
     shm_map_t *map; /* the segment a view belongs to, else NULL */
+    /* In pieces (blob_pieces): held[i] are slices of the received frames
+     * with the bytes in order; piece[i] points at them once they are all
+     * there (blob_pieces_iov). */
+    struct iovec *piece;
+    grpc_slice *held;
+    int npieces, cap;
     uint8_t storage[];
 } blob_t;
 
@@ -244,12 +252,56 @@ static blob_t *blob_new(size_t len)
 {
     blob_t *b = malloc(sizeof(*b) + len);
     if (b) {
-        b->refs = 1;
-        b->len = len;
+        *b = (blob_t){.refs = 1, .len = len};
         b->data = b->storage;
-        b->map = NULL;
     }
     return b;
+}
+
+/* A blob of len bytes to be held where they arrive (blob_hold): a member's
+ * input that is only read by the step's reduction (reduce_step), so the
+ * bytes are not copied out of the received frames first. */
+static blob_t *blob_pieces(size_t len)
+{
+    blob_t *b = malloc(sizeof(*b));
+    if (b)
+        *b = (blob_t){.refs = 1, .len = len};
+    return b;
+}
+
+/* Adds data bytes [from, from+len) of frame f to blob b in pieces. 0, or
+ * PS_ENOMEM. */
+static int blob_hold(blob_t *b, const ps__frame_t *f, size_t from, size_t len)
+{
+    /* A range of a frame lies in at most its nslices pieces. */
+    if ((size_t)(b->cap - b->npieces) < f->nslices) {
+        size_t cap = (size_t)b->cap * 2 + f->nslices;
+        if (cap > INT_MAX)
+            return PS_ENOMEM;
+        struct iovec *np = realloc(b->piece, cap * sizeof(*np));
+        if (!np)
+            return PS_ENOMEM;
+        b->piece = np;
+        grpc_slice *nh = realloc(b->held, cap * sizeof(*nh));
+        if (!nh)
+            return PS_ENOMEM;
+        b->held = nh;
+        b->cap = (int)cap;
+    }
+    int n = ps__frame_data_ref(f, from, len, NULL, b->held + b->npieces, b->cap - b->npieces);
+    if (n < 0)
+        return PS_EINVAL; /* not reached: member_read asks for bytes the frame has */
+    b->npieces += n;
+    return 0;
+}
+
+/* Points b->piece at the held slices, which no longer move (an inlined
+ * slice keeps its bytes in itself). */
+static void blob_pieces_iov(blob_t *b)
+{
+    for (int i = 0; i < b->npieces; i++)
+        b->piece[i] =
+            (struct iovec){GRPC_SLICE_START_PTR(b->held[i]), GRPC_SLICE_LENGTH(b->held[i])};
 }
 
 /* The most pieces of an output frame written into a segment's file or a
@@ -262,10 +314,7 @@ static blob_t *blob_view(shm_map_t *map, uint8_t *data, size_t len)
 {
     blob_t *b = malloc(sizeof(*b));
     if (b) {
-        b->refs = 1;
-        b->len = len;
-        b->data = data;
-        b->map = map;
+        *b = (blob_t){.refs = 1, .len = len, .data = data, .map = map};
         pthread_mutex_lock(&blob_lock);
         map->refs++;
         map->views++;
@@ -294,6 +343,10 @@ static void blob_unref(void *arg)
     if (last) {
         if (b->map)
             shm_unref(b->map);
+        for (int i = 0; i < b->npieces; i++)
+            grpc_slice_unref(b->held[i]);
+        free(b->piece);
+        free(b->held);
         free(b);
     }
 }
@@ -921,6 +974,30 @@ static int step_contributes(const step_plan_t *p, int i)
     return p->contrib_one < 0 || p->contrib_one == i;
 }
 
+static int ring_acc(const coll_t *c)
+{
+    return c->ring && c->ring->mode == RING_ACC;
+}
+
+/* The inputs a step's slot waits for. ACC: every rank contributes, this
+ * agent's are here. */
+static int step_need(const coll_t *c, const step_plan_t *p)
+{
+    return ring_acc(c) ? c->ring->nlocal : p->ncontrib;
+}
+
+/* Whether the step's last contributor reduces its inputs (reduce_step),
+ * rather than passing its one input on as the output or putting packed
+ * blocks together. ACC adds the previous agent's step into the output: never
+ * a view of a rank's input (its input stays as it was), so it reduces even
+ * one input. */
+static int step_reduces(const coll_t *c, const step_plan_t *p)
+{
+    if (step_need(c, p) == 1 && !ring_acc(c))
+        return 0;
+    return !(c->packed && c->kind != K_REDUCE_SCATTER);
+}
+
 static int step_receives(const coll_t *c, const step_plan_t *p, int i)
 {
     if (p->recv_one == -1)
@@ -1406,8 +1483,7 @@ static int slot_take(coll_t *c, int64_t s)
     }
     sl->step = s;
     sl->len = p.len;
-    /* ACC: every rank contributes, this agent's are here. */
-    sl->need = c->ring && c->ring->mode == RING_ACC ? c->ring->nlocal : p.ncontrib;
+    sl->need = step_need(c, &p);
     sl->recv_need = step_local_receivers(c, s, &p);
     return 1;
 }
@@ -1430,11 +1506,13 @@ static void slot_consumed(coll_t *c, slot_t *sl)
 
 /* ---- member input ---- */
 
-/* Copies the member's next len input bytes to dst, receiving frames as
- * needed. 0, or a negative code with the collective failed. */
-static int member_read(member_t *m, uint8_t *dst, size_t len)
+/* Takes the member's next len input bytes into b (copied to b->data, or
+ * held in pieces), receiving frames as needed. 0, or a negative code with
+ * the collective failed. */
+static int member_read(member_t *m, blob_t *b, size_t len)
 {
     coll_t *c = m->coll;
+    uint8_t *dst = b->data;
     while (len > 0) {
         if (m->frame_pos == m->frame.data_len) {
             grpc_byte_buffer *bb = NULL;
@@ -1486,11 +1564,18 @@ static int member_read(member_t *m, uint8_t *dst, size_t len)
         size_t k = m->frame.data_len - m->frame_pos;
         if (k > len)
             k = len;
-        ps__frame_copy_data(&m->frame, m->frame_pos, dst, k);
+        if (dst) {
+            ps__frame_copy_data(&m->frame, m->frame_pos, dst, k);
+            dst += k;
+        } else if (blob_hold(b, &m->frame, m->frame_pos, k) < 0) {
+            pthread_mutex_lock(c->lock);
+            coll_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", kind_name(c->kind));
+            pthread_mutex_unlock(c->lock);
+            return PS_ENOMEM;
+        }
         m->frame_pos += k;
         m->in_off += k;
         ps__metrics_bytes(PS_M_RX, m->link, k);
-        dst += k;
         len -= k;
     }
     return 0;
@@ -1538,10 +1623,15 @@ static void stager_exit_register(void)
 /* Reduces one step on the device the agent was told to use; a collective
  * wider than the CUDA path takes, or a CUDA failure, falls back to the CPU
  * engine (same bits by construction). */
-static int hub_reduce(coll_t *c, void *dst, const void **srcs, size_t nsrc, size_t count)
+static ps_op_t hub_op(const coll_t *c)
 {
     /* A ring divides an average once, where the last piece is added. */
-    ps_op_t op = c->ring && c->op == PS_AVG ? PS_SUM : (ps_op_t)c->op;
+    return c->ring && c->op == PS_AVG ? PS_SUM : (ps_op_t)c->op;
+}
+
+static int hub_reduce(coll_t *c, void *dst, const void **srcs, size_t nsrc, size_t count)
+{
+    ps_op_t op = hub_op(c);
     uint64_t bytes = (uint64_t)count * ps_dtype_size((ps_dtype_t)c->dtype) * (uint64_t)nsrc;
     if (c->cuda && nsrc <= PS_GPU_MAX_SRCS) {
         pthread_once(&stager_key_once, stager_key_create);
@@ -1558,6 +1648,106 @@ static int hub_reduce(coll_t *c, void *dst, const void **srcs, size_t nsrc, size
     }
     int rc = ps_reduce_multi(op, (ps_dtype_t)c->dtype, dst, srcs, nsrc, count);
     ps__metrics_reduced(PS_M_DEV_CPU, bytes);
+    return rc;
+}
+
+/* Where a reduction has got to in one input: its pieces (one for a whole
+ * input), the current one and the offset in it. */
+typedef struct in_cursor {
+    const struct iovec *piece;
+    int npieces, i;
+    size_t off;
+    struct iovec whole;
+} in_cursor_t;
+
+/* The bytes left in the current piece, skipping used-up ones; 0 at the end. */
+static size_t in_cursor_avail(in_cursor_t *k)
+{
+    while (k->i < k->npieces && k->off == k->piece[k->i].iov_len) {
+        k->i++;
+        k->off = 0;
+    }
+    return k->i < k->npieces ? k->piece[k->i].iov_len - k->off : 0;
+}
+
+/* Reduces a step's inputs in[i] (NULL where member i gave none), len bytes
+ * each, in member order into dst. Inputs held in pieces (blob_pieces) go to
+ * the engine run by run, each run as long as every input is contiguous over
+ * it; an element split between two pieces is put together first. Every
+ * element sees the same operations in the same order as in one call over
+ * whole inputs, so the bits are the same. 0 or a negative code. */
+static int reduce_step(coll_t *c, uint8_t *dst, blob_t *const *in, size_t len)
+{
+    ps_dtype_t dt = (ps_dtype_t)c->dtype;
+    size_t es = ps_dtype_size(dt);
+    size_t n = 0;
+    int pieces = 0;
+    for (int i = 0; i < c->n; i++)
+        if (in[i]) {
+            n++;
+            pieces |= !in[i]->data;
+        }
+    const void **srcs = malloc(n * sizeof(*srcs));
+    in_cursor_t *cur = pieces ? calloc(n, sizeof(*cur)) : NULL;
+    uint8_t *split = pieces ? malloc(n * es) : NULL;
+    int rc = srcs && (!pieces || (cur && split)) ? 0 : PS_ENOMEM;
+    size_t k = 0;
+    for (int i = 0; i < c->n && rc == 0; i++) {
+        if (!in[i])
+            continue;
+        if (!pieces) {
+            srcs[k++] = in[i]->data;
+            continue;
+        }
+        in_cursor_t *q = &cur[k++];
+        if (in[i]->data) {
+            q->whole = (struct iovec){in[i]->data, len};
+            q->piece = &q->whole;
+            q->npieces = 1;
+        } else {
+            blob_pieces_iov(in[i]);
+            q->piece = in[i]->piece;
+            q->npieces = in[i]->npieces;
+        }
+    }
+    if (rc == 0 && !pieces)
+        rc = hub_reduce(c, dst, srcs, n, len / es);
+    ps_op_t op = hub_op(c);
+    for (size_t done = 0; rc == 0 && pieces && done < len;) {
+        size_t run = len - done;
+        for (k = 0; k < n; k++) {
+            size_t avail = in_cursor_avail(&cur[k]);
+            if (avail < run)
+                run = avail;
+        }
+        run -= run % es;
+        for (k = 0; k < n; k++) {
+            in_cursor_t *q = &cur[k];
+            if (run) {
+                srcs[k] = (const uint8_t *)q->piece[q->i].iov_base + q->off;
+                q->off += run;
+                continue;
+            }
+            /* An element split between pieces (in some input): one at a time. */
+            uint8_t *e = split + k * es;
+            for (size_t b = 0; b < es && rc == 0; b++) {
+                if (in_cursor_avail(q) == 0)
+                    rc = PS_EINVAL; /* not reached: each input holds len bytes */
+                else
+                    e[b] = ((const uint8_t *)q->piece[q->i].iov_base)[q->off++];
+            }
+            srcs[k] = e;
+        }
+        size_t step = run ? run : es;
+        if (rc == 0)
+            rc = ps_reduce_multi(op, dt, dst + done, srcs, n, step / es);
+        done += step;
+    }
+    if (rc == 0 && pieces)
+        ps__metrics_reduced(PS_M_DEV_CPU, (uint64_t)len * n);
+    free(srcs);
+    free(cur);
+    free(split);
     return rc;
 }
 
@@ -1602,14 +1792,17 @@ static int shm_broken_check(coll_t *c)
 static void member_deposit(member_t *m)
 {
     coll_t *c = m->coll;
-    size_t esize = ps_dtype_size((ps_dtype_t)c->dtype);
     for (int64_t s = 0; s < c->nsteps; s++) {
         step_plan_t p;
         plan_step(c, s, &p);
         if (!step_contributes(&p, m->index))
             continue;
         int view = m->shm && !m->by_file;
-        blob_t *b = view ? blob_view(m->shm, m->shm->base + m->in_off, p.len) : blob_new(p.len);
+        /* An input the CPU reduces is read where it arrived, not copied. */
+        int held = !m->shm && !c->cuda && step_reduces(c, &p);
+        blob_t *b = view   ? blob_view(m->shm, m->shm->base + m->in_off, p.len)
+                    : held ? blob_pieces(p.len)
+                           : blob_new(p.len);
         uint64_t at = m->in_off;
         pthread_mutex_lock(c->lock);
         slot_t *sl = b ? slot_claim(c, s) : NULL;
@@ -1620,7 +1813,7 @@ static void member_deposit(member_t *m)
             m->in_off += p.len;
             ps__metrics_shm_bytes(PS_M_RX, shm_access(m->shm, !view), p.len);
         }
-        if (!sl || (!m->shm && member_read(m, b->data, p.len) < 0) ||
+        if (!sl || (!m->shm && member_read(m, b, p.len) < 0) ||
             (m->shm && !view && seg_failed(m, 0, seg_io(m->shm, 0, b->data, p.len, at)))) {
             blob_unref(b);
             return;
@@ -1633,9 +1826,7 @@ static void member_deposit(member_t *m)
         }
         sl->in[m->index] = b;
         if (++sl->have == sl->need) {
-            /* ACC adds the previous agent's step into it: never a view of a
-             * rank's input (its input stays as it was). */
-            if (sl->need == 1 && !(c->ring && c->ring->mode == RING_ACC)) {
+            if (sl->need == 1 && !ring_acc(c)) {
                 sl->out = b;
                 sl->in[m->index] = NULL;
             } else {
@@ -1644,20 +1835,13 @@ static void member_deposit(member_t *m)
                  * every run gives the same bits. */
                 pthread_mutex_unlock(c->lock);
                 blob_t *out = blob_new(p.out_len);
-                int combine = c->packed && c->kind != K_REDUCE_SCATTER;
-                const void **srcs = combine ? NULL : malloc((size_t)c->n * sizeof(void *));
                 int rc = PS_ENOMEM;
-                if (out && combine) {
+                if (out && !step_reduces(c, &p)) {
                     packed_combine(c, out->data, sl->in);
                     rc = 0;
-                } else if (out && srcs) {
-                    size_t k = 0; /* the contributors here, in rank order */
-                    for (int i = 0; i < c->n; i++)
-                        if (sl->in[i])
-                            srcs[k++] = sl->in[i]->data;
-                    rc = hub_reduce(c, out->data, srcs, k, p.len / esize);
+                } else if (out) {
+                    rc = reduce_step(c, out->data, sl->in, p.len);
                 }
-                free(srcs);
                 pthread_mutex_lock(c->lock);
                 if (rc < 0) {
                     blob_unref(out);

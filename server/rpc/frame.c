@@ -263,21 +263,41 @@ int ps__frame_copy_data(const ps__frame_t *f, size_t from, void *dst, size_t len
     return 0;
 }
 
+int ps__frame_data_ref(const ps__frame_t *f, size_t from, size_t len, struct iovec *iov,
+                       grpc_slice *held, int max)
+{
+    if (from > f->data_len || len > f->data_len - from)
+        return -1;
+    size_t off = f->data_offset;
+    int n = 0;
+    for (size_t si = f->data_slice; len && si < f->nslices; si++, off = 0) {
+        size_t avail = GRPC_SLICE_LENGTH(f->slices[si]) - off;
+        if (from >= avail) { /* before the range */
+            from -= avail;
+            continue;
+        }
+        off += from;
+        avail -= from;
+        from = 0;
+        size_t k = avail < len ? avail : len;
+        if (n == max)
+            break;
+        if (held) /* a short one is copied into the slice itself (inlined) */
+            held[n] = grpc_slice_sub(f->slices[si], off, off + k);
+        else
+            iov[n] = (struct iovec){GRPC_SLICE_START_PTR(f->slices[si]) + off, k};
+        n++;
+        len -= k;
+    }
+    if (len && held)
+        for (int i = 0; i < n; i++)
+            grpc_slice_unref(held[i]);
+    return len ? -1 : n;
+}
+
 int ps__frame_data_iov(const ps__frame_t *f, struct iovec *iov, int max)
 {
-    size_t left = f->data_len, off = f->data_offset;
-    int n = 0;
-    for (size_t si = f->data_slice; left && si < f->nslices; si++, off = 0) {
-        size_t avail = GRPC_SLICE_LENGTH(f->slices[si]) - off, k = avail < left ? avail : left;
-        if (!k)
-            continue;
-        if (n == max)
-            return -1;
-        iov[n].iov_base = GRPC_SLICE_START_PTR(f->slices[si]) + off;
-        iov[n++].iov_len = k;
-        left -= k;
-    }
-    return left ? -1 : n;
+    return ps__frame_data_ref(f, 0, f->data_len, iov, NULL, max);
 }
 
 void ps__frame_clear(ps__frame_t *f)

@@ -67,6 +67,16 @@ int ps__frame_copy_data(const ps__frame_t *f, size_t from, void *dst, size_t len
  * more than max pieces. */
 int ps__frame_data_iov(const ps__frame_t *f, struct iovec *iov, int max);
 
+/** Points iov[0..n) at data bytes [from, from+len) of the frame where they
+ * lie (no copy); or, with held != NULL (iov unused), makes held[0..n) slices
+ * of those bytes that outlive the frame (each its own reference, released
+ * with grpc_slice_unref; a piece of a few bytes is copied into its slice,
+ * so read it through GRPC_SLICE_START_PTR of where held[i] lies). Returns
+ * n, or -1 (nothing held) when the range is outside the data or spans more
+ * than max pieces; a frame's range never spans more than its nslices. */
+int ps__frame_data_ref(const ps__frame_t *f, size_t from, size_t len, struct iovec *iov,
+                       grpc_slice *held, int max);
+
 /** Frees what decode took. Accepts a zeroed frame. */
 void ps__frame_clear(ps__frame_t *f);
 

@@ -1,4 +1,5 @@
-/* Fuzz target: Frame decoding and its data (decode, copy_data, data_iov), in any slices. */
+/* Fuzz target: Frame decoding and its data (decode, copy_data, data_iov, data_ref), in any
+ * slices. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -121,6 +122,34 @@ static void check_ranges(const ps__frame_t *f, const uint8_t *all, uint64_t seed
     FUZZ_CHECK(ps__frame_copy_data(f, 1, &byte, SIZE_MAX) == PS_EINVAL);
 }
 
+/* Slices of a range of f's data, made to outlive f (ps__frame_data_ref):
+ * up to 64 into held, the range in *from, *len. Returns how many, or -1. */
+static int hold_range(const ps__frame_t *f, uint64_t seed, grpc_slice *held, size_t *from,
+                      size_t *len)
+{
+    size_t n = f->data_len;
+    *from = n ? (size_t)(seed % n) : 0;
+    *len = (size_t)((seed >> 32) % (n - *from + 1));
+    FUZZ_CHECK(ps__frame_data_ref(f, n + 1, 0, NULL, held, 64) == -1);
+    FUZZ_CHECK(ps__frame_data_ref(f, *from, n - *from + 1, NULL, held, 64) == -1);
+    return ps__frame_data_ref(f, *from, *len, NULL, held, 64);
+}
+
+/* After the frame is gone, the held slices still hold bytes [from,
+ * from+len) of its data, in order, none empty; then they are released. */
+static void check_held(grpc_slice *held, int k, const uint8_t *all, size_t from, size_t len)
+{
+    size_t at = 0;
+    for (int i = 0; i < k; i++) {
+        size_t l = GRPC_SLICE_LENGTH(held[i]);
+        FUZZ_CHECK(l > 0 && at + l <= len);
+        FUZZ_CHECK(memcmp(GRPC_SLICE_START_PTR(held[i]), all + from + at, l) == 0);
+        at += l;
+        grpc_slice_unref(held[i]);
+    }
+    FUZZ_CHECK(k < 0 || at == len);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     const uint8_t *msg;
@@ -185,6 +214,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             seed = (seed ^ data[i]) * 1099511628211ull;
         check_ranges(&f, fd, seed);
         check_ranges(&g, gd, seed * 31 + 7);
+        grpc_slice held[64];
+        size_t from, len;
+        int k = hold_range(&f, seed * 17 + 3, held, &from, &len);
+        ps__frame_clear(&f);
+        ps__frame_clear(&g);
+        check_held(held, k, fd, from, len);
         free(fm);
         free(gm);
         free(fd);
