@@ -1670,65 +1670,34 @@ static size_t in_cursor_avail(in_cursor_t *k)
     return k->i < k->npieces ? k->piece[k->i].iov_len - k->off : 0;
 }
 
-/* Reduces a step's inputs in[i] (NULL where member i gave none), len bytes
- * each, in member order into dst. Inputs held in pieces (blob_pieces) go to
- * the engine run by run, each run as long as every input is contiguous over
- * it; an element split between two pieces is put together first. Every
+/* Reduces n inputs of len bytes each, read through their cursors, in input
+ * order into dst (which may be the first input exactly: in place). Runs go
+ * to the engine as long as every input is contiguous over them; an element
+ * split between two pieces (in some input) is put together first. Every
  * element sees the same operations in the same order as in one call over
  * whole inputs, so the bits are the same. 0 or a negative code. */
-static int reduce_step(coll_t *c, uint8_t *dst, blob_t *const *in, size_t len)
+static int reduce_runs(ps_op_t op, ps_dtype_t dt, uint8_t *dst, in_cursor_t *cur, size_t n,
+                       size_t len)
 {
-    ps_dtype_t dt = (ps_dtype_t)c->dtype;
     size_t es = ps_dtype_size(dt);
-    size_t n = 0;
-    int pieces = 0;
-    for (int i = 0; i < c->n; i++)
-        if (in[i]) {
-            n++;
-            pieces |= !in[i]->data;
-        }
     const void **srcs = malloc(n * sizeof(*srcs));
-    in_cursor_t *cur = pieces ? calloc(n, sizeof(*cur)) : NULL;
-    uint8_t *split = pieces ? malloc(n * es) : NULL;
-    int rc = srcs && (!pieces || (cur && split)) ? 0 : PS_ENOMEM;
-    size_t k = 0;
-    for (int i = 0; i < c->n && rc == 0; i++) {
-        if (!in[i])
-            continue;
-        if (!pieces) {
-            srcs[k++] = in[i]->data;
-            continue;
-        }
-        in_cursor_t *q = &cur[k++];
-        if (in[i]->data) {
-            q->whole = (struct iovec){in[i]->data, len};
-            q->piece = &q->whole;
-            q->npieces = 1;
-        } else {
-            blob_pieces_iov(in[i]);
-            q->piece = in[i]->piece;
-            q->npieces = in[i]->npieces;
-        }
-    }
-    if (rc == 0 && !pieces)
-        rc = hub_reduce(c, dst, srcs, n, len / es);
-    ps_op_t op = hub_op(c);
-    for (size_t done = 0; rc == 0 && pieces && done < len;) {
+    uint8_t *split = malloc(n * es);
+    int rc = srcs && split ? 0 : PS_ENOMEM;
+    for (size_t done = 0; rc == 0 && done < len;) {
         size_t run = len - done;
-        for (k = 0; k < n; k++) {
+        for (size_t k = 0; k < n; k++) {
             size_t avail = in_cursor_avail(&cur[k]);
             if (avail < run)
                 run = avail;
         }
         run -= run % es;
-        for (k = 0; k < n; k++) {
+        for (size_t k = 0; k < n; k++) {
             in_cursor_t *q = &cur[k];
             if (run) {
                 srcs[k] = (const uint8_t *)q->piece[q->i].iov_base + q->off;
                 q->off += run;
                 continue;
             }
-            /* An element split between pieces (in some input): one at a time. */
             uint8_t *e = split + k * es;
             for (size_t b = 0; b < es && rc == 0; b++) {
                 if (in_cursor_avail(q) == 0)
@@ -1743,11 +1712,62 @@ static int reduce_step(coll_t *c, uint8_t *dst, blob_t *const *in, size_t len)
             rc = ps_reduce_multi(op, dt, dst + done, srcs, n, step / es);
         done += step;
     }
-    if (rc == 0 && pieces)
-        ps__metrics_reduced(PS_M_DEV_CPU, (uint64_t)len * n);
     free(srcs);
-    free(cur);
     free(split);
+    return rc;
+}
+
+/* A cursor over one whole input. */
+static void in_cursor_whole(in_cursor_t *q, const void *data, size_t len)
+{
+    *q = (in_cursor_t){.whole = {(void *)data, len}, .npieces = 1};
+    q->piece = &q->whole;
+}
+
+/* Reduces a step's inputs in[i] (NULL where member i gave none), len bytes
+ * each, in member order into dst; inputs held in pieces (blob_pieces) are
+ * read where they lie (reduce_runs). 0 or a negative code. */
+static int reduce_step(coll_t *c, uint8_t *dst, blob_t *const *in, size_t len)
+{
+    size_t n = 0;
+    int pieces = 0;
+    for (int i = 0; i < c->n; i++)
+        if (in[i]) {
+            n++;
+            pieces |= !in[i]->data;
+        }
+    if (!pieces) {
+        const void **srcs = malloc(n * sizeof(*srcs));
+        if (!srcs)
+            return PS_ENOMEM;
+        size_t k = 0;
+        for (int i = 0; i < c->n; i++)
+            if (in[i])
+                srcs[k++] = in[i]->data;
+        int rc = hub_reduce(c, dst, srcs, n, len / ps_dtype_size((ps_dtype_t)c->dtype));
+        free(srcs);
+        return rc;
+    }
+    in_cursor_t *cur = calloc(n, sizeof(*cur));
+    if (!cur)
+        return PS_ENOMEM;
+    size_t k = 0;
+    for (int i = 0; i < c->n; i++) {
+        if (!in[i])
+            continue;
+        in_cursor_t *q = &cur[k++];
+        if (in[i]->data) {
+            in_cursor_whole(q, in[i]->data, len);
+        } else {
+            blob_pieces_iov(in[i]);
+            q->piece = in[i]->piece;
+            q->npieces = in[i]->npieces;
+        }
+    }
+    int rc = reduce_runs(hub_op(c), (ps_dtype_t)c->dtype, dst, cur, n, len);
+    if (rc == 0)
+        ps__metrics_reduced(PS_M_DEV_CPU, (uint64_t)len * n);
+    free(cur);
     return rc;
 }
 
@@ -3354,6 +3374,29 @@ static void ring_pass_apply(coll_t *c)
     }
 }
 
+/* Adds the data of frame f into dst, in place, reading it where it arrived
+ * (reduce_runs); *iov (*cap entries) is the caller's, grown as needed. 0 or
+ * a negative code. */
+static int ring_add(coll_t *c, uint8_t *dst, const ps__frame_t *f, struct iovec **iov, size_t *cap)
+{
+    if (*cap < f->nslices) {
+        struct iovec *n = realloc(*iov, f->nslices * sizeof(*n));
+        if (!n)
+            return PS_ENOMEM;
+        *iov = n;
+        *cap = f->nslices;
+    }
+    int k = ps__frame_data_iov(f, *iov, (int)*cap);
+    if (k < 0)
+        return PS_EINVAL; /* not reached: a frame's data lies in at most nslices pieces */
+    in_cursor_t cur[2];
+    in_cursor_whole(&cur[0], dst, f->data_len);
+    cur[1] = (in_cursor_t){.piece = *iov, .npieces = k};
+    /* Two-input AVG is a plain sum: the ring divides once, at the end. */
+    ps_op_t op = c->op == PS_AVG ? PS_SUM : (ps_op_t)c->op;
+    return reduce_runs(op, (ps_dtype_t)c->dtype, dst, cur, 2, f->data_len);
+}
+
 /* Takes the queued pieces in order: adds them to this agent's partials in
  * the first A - 1 rounds of a step, takes them as the result in the others
  * (the sender passes each on), and hands a step to the local ranks once its
@@ -3369,10 +3412,9 @@ static void *ring_apply_main(void *arg)
     size_t esize = ps_dtype_size((ps_dtype_t)c->dtype);
     const char *pre = kind_name(c->kind);
     int acc = rg->mode == RING_ACC;
-    uint8_t *tmp = malloc(acc ? c->step_bytes : c->step_bytes / (size_t)rg->nagents + esize);
+    struct iovec *iov = NULL; /* where a received piece lies in its frame */
+    size_t iov_cap = 0;
     pthread_mutex_lock(c->lock);
-    if (!tmp)
-        coll_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", pre);
     wait_arrivals(h, c, rg->timeout_ms);
     if (rg->mode == RING_PASS)
         ring_pass_apply(c);
@@ -3431,8 +3473,7 @@ static void *ring_apply_main(void *arg)
             uint8_t *dst = sl->out->data + off;
             pthread_mutex_unlock(c->lock);
             if (adds) {
-                ps__frame_copy_data(&q->f, 0, tmp, len);
-                rc = ps_reduce((ps_op_t)c->op, (ps_dtype_t)c->dtype, dst, tmp, len / esize);
+                rc = ring_add(c, dst, &q->f, &iov, &iov_cap);
                 if (rc == 0 && completes && c->op == PS_AVG)
                     rc = ps_reduce_scale((ps_dtype_t)c->dtype, dst, len / esize,
                                          (uint64_t)rg->group_size);
@@ -3443,8 +3484,10 @@ static void *ring_apply_main(void *arg)
             ps__metrics_bytes(PS_M_RX, PS_M_LINK_AGENT, len);
             pthread_mutex_lock(c->lock);
             if (rc < 0)
-                coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT, "%s: reduction failed: %s", pre,
-                          ps_strerror(rc));
+                coll_fail(c,
+                          rc == PS_ENOMEM ? GRPC_STATUS_RESOURCE_EXHAUSTED
+                                          : GRPC_STATUS_INVALID_ARGUMENT,
+                          "%s: reduction failed: %s", pre, ps_strerror(rc));
             sl->rounds = r + 1;
             if (acc ? completes : r == rounds - 1)
                 sl->computed = 1;
@@ -3453,7 +3496,7 @@ static void *ring_apply_main(void *arg)
         ps__frame_clear(&q->f);
         free(q);
     }
-    free(tmp);
+    free(iov);
     ring_thread_exit(h, j, c);
     return NULL;
 }
