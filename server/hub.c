@@ -83,6 +83,7 @@ typedef struct blob {
     struct iovec *piece;
     grpc_slice *held;
     int npieces, cap;
+    uint8_t *heap; /* data when pieces were copied together (blob_flatten) */
     uint8_t storage[];
 } blob_t;
 
@@ -295,6 +296,35 @@ static int blob_hold(blob_t *b, const ps__frame_t *f, size_t from, size_t len)
     return 0;
 }
 
+/* The most pieces a step's input is held in; past that it is copied
+ * together (blob_flatten). A step of 1 MiB in 1 MiB frames arrives in about
+ * 90; a sender of tiny frames would otherwise make the agent keep 48 bytes
+ * of bookkeeping (and perhaps a receive buffer) per piece. */
+#define PS_HUB_MAX_PIECES(len) (64 + (len) / 4096)
+
+/* Copies the pieces held so far into memory of the blob's own and lets the
+ * slices go: from then on the blob is whole (b->data). 0, or PS_ENOMEM. */
+static int blob_flatten(blob_t *b)
+{
+    uint8_t *d = malloc(b->len ? b->len : 1);
+    if (!d)
+        return PS_ENOMEM;
+    size_t at = 0;
+    for (int i = 0; i < b->npieces; i++) {
+        size_t l = GRPC_SLICE_LENGTH(b->held[i]);
+        memcpy(d + at, GRPC_SLICE_START_PTR(b->held[i]), l);
+        at += l;
+        grpc_slice_unref(b->held[i]);
+    }
+    free(b->piece);
+    free(b->held);
+    b->piece = NULL;
+    b->held = NULL;
+    b->npieces = b->cap = 0;
+    b->data = b->heap = d;
+    return 0;
+}
+
 /* Points b->piece at the held slices, which no longer move (an inlined
  * slice keeps its bytes in itself). */
 static void blob_pieces_iov(blob_t *b)
@@ -347,6 +377,7 @@ static void blob_unref(void *arg)
             grpc_slice_unref(b->held[i]);
         free(b->piece);
         free(b->held);
+        free(b->heap);
         free(b);
     }
 }
@@ -1512,7 +1543,7 @@ static void slot_consumed(coll_t *c, slot_t *sl)
 static int member_read(member_t *m, blob_t *b, size_t len)
 {
     coll_t *c = m->coll;
-    uint8_t *dst = b->data;
+    size_t filled = 0;
     while (len > 0) {
         if (m->frame_pos == m->frame.data_len) {
             grpc_byte_buffer *bb = NULL;
@@ -1564,10 +1595,14 @@ static int member_read(member_t *m, blob_t *b, size_t len)
         size_t k = m->frame.data_len - m->frame_pos;
         if (k > len)
             k = len;
-        if (dst) {
-            ps__frame_copy_data(&m->frame, m->frame_pos, dst, k);
-            dst += k;
-        } else if (blob_hold(b, &m->frame, m->frame_pos, k) < 0) {
+        int rc = 0;
+        if (!b->data && (size_t)b->npieces + m->frame.nslices > PS_HUB_MAX_PIECES(b->len))
+            rc = blob_flatten(b);
+        if (rc == 0 && b->data)
+            ps__frame_copy_data(&m->frame, m->frame_pos, b->data + filled, k);
+        else if (rc == 0)
+            rc = blob_hold(b, &m->frame, m->frame_pos, k);
+        if (rc < 0) {
             pthread_mutex_lock(c->lock);
             coll_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", kind_name(c->kind));
             pthread_mutex_unlock(c->lock);
@@ -1576,6 +1611,7 @@ static int member_read(member_t *m, blob_t *b, size_t len)
         m->frame_pos += k;
         m->in_off += k;
         ps__metrics_bytes(PS_M_RX, m->link, k);
+        filled += k;
         len -= k;
     }
     return 0;
