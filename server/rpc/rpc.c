@@ -821,7 +821,47 @@ int64_t ps__rpc_call_remaining_ms(const ps__rpc_call_t *c)
     return ms < 0 ? 0 : ms;
 }
 
-static grpc_call_error start_batch_md(ps__rpc_call_t *c, grpc_op *ops, size_t n, void *tag);
+/* Starts a batch of n ops (room for one more at the front), with
+ * SEND_INITIAL_METADATA put first in it when the call has not sent it yet:
+ * a client's carries its headers (kept from ps__rpc_call_start_ex, so the
+ * headers and the first message go in one write), a server's none. With n
+ * 0, only that: GRPC_CALL_ERROR (nothing started) when it went already.
+ * The call's lock held. */
+static grpc_call_error start_batch_locked(ps__rpc_call_t *c, grpc_op *ops, size_t n, void *tag)
+{
+    grpc_metadata md[2];
+    size_t nmd = 0;
+    if (!c->initial_md_sent) {
+        memmove(ops + 1, ops, n * sizeof(*ops));
+        memset(ops, 0, sizeof(*ops));
+        ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+        ops[0].flags = c->md_flags;
+        if (c->md_authorization) {
+            md[nmd].key = grpc_slice_from_static_string("authorization");
+            md[nmd++].value = grpc_slice_from_copied_string(c->md_authorization);
+        }
+        if (c->md_via) {
+            md[nmd].key = grpc_slice_from_static_string(PS_RPC_VIA_METADATA);
+            md[nmd++].value = grpc_slice_from_copied_string(c->md_via);
+        }
+        ops[0].data.send_initial_metadata.count = nmd;
+        ops[0].data.send_initial_metadata.metadata = nmd ? md : NULL;
+        c->initial_md_sent = 1;
+        n++;
+    }
+    grpc_call_error e = n ? grpc_call_start_batch(c->call, ops, n, tag, NULL) : GRPC_CALL_ERROR;
+    for (size_t i = 0; i < nmd; i++)
+        grpc_slice_unref(md[i].value);
+    return e;
+}
+
+static grpc_call_error start_batch_md(ps__rpc_call_t *c, grpc_op *ops, size_t n, void *tag)
+{
+    pthread_mutex_lock(&c->lock);
+    grpc_call_error e = start_batch_locked(c, ops, n, tag);
+    pthread_mutex_unlock(&c->lock);
+    return e;
+}
 
 /* Sends an optional last message and the status in one batch: one trip
  * through the transport instead of two for small collectives. */
@@ -838,10 +878,6 @@ static int send_status_batch(ps__rpc_call_t *c, grpc_byte_buffer *msg, int code,
     }
     c->status_sent = 1;
     c->status_code = code;
-    if (!c->initial_md_sent) {
-        ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
-        c->initial_md_sent = 1;
-    }
     if (msg) {
         ops[n].op = GRPC_OP_SEND_MESSAGE;
         ops[n++].data.send_message.send_message = msg;
@@ -851,7 +887,7 @@ static int send_status_batch(ps__rpc_call_t *c, grpc_byte_buffer *msg, int code,
     ops[n].data.send_status_from_server.status = (grpc_status_code)code;
     ops[n].data.send_status_from_server.status_details = &details;
     n++;
-    grpc_call_error e = grpc_call_start_batch(c->call, ops, n, &c->tag_status, NULL);
+    grpc_call_error e = start_batch_locked(c, ops, n, &c->tag_status);
     pthread_mutex_unlock(&c->lock);
     int ok = e == GRPC_CALL_OK ? pluck(c->cq, &c->tag_status) : 0;
     grpc_slice_unref(details);
@@ -1037,41 +1073,6 @@ int ps__rpc_call_start_ex(ps__rpc_channel_t *ch, const char *method, int64_t tim
     return 0;
 }
 
-/* Starts a batch of n ops (room for one more at the front): on a client
- * call whose initial metadata is not sent yet, SEND_INITIAL_METADATA goes
- * first in it. With n 0, only that: GRPC_CALL_ERROR (nothing started) when
- * it went already. */
-static grpc_call_error start_batch_md(ps__rpc_call_t *c, grpc_op *ops, size_t n, void *tag)
-{
-    grpc_metadata md[2];
-    size_t nmd = 0;
-    pthread_mutex_lock(&c->lock);
-    int first = !c->is_server && !c->initial_md_sent;
-    if (first) {
-        memmove(ops + 1, ops, n * sizeof(*ops));
-        memset(ops, 0, sizeof(*ops));
-        ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-        ops[0].flags = c->md_flags;
-        if (c->md_authorization) {
-            md[nmd].key = grpc_slice_from_static_string("authorization");
-            md[nmd++].value = grpc_slice_from_copied_string(c->md_authorization);
-        }
-        if (c->md_via) {
-            md[nmd].key = grpc_slice_from_static_string(PS_RPC_VIA_METADATA);
-            md[nmd++].value = grpc_slice_from_copied_string(c->md_via);
-        }
-        ops[0].data.send_initial_metadata.count = nmd;
-        ops[0].data.send_initial_metadata.metadata = nmd ? md : NULL;
-        c->initial_md_sent = 1;
-        n++;
-    }
-    grpc_call_error e = n ? grpc_call_start_batch(c->call, ops, n, tag, NULL) : GRPC_CALL_ERROR;
-    pthread_mutex_unlock(&c->lock);
-    for (size_t i = 0; i < nmd; i++)
-        grpc_slice_unref(md[i].value);
-    return e;
-}
-
 /* A client call that is to wait for the server's side without having sent
  * anything sends its initial metadata first, in a batch of its own. */
 static void send_md_alone(ps__rpc_call_t *c)
@@ -1143,29 +1144,16 @@ int ps__rpc_call_send_or(ps__rpc_call_t *c, grpc_byte_buffer *msg, int (*give_up
     if (c->local)
         return local_take(c, msg, 0, 0, NULL);
     grpc_op ops[2];
-    size_t n = 0;
     memset(ops, 0, sizeof(ops));
-    grpc_call_error e;
-    if (!c->is_server) {
-        ops[0].op = GRPC_OP_SEND_MESSAGE;
-        ops[0].data.send_message.send_message = msg;
-        e = start_batch_md(c, ops, 1, &c->tag_send);
-    } else {
-        pthread_mutex_lock(&c->lock);
-        if (c->status_sent) {
-            pthread_mutex_unlock(&c->lock);
-            return PS_EINVAL;
-        }
-        if (!c->initial_md_sent) {
-            ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
-            c->initial_md_sent = 1;
-        }
-        ops[n].op = GRPC_OP_SEND_MESSAGE;
-        ops[n].data.send_message.send_message = msg;
-        n++;
-        e = grpc_call_start_batch(c->call, ops, n, &c->tag_send, NULL);
+    ops[0].op = GRPC_OP_SEND_MESSAGE;
+    ops[0].data.send_message.send_message = msg;
+    pthread_mutex_lock(&c->lock);
+    if (c->status_sent) { /* a server's call already ended */
         pthread_mutex_unlock(&c->lock);
+        return PS_EINVAL;
     }
+    grpc_call_error e = start_batch_locked(c, ops, 1, &c->tag_send);
+    pthread_mutex_unlock(&c->lock);
     if (e != GRPC_CALL_OK)
         return PS_EINTERNAL;
     while (give_up) {
