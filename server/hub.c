@@ -78,9 +78,7 @@ typedef struct blob {
     uint8_t *data;  /* storage[], or a view into map; NULL when held in pieces */
     shm_map_t *map; /* the segment a view belongs to, else NULL */
     /* In pieces (blob_pieces): held[i] are slices of the received frames
-     * with the bytes in order; piece[i] points at them once they are all
-     * there (blob_pieces_iov). */
-    struct iovec *piece;
+     * with the bytes in order. */
     grpc_slice *held;
     int npieces, cap;
     uint8_t *heap; /* data when pieces were copied together (blob_flatten) */
@@ -279,10 +277,6 @@ static int blob_hold(blob_t *b, const ps__frame_t *f, size_t from, size_t len)
         size_t cap = (size_t)b->cap * 2 + f->nslices;
         if (cap > INT_MAX)
             return PS_ENOMEM;
-        struct iovec *np = realloc(b->piece, cap * sizeof(*np));
-        if (!np)
-            return PS_ENOMEM;
-        b->piece = np;
         grpc_slice *nh = realloc(b->held, cap * sizeof(*nh));
         if (!nh)
             return PS_ENOMEM;
@@ -316,22 +310,11 @@ static int blob_flatten(blob_t *b)
         at += l;
         grpc_slice_unref(b->held[i]);
     }
-    free(b->piece);
     free(b->held);
-    b->piece = NULL;
     b->held = NULL;
     b->npieces = b->cap = 0;
     b->data = b->heap = d;
     return 0;
-}
-
-/* Points b->piece at the held slices, which no longer move (an inlined
- * slice keeps its bytes in itself). */
-static void blob_pieces_iov(blob_t *b)
-{
-    for (int i = 0; i < b->npieces; i++)
-        b->piece[i] =
-            (struct iovec){GRPC_SLICE_START_PTR(b->held[i]), GRPC_SLICE_LENGTH(b->held[i])};
 }
 
 /* The most pieces of an output frame written into a segment's file or a
@@ -375,7 +358,6 @@ static void blob_unref(void *arg)
             shm_unref(b->map);
         for (int i = 0; i < b->npieces; i++)
             grpc_slice_unref(b->held[i]);
-        free(b->piece);
         free(b->held);
         free(b->heap);
         free(b);
@@ -1010,13 +992,6 @@ static int ring_acc(const coll_t *c)
     return c->ring && c->ring->mode == RING_ACC;
 }
 
-/* The inputs a step's slot waits for. ACC: every rank contributes, this
- * agent's are here. */
-static int step_need(const coll_t *c, const step_plan_t *p)
-{
-    return ring_acc(c) ? c->ring->nlocal : p->ncontrib;
-}
-
 /* Whether the step's last contributor reduces its inputs (reduce_step),
  * rather than passing its one input on as the output or putting packed
  * blocks together. ACC adds the previous agent's step into the output: never
@@ -1024,7 +999,7 @@ static int step_need(const coll_t *c, const step_plan_t *p)
  * one input. */
 static int step_reduces(const coll_t *c, const step_plan_t *p)
 {
-    if (step_need(c, p) == 1 && !ring_acc(c))
+    if (p->ncontrib == 1 && !ring_acc(c))
         return 0;
     return !(c->packed && c->kind != K_REDUCE_SCATTER);
 }
@@ -1514,7 +1489,8 @@ static int slot_take(coll_t *c, int64_t s)
     }
     sl->step = s;
     sl->len = p.len;
-    sl->need = step_need(c, &p);
+    /* ACC: every rank contributes, this agent's are here. */
+    sl->need = ring_acc(c) ? c->ring->nlocal : p.ncontrib;
     sl->recv_need = step_local_receivers(c, s, &p);
     return 1;
 }
@@ -1784,25 +1760,34 @@ static int reduce_step(coll_t *c, uint8_t *dst, blob_t *const *in, size_t len)
         free(srcs);
         return rc;
     }
+    /* Where the held pieces lie: their slices no longer move (an inlined
+     * slice keeps its bytes in itself). */
+    size_t total = 0;
+    for (int i = 0; i < c->n; i++)
+        if (in[i] && !in[i]->data)
+            total += (size_t)in[i]->npieces;
     in_cursor_t *cur = calloc(n, sizeof(*cur));
-    if (!cur)
-        return PS_ENOMEM;
-    size_t k = 0;
-    for (int i = 0; i < c->n; i++) {
+    struct iovec *iov = malloc((total ? total : 1) * sizeof(*iov)), *at = iov;
+    int rc = cur && iov ? 0 : PS_ENOMEM;
+    for (int i = 0, k = 0; i < c->n && rc == 0; i++) {
         if (!in[i])
             continue;
         in_cursor_t *q = &cur[k++];
         if (in[i]->data) {
             in_cursor_whole(q, in[i]->data, len);
-        } else {
-            blob_pieces_iov(in[i]);
-            q->piece = in[i]->piece;
-            q->npieces = in[i]->npieces;
+            continue;
         }
+        q->piece = at;
+        q->npieces = in[i]->npieces;
+        for (int j = 0; j < in[i]->npieces; j++)
+            *at++ = (struct iovec){GRPC_SLICE_START_PTR(in[i]->held[j]),
+                                   GRPC_SLICE_LENGTH(in[i]->held[j])};
     }
-    int rc = reduce_runs(hub_op(c), (ps_dtype_t)c->dtype, dst, cur, n, len);
+    if (rc == 0)
+        rc = reduce_runs(hub_op(c), (ps_dtype_t)c->dtype, dst, cur, n, len);
     if (rc == 0)
         ps__metrics_reduced(PS_M_DEV_CPU, (uint64_t)len * n);
+    free(iov);
     free(cur);
     return rc;
 }
@@ -3428,9 +3413,7 @@ static int ring_add(coll_t *c, uint8_t *dst, const ps__frame_t *f, struct iovec 
     in_cursor_t cur[2];
     in_cursor_whole(&cur[0], dst, f->data_len);
     cur[1] = (in_cursor_t){.piece = *iov, .npieces = k};
-    /* Two-input AVG is a plain sum: the ring divides once, at the end. */
-    ps_op_t op = c->op == PS_AVG ? PS_SUM : (ps_op_t)c->op;
-    return reduce_runs(op, (ps_dtype_t)c->dtype, dst, cur, 2, f->data_len);
+    return reduce_runs(hub_op(c), (ps_dtype_t)c->dtype, dst, cur, 2, f->data_len);
 }
 
 /* Takes the queued pieces in order: adds them to this agent's partials in
