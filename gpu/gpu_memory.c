@@ -31,6 +31,8 @@ int ps__gpu_error(int cuda_error)
     case cudaErrorInvalidDevicePointer:
     case cudaErrorInvalidResourceHandle:
     case cudaErrorInvalidMemcpyDirection:
+    case cudaErrorHostMemoryAlreadyRegistered:
+    case cudaErrorHostMemoryNotRegistered:
         return PS_EINVAL;
     case cudaErrorMemoryAllocation:
         return PS_ENOMEM;
@@ -116,6 +118,23 @@ void ps_gpu_host_free(void *ptr)
 {
     if (ptr != NULL)
         (void)ps__gpu_result(cudaFreeHost(ptr));
+}
+
+int ps_gpu_host_register(void *ptr, size_t bytes)
+{
+    if (ptr == NULL || bytes == 0)
+        return PS_EINVAL;
+    cudaError_t e = cudaHostRegister(ptr, bytes, cudaHostRegisterPortable);
+    /* Memory this system cannot pin (a file on disk, say) is the caller's argument. */
+    int err = ps__gpu_result(e);
+    return e == cudaErrorNotSupported || e == cudaErrorNotPermitted ? PS_EINVAL : err;
+}
+
+int ps_gpu_host_unregister(void *ptr)
+{
+    if (ptr == NULL)
+        return 0;
+    return ps__gpu_result(cudaHostUnregister(ptr));
 }
 
 int ps_gpu_malloc(void **out, size_t bytes)

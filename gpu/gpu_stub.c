@@ -77,6 +77,16 @@ void ps_gpu_host_free(void *ptr)
     (void)ptr;
 }
 
+int ps_gpu_host_register(void *ptr, size_t bytes)
+{
+    return ptr == NULL || bytes == 0 ? PS_EINVAL : PS_EUNAVAIL;
+}
+
+int ps_gpu_host_unregister(void *ptr)
+{
+    return ptr == NULL ? 0 : PS_EUNAVAIL;
+}
+
 int ps_gpu_malloc(void **out, size_t bytes)
 {
     return out == NULL || bytes == 0 ? PS_EINVAL : PS_EUNAVAIL;

@@ -141,6 +141,26 @@ PS_EXPORT int ps_gpu_host_alloc(void **out, size_t bytes);
 PS_EXPORT void ps_gpu_host_free(void *ptr);
 
 /**
+ * Pins bytes of existing host memory at ptr (page-locks it and maps it for
+ * every device's DMA), so that copies and the stager read and write it
+ * directly, without a staging copy. The memory must stay mapped until
+ * ps_gpu_host_unregister(ptr); ranges may not overlap one already pinned.
+ * Works on malloc'd memory and on shared mappings of tmpfs files (POSIX shm,
+ * memfd). Pinning touches every page once: a cost paid at registration, not
+ * per copy. Returns 0; PS_EINVAL for NULL ptr, bytes == 0 or memory CUDA
+ * cannot pin (e.g. already pinned); PS_ENOMEM when the system's locked-page
+ * limit is reached; PS_EUNAVAIL without a driver or device (and in the stub).
+ */
+PS_EXPORT int ps_gpu_host_register(void *ptr, size_t bytes);
+
+/**
+ * Unpins memory pinned by ps_gpu_host_register at the same ptr; call it
+ * before unmapping or freeing that memory. Accepts NULL. Returns 0, or a
+ * mapped CUDA error (PS_EINVAL when ptr was not registered).
+ */
+PS_EXPORT int ps_gpu_host_unregister(void *ptr);
+
+/**
  * Allocates bytes of device memory on the current device (256-byte aligned).
  * The caller owns *out and frees it with ps_gpu_free. Returns 0; PS_EINVAL
  * for NULL out or bytes == 0; PS_ENOMEM; PS_EUNAVAIL.
@@ -188,7 +208,7 @@ PS_EXPORT int ps_gpu_stream_synchronize(ps_gpu_stream_t stream);
  *
  * so the CPU's staging copies of one chunk overlap the transfers and the
  * kernel of the previous one. An input (or dst) that is already pinned
- * (ps_gpu_host_alloc, cudaHostAlloc, cudaHostRegister) is not staged: the
+ * (ps_gpu_host_alloc, ps_gpu_host_register, cudaHostAlloc) is not staged: the
  * DMA reads (or writes) it directly, which removes the CPU copy entirely.
  * Callers that own their receive buffers (the agent) should allocate them
  * pinned for that reason: staging pageable inputs costs the CPU a memcpy of

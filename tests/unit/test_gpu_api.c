@@ -108,6 +108,9 @@ static void test_other_argument_checks(void **state)
     assert_int_equal(ps_gpu_is_device_pointer(&p, NULL), PS_EINVAL);
     assert_int_equal(ps_gpu_host_alloc(NULL, 64), PS_EINVAL);
     assert_int_equal(ps_gpu_host_alloc(&p, 0), PS_EINVAL);
+    assert_int_equal(ps_gpu_host_register(NULL, 64), PS_EINVAL);
+    assert_int_equal(ps_gpu_host_register(p, 0), PS_EINVAL);
+    assert_int_equal(ps_gpu_host_unregister(NULL), 0);
     assert_int_equal(ps_gpu_malloc(NULL, 64), PS_EINVAL);
     assert_int_equal(ps_gpu_malloc(&p, 0), PS_EINVAL);
     assert_int_equal(ps_gpu_memcpy_async(NULL, &p, 8, NULL), PS_EINVAL);
@@ -177,6 +180,10 @@ static void test_without_a_device(void **state)
     assert_int_equal(ps_gpu_reduce_multi(PS_AVG, PS_BFLOAT16, d, srcs, 3, 1000, NULL), PS_EUNAVAIL);
     assert_int_equal(ps_gpu_scale(PS_FLOAT64, d, 1000, 3, NULL), PS_EUNAVAIL);
     assert_int_equal(ps_gpu_host_alloc(&p, 4096), PS_EUNAVAIL);
+    char page[64];
+    assert_int_equal(ps_gpu_host_register(page, sizeof page), PS_EUNAVAIL);
+    assert_int_equal(ps_gpu_host_unregister(page), PS_EUNAVAIL);
+    assert_no_stale_cuda_error();
     assert_int_equal(ps_gpu_malloc(&p, 4096), PS_EUNAVAIL);
     assert_ptr_equal(p, FAKE(0x4000));
     assert_int_equal(ps_gpu_memcpy_async(d, s, 64, NULL), PS_EUNAVAIL);
@@ -209,6 +216,8 @@ static void test_error_mapping(void **state)
         {cudaErrorInvalidDevice, PS_EINVAL},
         {cudaErrorInvalidDevicePointer, PS_EINVAL},
         {cudaErrorInvalidResourceHandle, PS_EINVAL},
+        {cudaErrorHostMemoryAlreadyRegistered, PS_EINVAL},
+        {cudaErrorHostMemoryNotRegistered, PS_EINVAL},
         {cudaErrorMemoryAllocation, PS_ENOMEM},
         {cudaErrorIllegalAddress, PS_EINTERNAL},
         {cudaErrorMisalignedAddress, PS_EINTERNAL},

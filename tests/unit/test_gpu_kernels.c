@@ -8,6 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cmocka.h>
 
 #include <paramsync/gpu.h>
@@ -408,6 +412,71 @@ static void test_reduce_host(void **state)
     }
 }
 
+/*
+ * The agent's case: inputs and output in a shared mapping of a POSIX shm
+ * file that ps_gpu_host_register pinned, so the stager's DMA reads and
+ * writes them in place. Same bits as the CPU; registering twice, or
+ * unregistering what is not registered, is PS_EINVAL; after unregistering
+ * the same memory is staged and still reduces right.
+ */
+static void test_reduce_host_registered(void **state)
+{
+    (void)state;
+    gpu_test_seed("reduce_host_registered");
+    int dev;
+    assert_int_equal(ps_gpu_get_device(&dev), 0);
+    const size_t count = (3u << 20) / 4 + 5; /* a step and more, not a multiple of the chunk */
+    char name[64];
+    snprintf(name, sizeof name, "/ps-gpu-test-%d", (int)getpid());
+    for (size_t t = 0; t < N_DTYPES; t++) {
+        ps_dtype_t dt = all_dtypes[t];
+        size_t bytes = count * ps_dtype_size(dt);
+        size_t stride = (bytes + 4095) & ~(size_t)4095;
+        size_t len = stride * (MAX_SRCS + 1);
+        int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+        assert_true(fd >= 0);
+        shm_unlink(name);
+        assert_int_equal(ftruncate(fd, (off_t)len), 0);
+        unsigned char *seg = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        assert_true(seg != MAP_FAILED);
+        close(fd);
+        void *want = malloc(bytes);
+        assert_non_null(want);
+        const void *srcs[MAX_SRCS];
+        for (int k = 0; k < MAX_SRCS; k++) {
+            srcs[k] = seg + (size_t)k * stride;
+            gpu_test_fill(dt, seg + (size_t)k * stride, k > 0 ? seg : NULL, count);
+        }
+        unsigned char *out = seg + (size_t)MAX_SRCS * stride;
+        assert_int_equal(ps_gpu_host_register(seg, len), 0);
+        assert_int_equal(ps_gpu_host_register(seg, len), PS_EINVAL);
+        int is_dev = -1;
+        assert_int_equal(ps_gpu_is_device_pointer(out, &is_dev), 0);
+        assert_int_equal(is_dev, 0);
+        ps_gpu_stager_t *st;
+        assert_int_equal(ps_gpu_stager_create(&st, dev, MAX_SRCS, 0), 0);
+        for (int pinned = 1; pinned >= 0; pinned--) {
+            for (size_t o = 0; o < N_OPS; o++) {
+                ps_op_t op = all_ops[o];
+                if (ps_op_check(op, dt) != 0)
+                    continue;
+                assert_int_equal(ps_reduce_multi(op, dt, want, srcs, MAX_SRCS, count), 0);
+                memset(out, 0x5A, bytes);
+                assert_int_equal(ps_gpu_reduce_host(st, op, dt, out, srcs, MAX_SRCS, count), 0);
+                assert_true(gpu_test_same(out, want, count, dt,
+                                          pinned ? "registered shm" : "shm after unregister"));
+            }
+            if (pinned) {
+                assert_int_equal(ps_gpu_host_unregister(seg), 0);
+                assert_int_equal(ps_gpu_host_unregister(seg), PS_EINVAL);
+            }
+        }
+        ps_gpu_stager_destroy(st);
+        free(want);
+        munmap(seg, len);
+    }
+}
+
 int main(void)
 {
     int n;
@@ -425,7 +494,7 @@ int main(void)
         cmocka_unit_test(test_pointers_and_errors), cmocka_unit_test(test_reduce_grid),
         cmocka_unit_test(test_multi_grid),          cmocka_unit_test(test_scale),
         cmocka_unit_test(test_half_exhaustive),     cmocka_unit_test(test_streams),
-        cmocka_unit_test(test_reduce_host),
+        cmocka_unit_test(test_reduce_host),         cmocka_unit_test(test_reduce_host_registered),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
