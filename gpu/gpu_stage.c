@@ -16,13 +16,17 @@
  * and comes back into input 0's pinned buffer. The buffers are allocated for
  * the inputs a call needs and grown when a later call needs more, so a
  * stager made for max_srcs = 64 that always sees 4 inputs holds 4 * 2 chunks.
+ * The pinned ones only once a call has a pageable buffer to stage: a caller
+ * whose buffers are all pinned never pays for them (a cudaHostAlloc of
+ * tens of MiB takes milliseconds).
  */
 struct ps_gpu_stager {
     int device;
     size_t max_srcs;
     size_t chunk_bytes;
     cudaStream_t streams[2];
-    size_t cap; /* inputs the buffers below have room for; 0 before first use */
+    size_t cap;        /* inputs the device buffers have room for; 0 before first use */
+    size_t pinned_cap; /* the same for the pinned buffers; 0 or cap */
     unsigned char *pinned;
     unsigned char *dev;
 };
@@ -43,31 +47,36 @@ static void buffers_release(ps_gpu_stager_t *s)
         (void)ps__gpu_result(cudaFreeHost(s->pinned));
     s->dev = NULL;
     s->pinned = NULL;
-    s->cap = 0;
+    s->cap = s->pinned_cap = 0;
 }
 
 /*
- * Makes room for nsrc inputs per slot (the streams are idle between calls).
- * Returns 0, or PS_ENOMEM (or another mapped error) with no buffers left.
+ * Makes room for nsrc inputs per slot on the device and, with staging, in
+ * pinned memory (the streams are idle between calls). Returns 0, or
+ * PS_ENOMEM (or another mapped error) with no buffers left.
  */
-static int buffers_reserve(ps_gpu_stager_t *s, size_t nsrc)
+static int buffers_reserve(ps_gpu_stager_t *s, size_t nsrc, int staging)
 {
-    if (nsrc <= s->cap)
+    if (nsrc <= s->cap && (!staging || s->pinned_cap == s->cap))
         return 0;
+    size_t cap = nsrc > s->cap ? nsrc : s->cap;
+    staging = staging || s->pinned_cap != 0;
     buffers_release(s);
-    size_t total = 2 * nsrc * s->chunk_bytes; /* no overflow: create bounded max_srcs */
+    size_t total = 2 * cap * s->chunk_bytes; /* no overflow: create bounded max_srcs */
     void *pinned = NULL, *dev = NULL;
-    int err = ps__gpu_result(cudaHostAlloc(&pinned, total, cudaHostAllocPortable));
+    int err = staging ? ps__gpu_result(cudaHostAlloc(&pinned, total, cudaHostAllocPortable)) : 0;
     if (err != 0)
         return err;
     err = ps__gpu_result(cudaMalloc(&dev, total));
     if (err != 0) {
-        (void)ps__gpu_result(cudaFreeHost(pinned));
+        if (pinned != NULL)
+            (void)ps__gpu_result(cudaFreeHost(pinned));
         return err;
     }
     s->pinned = pinned;
     s->dev = dev;
-    s->cap = nsrc;
+    s->cap = cap;
+    s->pinned_cap = staging ? cap : 0;
     return 0;
 }
 
@@ -190,15 +199,18 @@ int ps_gpu_reduce_host(ps_gpu_stager_t *stager, ps_op_t op, ps_dtype_t dtype, vo
 
     int direct[PS_GPU_MAX_SRCS];
     int device_memory = 0;
-    for (size_t j = 0; j < nsrc; j++)
-        direct[j] = is_pinned(srcs[j], &device_memory);
     int dst_direct = is_pinned(dst, &device_memory);
+    int staging = !dst_direct;
+    for (size_t j = 0; j < nsrc; j++) {
+        direct[j] = is_pinned(srcs[j], &device_memory);
+        staging |= !direct[j];
+    }
     if (device_memory) {
         /* The host memcpy of staging would fault on it: device buffers go to ps_gpu_reduce. */
         (void)ps__gpu_result(cudaSetDevice(prev));
         return PS_EINVAL;
     }
-    err = buffers_reserve(s, nsrc);
+    err = buffers_reserve(s, nsrc, staging);
     if (err != 0) {
         (void)ps__gpu_result(cudaSetDevice(prev));
         return err;
