@@ -29,12 +29,19 @@ typedef struct ps__config {
     int max_groups;              /* groups per job */
     uint64_t max_inflight_bytes; /* hub memory for collectives in flight */
     int reduce_cuda;             /* reductions on the GPU (--reduce-device) */
+    size_t reduce_cuda_min;      /* the fewest bytes per input a step reduces on the GPU
+                                  * with; smaller ones on the CPU (auto: PS_AUTO_CUDA_MIN) */
     int ring;                    /* PS_RING_OFF, _ON or _AUTO (--ring) */
     uint64_t ring_min_bytes;     /* smaller ones go to the hub (--ring-min-bytes) */
     const char *machine_id;      /* the machine this agent runs on (--machine-id); "" unknown */
     uint64_t
         shm_resident_bytes; /* larger collectives let go of segment pages (--shm-resident-bytes) */
 } ps__config_t;
+
+/* --reduce-device auto: a step of fewer bytes per input reduces on the CPU.
+ * On an H200 host (docs/GPU.md, "Pinned host memory") the GPU lost below
+ * 1 MiB all_reduces (a round trip to the device per step) and won from 4 MiB. */
+#define PS_AUTO_CUDA_MIN ((size_t)1 << 20)
 
 /* --ring: which multi-agent collectives go round a ring of agents. */
 enum { PS_RING_OFF, PS_RING_ON, PS_RING_AUTO };

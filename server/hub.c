@@ -67,6 +67,8 @@ typedef struct shm_map {
     int slot;       /* a payload segment's slot (ShmAttachRequest.slot) */
     int closing;    /* doorbell: dropped, its thread is to end */
     int guard;      /* its slot in seg_guards, or -1 */
+    int pinned;     /* registered with CUDA (ps_gpu_host_register): the stager's DMA
+                     * reads and writes it in place */
     int refs;
     int views;
     struct shm_map *next;
@@ -75,13 +77,14 @@ typedef struct shm_map {
 typedef struct blob {
     int refs;
     size_t len;
-    uint8_t *data;  /* storage[], or a view into map; NULL when held in pieces */
+    uint8_t *data;  /* storage[], a pinned buffer, or a view into map; NULL when held in pieces */
     shm_map_t *map; /* the segment a view belongs to, else NULL */
     /* In pieces (blob_pieces): held[i] are slices of the received frames
      * with the bytes in order. */
     grpc_slice *held;
     int npieces, cap;
     uint8_t *heap; /* data when pieces were copied together (blob_flatten) */
+    int pinned;    /* data is a pinned buffer of class pinned - 1 (blob_new_pinned); 0: not */
     uint8_t storage[];
 } blob_t;
 
@@ -177,6 +180,20 @@ static int shm_broken(const shm_map_t *m)
     return m && m->guard >= 0 && atomic_load(&seg_guards[m->guard].broken);
 }
 
+/* Whether pinned segment m's file is shorter now than the agent mapped it;
+ * marks it broken then, as a SIGBUS would. The device's DMA reads the pages
+ * a truncation took from the file without a fault, so only the file's size
+ * tells. An fstat, for pinned segments only: a pageable one faults. */
+static int shm_shrank(const shm_map_t *m)
+{
+    struct stat st;
+    if (!m || !m->pinned || m->fd < 0 || m->guard < 0 || fstat(m->fd, &st) != 0 ||
+        (uint64_t)st.st_size >= m->map_len)
+        return 0;
+    atomic_store(&seg_guards[m->guard].broken, 1);
+    return 1;
+}
+
 static void shm_unref(shm_map_t *m)
 {
     pthread_mutex_lock(&blob_lock);
@@ -184,6 +201,8 @@ static void shm_unref(shm_map_t *m)
     pthread_mutex_unlock(&blob_lock);
     if (last) {
         guard_drop(m->guard);
+        if (m->pinned)
+            (void)ps_gpu_host_unregister(m->base);
         munmap(m->base, m->map_len);
         if (m->fd >= 0)
             close(m->fd);
@@ -255,6 +274,77 @@ static blob_t *blob_new(size_t len)
         b->data = b->storage;
     }
     return b;
+}
+
+/* Pinned buffers for the steps an agent reduces on CUDA: the stager's DMA
+ * reads an input, and writes a result, in pinned memory in place, where a
+ * pageable one costs a CPU copy through its own pinned buffer. Pinning is
+ * slow (a cudaHostAlloc takes about as long as copying the buffer many
+ * times), so freed buffers are kept, in power-of-two classes from 64 KiB
+ * to 16 MiB, up to PS_HUB_PINNED_MAX bytes in all; past that, or for other
+ * sizes, blobs are malloc'd as before. They stay until the process exits
+ * (freeing them then could race CUDA's own teardown: stager_get). */
+#define PS_HUB_PINNED_MIN_SHIFT 16
+#define PS_HUB_PINNED_CLASSES   9
+#define PS_HUB_PINNED_MAX       ((size_t)512 << 20)
+
+typedef struct pinned_buf {
+    struct pinned_buf *next;
+} pinned_buf_t;
+
+static pthread_mutex_t pinned_lock = PTHREAD_MUTEX_INITIALIZER;
+static pinned_buf_t *pinned_free[PS_HUB_PINNED_CLASSES];
+static size_t pinned_total; /* bytes of pinned buffers made, in use or free */
+
+/* The class a buffer of len bytes comes from, or -1 for none. */
+static int pinned_class(size_t len)
+{
+    for (int k = 0; k < PS_HUB_PINNED_CLASSES; k++)
+        if (len <= (size_t)1 << (PS_HUB_PINNED_MIN_SHIFT + k))
+            return k;
+    return -1;
+}
+
+/* A blob of len bytes in pinned memory, else from blob_new. */
+static blob_t *blob_new_pinned(size_t len)
+{
+    int k = pinned_class(len);
+    if (k < 0)
+        return blob_new(len);
+    size_t size = (size_t)1 << (PS_HUB_PINNED_MIN_SHIFT + k);
+    blob_t *b = malloc(sizeof(*b));
+    if (!b)
+        return NULL;
+    pthread_mutex_lock(&pinned_lock);
+    void *buf = pinned_free[k];
+    if (buf)
+        pinned_free[k] = pinned_free[k]->next;
+    else if (pinned_total + size <= PS_HUB_PINNED_MAX)
+        pinned_total += size; /* taken here, given back below if the allocation fails */
+    else
+        k = -1;
+    pthread_mutex_unlock(&pinned_lock);
+    if (!buf && k >= 0 && ps_gpu_host_alloc(&buf, size) != 0) {
+        pthread_mutex_lock(&pinned_lock);
+        pinned_total -= size;
+        pthread_mutex_unlock(&pinned_lock);
+        buf = NULL;
+    }
+    if (!buf) {
+        free(b);
+        return blob_new(len);
+    }
+    *b = (blob_t){.refs = 1, .len = len, .data = buf, .pinned = k + 1};
+    return b;
+}
+
+static void pinned_put(blob_t *b)
+{
+    pinned_buf_t *p = (pinned_buf_t *)b->data;
+    pthread_mutex_lock(&pinned_lock);
+    p->next = pinned_free[b->pinned - 1];
+    pinned_free[b->pinned - 1] = p;
+    pthread_mutex_unlock(&pinned_lock);
 }
 
 /* A blob of len bytes to be held where they arrive (blob_hold): a member's
@@ -360,6 +450,8 @@ static void blob_unref(void *arg)
             grpc_slice_unref(b->held[i]);
         free(b->held);
         free(b->heap);
+        if (b->pinned)
+            pinned_put(b);
         free(b);
     }
 }
@@ -496,10 +588,12 @@ typedef struct coll {
     pthread_cond_t cond;
     pthread_mutex_t *lock; /* the hub's */
     uint64_t reserved;     /* bytes counted against --max-inflight-bytes */
-    int cuda;              /* reduce on the GPU (--reduce-device) */
-    uint64_t *budget;      /* the hub's inflight_bytes */
-    ring_t *ring;          /* NULL: this agent serves every rank (the job's hub) */
-    int threads;           /* ring threads still using it */
+    int cuda;              /* reduce on the GPU (--reduce-device) steps of cuda_min bytes
+                            * per input or more */
+    size_t cuda_min;
+    uint64_t *budget; /* the hub's inflight_bytes */
+    ring_t *ring;     /* NULL: this agent serves every rank (the job's hub) */
+    int threads;      /* ring threads still using it */
     struct coll *next;
 } coll_t;
 
@@ -1324,6 +1418,7 @@ static coll_t *coll_new(ps__hub_t *h, job_t *j, const header_t *hd, int n, int p
     }
     c->lock = &h->lock;
     c->cuda = h->cfg->reduce_cuda;
+    c->cuda_min = h->cfg->reduce_cuda_min;
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -1593,43 +1688,44 @@ static int member_read(member_t *m, blob_t *b, size_t len)
     return 0;
 }
 
-/* Each reducing thread keeps its own CUDA stager (they are not thread-safe);
- * the key's destructor frees it when the thread ends (a kept thread,
- * rpc/task.h, keeps it for its next task). Handler and kept threads are
- * detached and may end while the process exits, after CUDA's runtime began
- * tearing itself down (a crash seen on an H200: the daemon's exit after
- * "stopped"). So once the first stager exists an exit handler, which runs
- * before the runtime's own (registered earlier, at its first call), stops
- * any further freeing; whatever is left then goes with the process. */
-static pthread_key_t stager_key;
-static pthread_once_t stager_key_once = PTHREAD_ONCE_INIT;
-static pthread_once_t stager_exit_once = PTHREAD_ONCE_INIT;
+/* CUDA stagers (they are not thread-safe), one per reduction running at
+ * once: a reducing thread takes one from the free list, or makes one, and
+ * puts it back. Making one costs milliseconds (streams, a device buffer),
+ * so they are kept, not tied to the threads of the pool that come and go,
+ * and never freed: freeing at exit could race CUDA's runtime tearing itself
+ * down (a daemon killed by SIGSEGV after "stopped" was seen on an H200
+ * when a thread's stager was freed then). */
+typedef struct stager_node {
+    ps_gpu_stager_t *stager;
+    struct stager_node *next;
+} stager_node_t;
+
 static pthread_mutex_t stager_lock = PTHREAD_MUTEX_INITIALIZER;
-static int stager_exiting;
+static stager_node_t *stagers_free;
 
-static void stager_free(void *s)
+static stager_node_t *stager_get(void)
 {
     pthread_mutex_lock(&stager_lock);
-    if (!stager_exiting)
-        ps_gpu_stager_destroy(s);
+    stager_node_t *n = stagers_free;
+    if (n)
+        stagers_free = n->next;
     pthread_mutex_unlock(&stager_lock);
+    if (n)
+        return n;
+    n = calloc(1, sizeof(*n));
+    if (n && ps_gpu_stager_create(&n->stager, 0, PS_GPU_MAX_SRCS, 0) != 0) {
+        free(n);
+        n = NULL;
+    }
+    return n;
 }
 
-static void stager_atexit(void)
+static void stager_put(stager_node_t *n)
 {
     pthread_mutex_lock(&stager_lock);
-    stager_exiting = 1;
+    n->next = stagers_free;
+    stagers_free = n;
     pthread_mutex_unlock(&stager_lock);
-}
-
-static void stager_key_create(void)
-{
-    pthread_key_create(&stager_key, stager_free);
-}
-
-static void stager_exit_register(void)
-{
-    atexit(stager_atexit);
 }
 
 /* Reduces one step on the device the agent was told to use; a collective
@@ -1641,19 +1737,24 @@ static ps_op_t hub_op(const coll_t *c)
     return c->ring && c->op == PS_AVG ? PS_SUM : (ps_op_t)c->op;
 }
 
+/* Whether a step of len bytes per input reduces on the GPU. */
+static int step_cuda(const coll_t *c, size_t len)
+{
+    return c->cuda && len >= c->cuda_min;
+}
+
 static int hub_reduce(coll_t *c, void *dst, const void **srcs, size_t nsrc, size_t count)
 {
     ps_op_t op = hub_op(c);
     uint64_t bytes = (uint64_t)count * ps_dtype_size((ps_dtype_t)c->dtype) * (uint64_t)nsrc;
-    if (c->cuda && nsrc <= PS_GPU_MAX_SRCS) {
-        pthread_once(&stager_key_once, stager_key_create);
-        ps_gpu_stager_t *st = pthread_getspecific(stager_key);
-        if (!st && ps_gpu_stager_create(&st, 0, PS_GPU_MAX_SRCS, 0) == 0) {
-            pthread_setspecific(stager_key, st);
-            /* After the runtime's first call: this handler runs before its own. */
-            pthread_once(&stager_exit_once, stager_exit_register);
-        }
-        if (st && ps_gpu_reduce_host(st, op, (ps_dtype_t)c->dtype, dst, srcs, nsrc, count) == 0) {
+    if (step_cuda(c, count * ps_dtype_size((ps_dtype_t)c->dtype)) && nsrc <= PS_GPU_MAX_SRCS) {
+        stager_node_t *st = stager_get();
+        int rc =
+            st ? ps_gpu_reduce_host(st->stager, op, (ps_dtype_t)c->dtype, dst, srcs, nsrc, count)
+               : PS_ENOMEM;
+        if (st)
+            stager_put(st);
+        if (rc == 0) {
             ps__metrics_reduced(PS_M_DEV_CUDA, bytes);
             return 0;
         }
@@ -1821,7 +1922,7 @@ static int seg_failed(member_t *m, int write, int rc)
 static int shm_broken_check(coll_t *c)
 {
     for (int i = 0; i < c->n && !c->failed; i++)
-        if (c->members[i] && shm_broken(c->members[i]->shm))
+        if (c->members[i] && (shm_broken(c->members[i]->shm) || shm_shrank(c->members[i]->shm)))
             coll_fail(c, GRPC_STATUS_DATA_LOSS,
                       "%s (group %u, seq %" PRIu64 "): rank %d's shared-memory segment shrank "
                       "while the agent used it (truncated by the worker?): its data is lost",
@@ -1840,9 +1941,11 @@ static void member_deposit(member_t *m)
             continue;
         int view = m->shm && !m->by_file;
         /* An input the CPU reduces is read where it arrived, not copied. */
-        int held = !m->shm && !c->cuda && step_reduces(c, &p);
+        int gpu = step_cuda(c, p.len) && step_reduces(c, &p);
+        int held = !m->shm && !gpu && step_reduces(c, &p);
         blob_t *b = view   ? blob_view(m->shm, m->shm->base + m->in_off, p.len)
                     : held ? blob_pieces(p.len)
+                    : gpu  ? blob_new_pinned(p.len)
                            : blob_new(p.len);
         uint64_t at = m->in_off;
         pthread_mutex_lock(c->lock);
@@ -1875,7 +1978,7 @@ static void member_deposit(member_t *m)
                  * blocks together), outside the lock, in rank order so
                  * every run gives the same bits. */
                 pthread_mutex_unlock(c->lock);
-                blob_t *out = blob_new(p.out_len);
+                blob_t *out = gpu ? blob_new_pinned(p.out_len) : blob_new(p.out_len);
                 int rc = PS_ENOMEM;
                 if (out && !step_reduces(c, &p)) {
                     packed_combine(c, out->data, sl->in);
@@ -4182,6 +4285,25 @@ static int process_check(int pid, uint64_t address, int fd, const uint8_t *base,
     return 0;
 }
 
+/* Registers a payload segment with CUDA when the agent reduces there, so
+ * the stager moves its bytes by DMA without staging them through the CPU.
+ * Pinning costs a touch of every page, once per segment; memory CUDA will
+ * not pin (the locked-memory limit, say) stays pageable and is staged. */
+static void shm_pin(shm_map_t *sm)
+{
+    static atomic_int warned;
+    int rc = ps_gpu_host_register(sm->base, sm->map_len);
+    sm->pinned = rc == 0;
+    if (rc == 0)
+        ps__log(PS_LOG_INFO, "segment %s (rank %d): %zu bytes pinned for CUDA", sm->name, sm->rank,
+                sm->map_len);
+    else if (!atomic_exchange(&warned, 1))
+        ps__log(PS_LOG_WARN,
+                "segment %s (rank %d): pinning %zu bytes for CUDA failed (%s): segments are "
+                "staged through the CPU (raise the locked-memory limit, ulimit -l?)",
+                sm->name, sm->rank, sm->map_len, ps_strerror(rc));
+}
+
 int ps__hub_shm_attach(ps__hub_t *h, const char *job, int rank, const char *name, uint64_t size,
                        uint64_t magic, int kind, int slot, int pid, uint64_t address, char *reason,
                        size_t rlen)
@@ -4260,6 +4382,8 @@ int ps__hub_shm_attach(ps__hub_t *h, const char *job, int rank, const char *name
         shm_unref(sm);
         return 0;
     }
+    if (filed && h->cfg->reduce_cuda)
+        shm_pin(sm);
     doorbell_arg_t *d = NULL;
     if (doorbell) {
         memset(doorbell_ctl(sm), 0, sizeof(ps_doorbell_ctl_t));

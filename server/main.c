@@ -91,10 +91,12 @@ static void usage(FILE *out)
         "                           for Kubernetes probes when the gRPC port speaks TLS\n"
         "                           [PARAMSYNC_HEALTH_LISTEN] (default: none)\n"
         "  --reduce-device DEV      cpu (default), cuda or auto: where agents reduce the\n"
-        "                           bytes they receive; cuda requires a CUDA device, auto\n"
-        "                           takes one when usable. An agent's data is in host memory:\n"
-        "                           on an H200 host the CPU was faster (docs/GPU.md)\n"
-        "                           [PARAMSYNC_REDUCE_DEVICE]\n"
+        "                           bytes they receive. cuda: on a CUDA device (required);\n"
+        "                           auto: on one when usable, for steps of 1M per input or\n"
+        "                           more, smaller ones on the CPU. The GPU path pins host\n"
+        "                           memory and holds device buffers; on an idle H200 it was\n"
+        "                           1.1-2.2x faster than the CPU from 4M, slower below 1M\n"
+        "                           (docs/GPU.md) [PARAMSYNC_REDUCE_DEVICE]\n"
         "  --ring auto|on|off       where a collective whose ranks span several agents runs.\n"
         "                           off: at the job's hub agent. on: an all_reduce is reduced\n"
         "                           at each agent for its ranks, then round a ring of those\n"
@@ -446,6 +448,7 @@ int main(int argc, char **argv)
         int ngpu = 0;
         int grc = ps_gpu_device_count(&ngpu);
         cfg.reduce_cuda = grc == 0 && ngpu > 0;
+        cfg.reduce_cuda_min = strcmp(device, "auto") == 0 ? PS_AUTO_CUDA_MIN : 0;
         if (!cfg.reduce_cuda && strcmp(device, "cuda") == 0) {
             fprintf(stderr,
                     "paramsyncd: --reduce-device cuda, but no CUDA device can be used (%s); "
@@ -711,8 +714,9 @@ int main(int argc, char **argv)
                 strerror(-rc));
         goto out;
     }
-    PS_LOG(PS_LOG_INFO, "paramsyncd %s: role %s, reduce on %s (%s), step %zu bytes x %d",
+    PS_LOG(PS_LOG_INFO, "paramsyncd %s: role %s, reduce on %s%s (%s), step %zu bytes x %d",
            PS_VERSION, role, cfg.reduce_cuda ? "cuda" : "cpu",
+           cfg.reduce_cuda && cfg.reduce_cuda_min ? " from 1M per input, cpu below" : "",
            ps_reduce_path_name(ps_reduce_get_path()), cfg.step_bytes, cfg.window);
     if (cfg.role == PS_ROLE_AGENT)
         PS_LOG(PS_LOG_INFO, "agent %s, coordinator %s, machine %s", self, coordinator,
