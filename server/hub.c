@@ -282,8 +282,8 @@ static blob_t *blob_new(size_t len)
  * slow (a cudaHostAlloc takes about as long as copying the buffer many
  * times), so freed buffers are kept, in power-of-two classes from 64 KiB
  * to 16 MiB, up to PS_HUB_PINNED_MAX bytes in all; past that, or for other
- * sizes, blobs are malloc'd as before. They stay until the process exits
- * (freeing them then could race CUDA's own teardown: stager_get). */
+ * sizes, blobs are malloc'd as before. They stay until the process exits,
+ * as the stagers do (stager_get: freeing at exit races CUDA's teardown). */
 #define PS_HUB_PINNED_MIN_SHIFT 16
 #define PS_HUB_PINNED_CLASSES   9
 #define PS_HUB_PINNED_MAX       ((size_t)512 << 20)
@@ -590,10 +590,10 @@ typedef struct coll {
     uint64_t reserved;     /* bytes counted against --max-inflight-bytes */
     int cuda;              /* reduce on the GPU (--reduce-device) steps of cuda_min bytes
                             * per input or more */
-    size_t cuda_min;
-    uint64_t *budget; /* the hub's inflight_bytes */
-    ring_t *ring;     /* NULL: this agent serves every rank (the job's hub) */
-    int threads;      /* ring threads still using it */
+    size_t cuda_min;       /* --reduce-device auto: PS_AUTO_CUDA_MIN; cuda: 0 */
+    uint64_t *budget;      /* the hub's inflight_bytes */
+    ring_t *ring;          /* NULL: this agent serves every rank (the job's hub) */
+    int threads;           /* ring threads still using it */
     struct coll *next;
 } coll_t;
 
@@ -1728,9 +1728,7 @@ static void stager_put(stager_node_t *n)
     pthread_mutex_unlock(&stager_lock);
 }
 
-/* Reduces one step on the device the agent was told to use; a collective
- * wider than the CUDA path takes, or a CUDA failure, falls back to the CPU
- * engine (same bits by construction). */
+/* The operation the hub applies to a step's inputs. */
 static ps_op_t hub_op(const coll_t *c)
 {
     /* A ring divides an average once, where the last piece is added. */
@@ -1743,6 +1741,9 @@ static int step_cuda(const coll_t *c, size_t len)
     return c->cuda && len >= c->cuda_min;
 }
 
+/* Reduces one step on the device the agent was told to use; a collective
+ * wider than the CUDA path takes, or a CUDA failure, falls back to the CPU
+ * engine (same bits by construction). */
 static int hub_reduce(coll_t *c, void *dst, const void **srcs, size_t nsrc, size_t count)
 {
     ps_op_t op = hub_op(c);
