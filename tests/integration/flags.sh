@@ -53,6 +53,27 @@ else
   fail "PARAMSYNC_MACHINE_ID of 200 characters: exit $rc, '$err'"
 fi
 
+# --reduce-device: cuda refuses to start without a usable device, saying so; on a host with
+# one (and for auto either way) the start-up line says where steps are reduced.
+err=$(env -u PARAMSYNC_RING timeout 3 "$daemon" --listen 127.0.0.1:0 --metrics-addr off \
+  --reduce-device cuda 2>&1 >/dev/null)
+rc=$?
+if [ $rc = 2 ] && [[ "$err" == *"--reduce-device cuda, but no CUDA device can be used"* ]]; then
+  echo "ok: --reduce-device cuda without a device -> $err"
+elif [ $rc = 124 ] && [[ "$err" == *"reduce on cuda ("* ]]; then
+  echo "ok: --reduce-device cuda with a device: reduces every step there"
+else
+  fail "--reduce-device cuda: exit $rc, '$err'"
+fi
+err=$(env -u PARAMSYNC_RING timeout 3 "$daemon" --listen 127.0.0.1:0 --metrics-addr off \
+  --reduce-device auto 2>&1 >/dev/null)
+rc=$?
+if [ $rc = 124 ] && [[ "$err" == *"reduce on cpu ("* || "$err" == *"reduce on cuda from 1M per input, cpu below ("* ]]; then
+  echo "ok: --reduce-device auto -> $(grep -o 'reduce on [^(]*' <<<"$err")"
+else
+  fail "--reduce-device auto: exit $rc, '$err'"
+fi
+
 help=$("$daemon" --help) || fail "--help exited $?"
 vars=$(grep -o '"PARAMSYNC_[A-Z_]*"' "$main_c" | tr -d '"' | sort -u)
 [ -n "$vars" ] || fail "no PARAMSYNC_ variables found in $main_c"
