@@ -1,0 +1,124 @@
+#!/bin/bash
+# The agent's CUDA path where no GPU is: paramsyncd-fakegpu (the daemon linked with fake_gpu.c, a
+# device made of host memory that checks how it is used) serves real paramsync-bench ranks.
+#   auto: 4 KiB steps reduce on the CPU, 1 MiB ones on the device, shared-memory, malloc and
+#         gRPC buffers alike, every result right; every buffer the device path met was pinned
+#         (segments registered at attach, pinned blobs for the rest), segments unpinned while
+#         still mapped, the daemon exits cleanly;
+#   cuda: every step on the device;
+#   cuda with pinning refused: one warning, the segments staged, results still right.
+# usage: fake_gpu.sh PARAMSYNCD-FAKEGPU PARAMSYNC-BENCH
+set -u
+daemon=$1 bench=$2
+work=$(mktemp -d /tmp/ps-fake-gpu.XXXXXX)
+dpid=
+cleanup() {
+  [ -n "$dpid" ] && kill "$dpid" 2>/dev/null && wait "$dpid" 2>/dev/null
+  rm -rf "$work"
+}
+trap cleanup EXIT
+fail() {
+  echo "FAIL: $*"
+  for f in "$work"/*.log "$work"/report; do [ -f "$f" ] && { echo "== $f"; tail -20 "$f"; }; done
+  exit 1
+}
+
+# start DEVICE [VAR=VALUE...]: a daemon reducing on DEVICE; sets addr and metrics (host:port).
+start() {
+  local dev=$1
+  shift
+  rm -f "$work/addr" "$work/report"
+  env "$@" PS_FAKEGPU_REPORT="$work/report" "$daemon" --listen 127.0.0.1:0 \
+    --announce-file "$work/addr" --metrics-addr 127.0.0.1:0 --reduce-device "$dev" \
+    > "$work/daemon.log" 2>&1 &
+  dpid=$!
+  for _ in $(seq 100); do [ -s "$work/addr" ] && break; sleep 0.1; done
+  [ -s "$work/addr" ] || fail "paramsyncd-fakegpu did not announce its address"
+  addr=$(cat "$work/addr")
+  metrics=$(sed -n 's|^paramsyncd: metrics on http://\([^/]*\)/metrics.*|\1|p' "$work/daemon.log")
+  [ -n "$metrics" ] || fail "no metrics address in the daemon's log"
+}
+
+# stop: SIGTERM; the daemon must exit 0 (fake_gpu aborts on a misuse) and write its report.
+stop() {
+  kill "$dpid"
+  wait "$dpid"
+  local rc=$?
+  dpid=
+  [ $rc = 0 ] || fail "paramsyncd-fakegpu exited $rc"
+  [ -s "$work/report" ] || fail "no report from fake_gpu (did the device path run?)"
+  read -r _ calls _ pinned _ staged _ registered _ unregistered _ stagers < "$work/report"
+}
+
+# ranks P JOB VAR=VALUE... -- BENCH-ARGS: P ranks of paramsync-bench, every result checked.
+ranks() {
+  local p=$1 job=$2 vars=() pids=()
+  shift 2
+  while [ "$1" != -- ]; do vars+=("$1"); shift; done
+  shift
+  for r in $(seq 0 $((p - 1))); do
+    env "${vars[@]}" RANK="$r" WORLD_SIZE="$p" PARAMSYNC_ADDR="$addr" PARAMSYNC_JOB="$job" \
+      "$bench" -t all_reduce -d float32 "$@" > "$work/$job.$r.log" 2>&1 &
+    pids+=($!)
+  done
+  for r in $(seq 0 $((p - 1))); do
+    wait "${pids[$r]}" || fail "$job: rank $r exited $?"
+  done
+  grep -q "^# OK: 0 wrong elements in all" "$work/$job.0.log" || fail "$job: wrong results"
+}
+
+# reduced DEVICE: the daemon's paramsync_reduced_bytes_total for DEVICE.
+reduced() {
+  exec 3<> "/dev/tcp/${metrics%:*}/${metrics##*:}" || fail "cannot reach the metrics"
+  printf 'GET /metrics HTTP/1.0\r\n\r\n' >&3
+  sed -n "s/^paramsync_reduced_bytes_total{device=\"$1\"} \([0-9]*\).*/\1/p" <&3
+  exec 3<&-
+}
+
+# auto: 4 KiB and 4 MiB all_reduces of 3 ranks, through shared memory, malloc buffers (the
+# payload segment) and gRPC frames.
+start auto
+grep -q "reduce on cuda from 1M per input, cpu below" "$work/daemon.log" ||
+  fail "auto: the start-up line does not say where steps reduce"
+for how in "shared PARAMSYNC_SHM=1" "malloc PARAMSYNC_SHM=1" "malloc PARAMSYNC_SHM=0"; do
+  read -r mem var <<< "$how"
+  ranks 3 "auto-$mem-${var#*=}" "$var" -- -m "$mem" -b 4K -e 4M -f 1024 -n 3 -w 1
+done
+cpu=$(reduced cpu) cuda=$(reduced cuda)
+step=$((3 << 20)) # a 1 MiB step of 3 inputs
+echo "auto: reduced on the cpu $cpu bytes, on the device $cuda"
+[ -n "$cpu" ] && [ "$cpu" -gt 0 ] && [ "$cpu" -lt $((1 << 20)) ] ||
+  fail "auto: $cpu bytes on the CPU, want the 4 KiB steps only (0 < bytes < 1 MiB)"
+[ -n "$cuda" ] && [ $((cuda % step)) = 0 ] && [ "$cuda" -ge $((3 * 4 * 4 * step)) ] ||
+  fail "auto: $cuda bytes on the device, want whole 1 MiB steps of 3 inputs, 4 per call, >= 4 calls x 3 runs"
+pins=$(grep -c "pinned for CUDA" "$work/daemon.log")
+stop
+echo "auto: fake_gpu: $calls reductions, $pinned buffers pinned, $staged staged," \
+  "$registered segments registered ($pins logged), $unregistered unregistered, $stagers stagers"
+[ "$calls" = $((cuda / step)) ] || fail "auto: $calls device reductions, the metrics say $((cuda / step))"
+[ "$staged" = 0 ] || fail "auto: $staged buffers were not pinned (the device path would copy them)"
+[ "$pinned" = $((calls * 4)) ] || fail "auto: $pinned pinned buffers, want 4 per reduction"
+[ "$registered" -ge 3 ] && [ "$registered" = "$pins" ] ||
+  fail "auto: $registered segments registered, $pins logged; want one per rank at least"
+[ "$unregistered" -le "$registered" ] || fail "auto: more segments unregistered than registered"
+[ "$stagers" -ge 1 ] && [ "$stagers" -le "$calls" ] || fail "auto: $stagers stagers for $calls reductions"
+
+# cuda: every step on the device, small ones too.
+start cuda
+ranks 2 cuda-small PARAMSYNC_SHM=1 -- -m shared -b 4 -e 64K -f 16 -n 3 -w 1
+cpu=$(reduced cpu) cuda=$(reduced cuda)
+echo "cuda: reduced on the cpu $cpu bytes, on the device $cuda"
+[ "$cpu" = 0 ] && [ "$cuda" -gt 0 ] || fail "cuda: $cpu bytes on the CPU, $cuda on the device"
+stop
+
+# Pinning refused: one warning, the segments staged through the CPU, the results right.
+start cuda PS_FAKEGPU_REGISTER=fail
+ranks 2 nopin-a PARAMSYNC_SHM=1 -- -m shared -b 1M -e 1M -n 3 -w 1
+ranks 2 nopin-b PARAMSYNC_SHM=1 -- -m shared -b 1M -e 1M -n 3 -w 1
+warned=$(grep -c "pinning .* for CUDA failed" "$work/daemon.log")
+stop
+echo "pinning refused: $warned warning(s), $staged buffers staged, $pinned pinned"
+[ "$warned" = 1 ] || fail "pinning refused: $warned warnings, want one"
+[ "$registered" = 0 ] && [ "$staged" -gt 0 ] ||
+  fail "pinning refused: $registered registered, $staged staged; want the inputs staged"
+echo PASS
