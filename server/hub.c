@@ -201,8 +201,8 @@ static void shm_unref(shm_map_t *m)
     pthread_mutex_unlock(&blob_lock);
     if (last) {
         guard_drop(m->guard);
-        if (m->pinned)
-            (void)ps_gpu_host_unregister(m->base);
+        if (m->pinned && ps_gpu_host_unregister(m->base) == 0)
+            ps__metrics_pinned(PS_M_PIN_SEGMENTS, -(int64_t)m->map_len);
         munmap(m->base, m->map_len);
         if (m->fd >= 0)
             close(m->fd);
@@ -324,11 +324,15 @@ static blob_t *blob_new_pinned(size_t len)
     else
         k = -1;
     pthread_mutex_unlock(&pinned_lock);
-    if (!buf && k >= 0 && ps_gpu_host_alloc(&buf, size) != 0) {
-        pthread_mutex_lock(&pinned_lock);
-        pinned_total -= size;
-        pthread_mutex_unlock(&pinned_lock);
-        buf = NULL;
+    if (!buf && k >= 0) {
+        if (ps_gpu_host_alloc(&buf, size) == 0) {
+            ps__metrics_pinned(PS_M_PIN_BUFFERS, (int64_t)size);
+        } else {
+            pthread_mutex_lock(&pinned_lock);
+            pinned_total -= size;
+            pthread_mutex_unlock(&pinned_lock);
+            buf = NULL;
+        }
     }
     if (!buf) {
         free(b);
@@ -4295,10 +4299,11 @@ static void shm_pin(shm_map_t *sm)
     static atomic_int warned;
     int rc = ps_gpu_host_register(sm->base, sm->map_len);
     sm->pinned = rc == 0;
-    if (rc == 0)
+    if (rc == 0) {
+        ps__metrics_pinned(PS_M_PIN_SEGMENTS, (int64_t)sm->map_len);
         ps__log(PS_LOG_INFO, "segment %s (rank %d): %zu bytes pinned for CUDA", sm->name, sm->rank,
                 sm->map_len);
-    else if (!atomic_exchange(&warned, 1))
+    } else if (!atomic_exchange(&warned, 1))
         ps__log(PS_LOG_WARN,
                 "segment %s (rank %d): pinning %zu bytes for CUDA failed (%s): segments are "
                 "staged through the CPU (raise the locked-memory limit, ulimit -l?)",

@@ -87,6 +87,7 @@ static _Atomic uint64_t g_straggler[M_RANK_SLOTS + 1];
 static _Atomic int g_rank_limit = M_DEFAULT_RANK;
 static _Atomic uint64_t g_bytes[2][2]; /* [dir][link] */
 static _Atomic uint64_t g_reduced[2];  /* [device] */
+static _Atomic int64_t g_pinned[2];    /* [PS_M_PIN_*] */
 static _Atomic uint64_t g_relayed;
 static _Atomic uint64_t g_shm[2][3]; /* [dir][access] */
 static _Atomic uint64_t g_events[PS_M_EV_COUNT];
@@ -196,6 +197,12 @@ void ps__metrics_reduced(int device, uint64_t bytes)
 {
     if (device >= 0 && device < 2)
         add(&g_reduced[device], bytes);
+}
+
+void ps__metrics_pinned(int kind, int64_t delta)
+{
+    if (kind >= 0 && kind < 2)
+        atomic_fetch_add_explicit(&g_pinned[kind], delta, RELAXED);
 }
 
 void ps__metrics_relayed(uint64_t bytes)
@@ -437,6 +444,14 @@ static void render_traffic(strbuf_t *b)
     for (int d = 0; d < 2; d++)
         sb_printf(b, "paramsync_reduced_bytes_total{device=\"%s\"} %llu\n", device_names[d],
                   (unsigned long long)get(&g_reduced[d]));
+    static const char *const pin_names[2] = {"segments", "buffers"};
+    sb_family(b, "paramsync_pinned_bytes", "gauge",
+              "Host memory this agent holds pinned (page-locked) for its CUDA reductions: "
+              "workers' segments registered with the device while they are attached, and its "
+              "own step buffers, kept for reuse. 0 when it reduces on the CPU.");
+    for (int k = 0; k < 2; k++)
+        sb_printf(b, "paramsync_pinned_bytes{kind=\"%s\"} %lld\n", pin_names[k],
+                  (long long)atomic_load_explicit(&g_pinned[k], RELAXED));
     sb_family(b, "paramsync_relayed_bytes_total", "counter",
               "Payload bytes this agent received from the previous agent of a ring and "
               "passed on unchanged to the next (all_gather, broadcast steps of ranks on "

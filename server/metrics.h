@@ -78,6 +78,11 @@ void ps__metrics_shm_bytes(int dir, int access, uint64_t bytes);
 /** Bytes reduced (the input bytes of every reduction), by device. */
 void ps__metrics_reduced(int device, uint64_t bytes);
 
+/** Host memory pinned for CUDA reductions: PS_M_PIN_SEGMENTS (workers' segments registered
+ * with the device) or PS_M_PIN_BUFFERS (the agent's own step buffers), +bytes or -bytes. */
+enum { PS_M_PIN_SEGMENTS = 0, PS_M_PIN_BUFFERS = 1 };
+void ps__metrics_pinned(int kind, int64_t delta);
+
 /** Payload bytes a ring passed on unchanged between two other agents. */
 void ps__metrics_relayed(uint64_t bytes);
 

@@ -67,13 +67,15 @@ ranks() {
   grep -q "^# OK: 0 wrong elements in all" "$work/$job.0.log" || fail "$job: wrong results"
 }
 
-# reduced DEVICE: the daemon's paramsync_reduced_bytes_total for DEVICE.
-reduced() {
+# series NAME LABELS: the value of the daemon's metric NAME{LABELS}.
+series() {
   exec 3<> "/dev/tcp/${metrics%:*}/${metrics##*:}" || fail "cannot reach the metrics"
   printf 'GET /metrics HTTP/1.0\r\n\r\n' >&3
-  sed -n "s/^paramsync_reduced_bytes_total{device=\"$1\"} \([0-9]*\).*/\1/p" <&3
+  sed -n "s/^$1{$2} \([0-9]*\).*/\1/p" <&3
   exec 3<&-
 }
+# reduced DEVICE: the daemon's paramsync_reduced_bytes_total for DEVICE.
+reduced() { series paramsync_reduced_bytes_total "device=\"$1\""; }
 
 # auto: 4 KiB and 4 MiB all_reduces of 3 ranks, through shared memory, malloc buffers (the
 # payload segment) and gRPC frames.
@@ -92,6 +94,19 @@ echo "auto: reduced on the cpu $cpu bytes, on the device $cuda"
 [ -n "$cuda" ] && [ $((cuda % step)) = 0 ] && [ "$cuda" -ge $((3 * 4 * 4 * step)) ] ||
   fail "auto: $cuda bytes on the device, want whole 1 MiB steps of 3 inputs, 4 per call, >= 4 calls x 3 runs"
 pins=$(grep -c "pinned for CUDA" "$work/daemon.log")
+# The ranks have left: their segments are unpinned (and unmapped); the pinned buffers stay.
+for _ in $(seq 50); do
+  pinned_segments=$(series paramsync_pinned_bytes 'kind="segments"')
+  [ "$pinned_segments" = 0 ] && break
+  sleep 0.1
+done
+pinned_buffers=$(series paramsync_pinned_bytes 'kind="buffers"')
+echo "auto: paramsync_pinned_bytes after the ranks left: segments $pinned_segments, buffers" \
+  "$pinned_buffers"
+[ "$pinned_segments" = 0 ] || fail "auto: $pinned_segments bytes of segments still pinned"
+[ -n "$pinned_buffers" ] && [ $((pinned_buffers % (1 << 16))) = 0 ] && [ "$pinned_buffers" -gt 0 ] &&
+  [ "$pinned_buffers" -le $((512 << 20)) ] ||
+  fail "auto: $pinned_buffers bytes of pinned buffers, want 64 KiB classes, 512 MiB at most"
 stop
 echo "auto: fake_gpu: $calls reductions, $pinned buffers pinned, $staged staged," \
   "$registered segments registered ($pins logged), $unregistered unregistered, $stagers stagers"
@@ -110,6 +125,17 @@ cpu=$(reduced cpu) cuda=$(reduced cuda)
 echo "cuda: reduced on the cpu $cpu bytes, on the device $cuda"
 [ "$cpu" = 0 ] && [ "$cuda" -gt 0 ] || fail "cuda: $cpu bytes on the CPU, $cuda on the device"
 stop
+
+# A daemon on the CPU pins nothing.
+start cpu
+ranks 2 cpu PARAMSYNC_SHM=1 -- -m shared -b 1M -e 1M -n 2 -w 1
+for k in segments buffers; do
+  v=$(series paramsync_pinned_bytes "kind=\"$k\"")
+  [ "$v" = 0 ] || fail "cpu: paramsync_pinned_bytes{kind=\"$k\"} is '$v', want 0"
+done
+kill "$dpid"
+wait "$dpid" || fail "the cpu daemon exited $?"
+dpid=
 
 # Pinning refused: one warning, the segments staged through the CPU, the results right.
 start cuda PS_FAKEGPU_REGISTER=fail
