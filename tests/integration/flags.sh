@@ -13,19 +13,27 @@ fail() {
   fails=$((fails + 1))
 }
 
-# expect_bad 'MESSAGE' ARGS...: the daemon exits 2 within 5 s, its stderr holding MESSAGE.
-expect_bad() {
-  local want=$1 rc err
+# expect_run WHAT RC GLOB [VAR=VALUE...] -- ARGS...: the daemon, given ARGS and the VARs in
+# its environment, exits RC within 3 s (124: it was still serving then) with a stderr that
+# matches GLOB; prints ok then, else returns 1 leaving the run in last_rc and last_err.
+expect_run() {
+  local what=$1 want_rc=$2 glob=$3 envs=()
+  shift 3
+  while [ "$1" != -- ]; do envs+=("$1"); shift; done
   shift
-  err=$(env -u PARAMSYNC_RING timeout 5 "$daemon" "$@" 2>&1 >/dev/null)
-  rc=$?
-  if [ $rc != 2 ]; then
-    fail "paramsyncd $* exited $rc (want 2): $err"
-  elif [[ "$err" != *"$want"* ]]; then
-    fail "paramsyncd $*: '$err' does not say '$want'"
-  else
-    echo "ok: paramsyncd $(printf '%.60s' "$*") -> $err"
-  fi
+  last_err=$(env -u PARAMSYNC_RING "${envs[@]}" timeout 3 "$daemon" "$@" 2>&1 >/dev/null)
+  last_rc=$?
+  # shellcheck disable=SC2053 # GLOB is a pattern on purpose
+  [ "$last_rc" = "$want_rc" ] && [[ "$last_err" == $glob ]] || return 1
+  echo "ok: $what -> $(printf '%.160s' "$last_err" | tr '\n' ' ')"
+}
+
+# expect_bad 'MESSAGE' ARGS...: the daemon exits 2, its stderr holding MESSAGE.
+expect_bad() {
+  local want=$1
+  shift
+  expect_run "paramsyncd $(printf '%.60s' "$*")" 2 "*$want*" -- "$@" ||
+    fail "paramsyncd $* exited $last_rc (want 2, saying '$want'): $last_err"
 }
 
 long=$(printf 'x%.0s' $(seq 200))
@@ -38,41 +46,25 @@ expect_bad "--timeout-ms wants a positive number of ms, not '-5'" --timeout-ms -
 expect_bad "--role must be embedded, coordinator or agent, not 'worker'" --role worker
 expect_bad "unrecognized option '--bogus'" --bogus
 # The same values through the environment.
-err=$(PARAMSYNC_RING=sideways timeout 5 "$daemon" 2>&1 >/dev/null)
-rc=$?
-if [ $rc = 2 ] && [[ "$err" == *"--ring must be auto, on or off, not 'sideways'"* ]]; then
-  echo "ok: PARAMSYNC_RING=sideways -> $err"
-else
-  fail "PARAMSYNC_RING=sideways: exit $rc, '$err'"
-fi
-err=$(PARAMSYNC_MACHINE_ID=$long timeout 5 "$daemon" 2>&1 >/dev/null)
-rc=$?
-if [ $rc = 2 ] && [[ "$err" == *"--machine-id is at most 128 characters"* ]]; then
-  echo "ok: PARAMSYNC_MACHINE_ID of 200 characters -> $err"
-else
-  fail "PARAMSYNC_MACHINE_ID of 200 characters: exit $rc, '$err'"
-fi
+expect_run "PARAMSYNC_RING=sideways" 2 "*--ring must be auto, on or off, not 'sideways'*" \
+  PARAMSYNC_RING=sideways -- || fail "PARAMSYNC_RING=sideways: exit $last_rc, '$last_err'"
+expect_run "PARAMSYNC_MACHINE_ID of 200 characters" 2 "*--machine-id is at most 128 characters*" \
+  PARAMSYNC_MACHINE_ID="$long" -- ||
+  fail "PARAMSYNC_MACHINE_ID of 200 characters: exit $last_rc, '$last_err'"
 
 # --reduce-device: cuda refuses to start without a usable device, saying so; on a host with
 # one (and for auto either way) the start-up line says where steps are reduced.
-err=$(env -u PARAMSYNC_RING timeout 3 "$daemon" --listen 127.0.0.1:0 --metrics-addr off \
-  --reduce-device cuda 2>&1 >/dev/null)
-rc=$?
-if [ $rc = 2 ] && [[ "$err" == *"--reduce-device cuda, but no CUDA device can be used"* ]]; then
-  echo "ok: --reduce-device cuda without a device -> $err"
-elif [ $rc = 124 ] && [[ "$err" == *"reduce on cuda ("* ]]; then
-  echo "ok: --reduce-device cuda with a device: reduces every step there"
-else
-  fail "--reduce-device cuda: exit $rc, '$err'"
-fi
-err=$(env -u PARAMSYNC_RING timeout 3 "$daemon" --listen 127.0.0.1:0 --metrics-addr off \
-  --reduce-device auto 2>&1 >/dev/null)
-rc=$?
-if [ $rc = 124 ] && [[ "$err" == *"reduce on cpu ("* || "$err" == *"reduce on cuda from 1M per input, cpu below ("* ]]; then
-  echo "ok: --reduce-device auto -> $(grep -o 'reduce on [^(]*' <<<"$err")"
-else
-  fail "--reduce-device auto: exit $rc, '$err'"
-fi
+serve=(--listen 127.0.0.1:0 --metrics-addr off)
+expect_run "--reduce-device cuda, no device" 2 "*--reduce-device cuda, but no CUDA device can be used*" \
+  -- "${serve[@]}" --reduce-device cuda ||
+  expect_run "--reduce-device cuda, a device" 124 "*reduce on cuda (*" \
+    -- "${serve[@]}" --reduce-device cuda ||
+  fail "--reduce-device cuda: exit $last_rc, '$last_err'"
+expect_run "--reduce-device auto, no device" 124 "*reduce on cpu (*" \
+  -- "${serve[@]}" --reduce-device auto ||
+  expect_run "--reduce-device auto, a device" 124 "*reduce on cuda from 1M per input, cpu below (*" \
+    -- "${serve[@]}" --reduce-device auto ||
+  fail "--reduce-device auto: exit $last_rc, '$last_err'"
 
 help=$("$daemon" --help) || fail "--help exited $?"
 vars=$(grep -o '"PARAMSYNC_[A-Z_]*"' "$main_c" | tr -d '"' | sort -u)
