@@ -7,24 +7,10 @@
 # usage: bench_inflight.sh PARAMSYNCD PARAMSYNC-BENCH
 set -u
 daemon=$1 bench=$2
-work=$(mktemp -d /tmp/ps-bench-inflight.XXXXXX)
-dpid=
-cleanup() {
-  [ -n "$dpid" ] && kill "$dpid" 2>/dev/null && wait "$dpid" 2>/dev/null
-  rm -rf "$work"
-}
-trap cleanup EXIT
-fail() {
-  echo "FAIL: $*"
-  for f in "$work"/*.log; do echo "== $f"; tail -20 "$f"; done
-  exit 1
-}
-
-"$daemon" --listen 127.0.0.1:0 --announce-file "$work/addr" > "$work/daemon.log" 2>&1 &
-dpid=$!
-for _ in $(seq 100); do [ -s "$work/addr" ] && break; sleep 0.1; done
-[ -s "$work/addr" ] || fail "paramsyncd did not announce its address"
-addr=$(cat "$work/addr")
+# shellcheck source=tests/integration/daemon_lib.sh
+. "$(dirname "$0")/daemon_lib.sh"
+daemon_lib_init bench-inflight
+start_daemon -- "$daemon"
 
 for shm in 1 0; do
   pids=()

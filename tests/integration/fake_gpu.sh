@@ -10,31 +10,17 @@
 # usage: fake_gpu.sh PARAMSYNCD-FAKEGPU PARAMSYNC-BENCH
 set -u
 daemon=$1 bench=$2
-work=$(mktemp -d /tmp/ps-fake-gpu.XXXXXX)
-dpid=
-cleanup() {
-  [ -n "$dpid" ] && kill "$dpid" 2>/dev/null && wait "$dpid" 2>/dev/null
-  rm -rf "$work"
-}
-trap cleanup EXIT
-fail() {
-  echo "FAIL: $*"
-  for f in "$work"/*.log "$work"/report; do [ -f "$f" ] && { echo "== $f"; tail -20 "$f"; }; done
-  exit 1
-}
+# shellcheck source=tests/integration/daemon_lib.sh
+. "$(dirname "$0")/daemon_lib.sh"
+daemon_lib_init fake-gpu
 
 # start DEVICE [VAR=VALUE...]: a daemon reducing on DEVICE; sets addr and metrics (host:port).
 start() {
   local dev=$1
   shift
-  rm -f "$work/addr" "$work/report"
-  env "$@" PS_FAKEGPU_REPORT="$work/report" "$daemon" --listen 127.0.0.1:0 \
-    --announce-file "$work/addr" --metrics-addr 127.0.0.1:0 --reduce-device "$dev" \
-    > "$work/daemon.log" 2>&1 &
-  dpid=$!
-  for _ in $(seq 100); do [ -s "$work/addr" ] && break; sleep 0.1; done
-  [ -s "$work/addr" ] || fail "paramsyncd-fakegpu did not announce its address"
-  addr=$(cat "$work/addr")
+  rm -f "$work/report"
+  start_daemon "$@" PS_FAKEGPU_REPORT="$work/report" -- "$daemon" --metrics-addr 127.0.0.1:0 \
+    --reduce-device "$dev"
   metrics=$(sed -n 's|^paramsyncd: metrics on http://\([^/]*\)/metrics.*|\1|p' "$work/daemon.log")
   [ -n "$metrics" ] || fail "no metrics address in the daemon's log"
 }
