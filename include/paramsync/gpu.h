@@ -216,12 +216,13 @@ PS_EXPORT int ps_gpu_stream_synchronize(ps_gpu_stream_t stream);
  * own ps_reduce_multi, so the device only pays off for pinned data.
  *
  * Memory: for a call with nsrc inputs the stager holds 2 * nsrc *
- * chunk_bytes of pinned memory and as much device memory, allocated at the
- * first call that needs them and kept (grown when a later call has more
- * inputs): a stager created with max_srcs = 64 that sees 4 inputs holds
- * 2 * 4 chunks, 32 MiB pinned + 32 MiB device with the default chunk. Make
- * one per thread that reduces, on the device it should use, and reuse it;
- * a stager is not thread-safe.
+ * chunk_bytes of device memory, and as much pinned memory once a call has a
+ * pageable input or dst to stage, allocated at the first call that needs
+ * them and kept (grown when a later call has more inputs): a stager created
+ * with max_srcs = 64 that sees 4 inputs holds 2 * 4 chunks, 32 MiB device
+ * (+ 32 MiB pinned when it stages) with the default chunk. Make one for each
+ * reduction that runs at once, on the device it should use, and reuse it; a
+ * stager is not thread-safe.
  */
 typedef struct ps_gpu_stager ps_gpu_stager_t;
 
