@@ -95,7 +95,7 @@ static void usage(FILE *out)
         "                           auto: on one when usable, for steps of 1M per input or\n"
         "                           more, smaller ones on the CPU. The GPU path pins host\n"
         "                           memory and holds device buffers; on an idle H200 it was\n"
-        "                           1.1-2.2x faster than the CPU from 4M, slower below 1M\n"
+        "                           1.1-2.0x faster than the CPU from 4M, slower below 1M\n"
         "                           (docs/GPU.md) [PARAMSYNC_REDUCE_DEVICE]\n"
         "  --ring auto|on|off       where a collective whose ranks span several agents runs.\n"
         "                           off: at the job's hub agent. on: an all_reduce is reduced\n"
