@@ -2928,7 +2928,11 @@ static void coll_retire(job_t *j, coll_t *c)
      * or the link would start it afresh. */
     if (c->ring && ring_link_missing(c, 1) && !c->failed)
         return;
-    if (c->nfinished < nlocal)
+    /* A failed one whose links from other agents have not all come yet
+     * leaves a tombstone too: a late link would start it afresh, opening
+     * links of its own to agents that have one from here already ("a second
+     * ring link", where the answer is this failure). */
+    if (c->nfinished < nlocal || (c->ring && c->failed && ring_link_missing(c, 1)))
         tombstone_add(j, c);
     coll_unlink(j, c);
     coll_free(c);
