@@ -84,7 +84,7 @@ typedef struct blob {
     grpc_slice *held;
     int npieces, cap;
     uint8_t *heap; /* data when pieces were copied together (blob_flatten) */
-    int pinned;    /* data is a pinned buffer of class pinned - 1 (blob_new_pinned); 0: not */
+    int pinned;    /* data is a pinned buffer of class pinned_class(len) (blob_new_pinned) */
     uint8_t storage[];
 } blob_t;
 
@@ -305,50 +305,55 @@ static int pinned_class(size_t len)
     return -1;
 }
 
-/* A blob of len bytes in pinned memory, else from blob_new. */
-static blob_t *blob_new_pinned(size_t len)
+/* A pinned buffer of class k: a kept one, or a new one while the pool is
+ * under PS_HUB_PINNED_MAX; NULL when there is none to have. */
+static void *pinned_take(int k)
 {
-    int k = pinned_class(len);
-    if (k < 0)
-        return blob_new(len);
     size_t size = (size_t)1 << (PS_HUB_PINNED_MIN_SHIFT + k);
-    blob_t *b = malloc(sizeof(*b));
-    if (!b)
-        return NULL;
     pthread_mutex_lock(&pinned_lock);
     void *buf = pinned_free[k];
     if (buf)
         pinned_free[k] = pinned_free[k]->next;
-    else if (pinned_total + size <= PS_HUB_PINNED_MAX)
-        pinned_total += size; /* taken here, given back below if the allocation fails */
-    else
-        k = -1;
+    int grow = !buf && pinned_total + size <= PS_HUB_PINNED_MAX;
+    if (grow)
+        pinned_total += size; /* given back below if the allocation fails */
     pthread_mutex_unlock(&pinned_lock);
-    if (!buf && k >= 0) {
-        if (ps_gpu_host_alloc(&buf, size) == 0) {
-            ps__metrics_pinned(PS_M_PIN_BUFFERS, (int64_t)size);
-        } else {
-            pthread_mutex_lock(&pinned_lock);
-            pinned_total -= size;
-            pthread_mutex_unlock(&pinned_lock);
-            buf = NULL;
-        }
+    if (!grow)
+        return buf;
+    if (ps_gpu_host_alloc(&buf, size) == 0) {
+        ps__metrics_pinned(PS_M_PIN_BUFFERS, (int64_t)size);
+        return buf;
     }
-    if (!buf) {
-        free(b);
-        return blob_new(len);
-    }
-    *b = (blob_t){.refs = 1, .len = len, .data = buf, .pinned = k + 1};
-    return b;
+    pthread_mutex_lock(&pinned_lock);
+    pinned_total -= size;
+    pthread_mutex_unlock(&pinned_lock);
+    return NULL;
 }
 
-static void pinned_put(blob_t *b)
+/* Keeps pinned buffer buf of class k for the next pinned_take. */
+static void pinned_put(int k, void *buf)
 {
-    pinned_buf_t *p = (pinned_buf_t *)b->data;
+    pinned_buf_t *p = buf;
     pthread_mutex_lock(&pinned_lock);
-    p->next = pinned_free[b->pinned - 1];
-    pinned_free[b->pinned - 1] = p;
+    p->next = pinned_free[k];
+    pinned_free[k] = p;
     pthread_mutex_unlock(&pinned_lock);
+}
+
+/* A blob of len bytes in pinned memory, else from blob_new. */
+static blob_t *blob_new_pinned(size_t len)
+{
+    int k = pinned_class(len);
+    void *buf = k < 0 ? NULL : pinned_take(k);
+    if (!buf)
+        return blob_new(len);
+    blob_t *b = malloc(sizeof(*b));
+    if (!b) {
+        pinned_put(k, buf);
+        return NULL;
+    }
+    *b = (blob_t){.refs = 1, .len = len, .data = buf, .pinned = 1};
+    return b;
 }
 
 /* A blob of len bytes to be held where they arrive (blob_hold): a member's
@@ -455,7 +460,7 @@ static void blob_unref(void *arg)
         free(b->held);
         free(b->heap);
         if (b->pinned)
-            pinned_put(b);
+            pinned_put(pinned_class(b->len), b->data);
         free(b);
     }
 }
