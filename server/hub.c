@@ -1753,15 +1753,15 @@ static int step_cuda(const coll_t *c, size_t len)
 /* Reduces one step on the device the agent was told to use; a collective
  * wider than the CUDA path takes, or a CUDA failure, falls back to the CPU
  * engine (same bits by construction). */
-static int hub_reduce(coll_t *c, void *dst, const void **srcs, size_t nsrc, size_t count)
+static int hub_reduce(coll_t *c, void *dst, const void **srcs, size_t nsrc, size_t len)
 {
     ps_op_t op = hub_op(c);
-    uint64_t bytes = (uint64_t)count * ps_dtype_size((ps_dtype_t)c->dtype) * (uint64_t)nsrc;
-    if (step_cuda(c, count * ps_dtype_size((ps_dtype_t)c->dtype)) && nsrc <= PS_GPU_MAX_SRCS) {
+    ps_dtype_t dt = (ps_dtype_t)c->dtype;
+    size_t count = len / ps_dtype_size(dt);
+    uint64_t bytes = (uint64_t)len * nsrc;
+    if (step_cuda(c, len) && nsrc <= PS_GPU_MAX_SRCS) {
         stager_node_t *st = stager_get();
-        int rc =
-            st ? ps_gpu_reduce_host(st->stager, op, (ps_dtype_t)c->dtype, dst, srcs, nsrc, count)
-               : PS_ENOMEM;
+        int rc = st ? ps_gpu_reduce_host(st->stager, op, dt, dst, srcs, nsrc, count) : PS_ENOMEM;
         if (st)
             stager_put(st);
         if (rc == 0) {
@@ -1769,7 +1769,7 @@ static int hub_reduce(coll_t *c, void *dst, const void **srcs, size_t nsrc, size
             return 0;
         }
     }
-    int rc = ps_reduce_multi(op, (ps_dtype_t)c->dtype, dst, srcs, nsrc, count);
+    int rc = ps_reduce_multi(op, dt, dst, srcs, nsrc, count);
     ps__metrics_reduced(PS_M_DEV_CPU, bytes);
     return rc;
 }
@@ -1867,7 +1867,7 @@ static int reduce_step(coll_t *c, uint8_t *dst, blob_t *const *in, size_t len)
         for (int i = 0; i < c->n; i++)
             if (in[i])
                 srcs[k++] = in[i]->data;
-        int rc = hub_reduce(c, dst, srcs, n, len / ps_dtype_size((ps_dtype_t)c->dtype));
+        int rc = hub_reduce(c, dst, srcs, n, len);
         free(srcs);
         return rc;
     }
@@ -1951,8 +1951,9 @@ static void member_deposit(member_t *m)
             continue;
         int view = m->shm && !m->by_file;
         /* An input the CPU reduces is read where it arrived, not copied. */
-        int gpu = step_cuda(c, p.len) && step_reduces(c, &p);
-        int held = !m->shm && !gpu && step_reduces(c, &p);
+        int reduces = step_reduces(c, &p);
+        int gpu = reduces && step_cuda(c, p.len);
+        int held = reduces && !gpu && !m->shm;
         blob_t *b = view   ? blob_view(m->shm, m->shm->base + m->in_off, p.len)
                     : held ? blob_pieces(p.len)
                     : gpu  ? blob_new_pinned(p.len)
@@ -1990,7 +1991,7 @@ static void member_deposit(member_t *m)
                 pthread_mutex_unlock(c->lock);
                 blob_t *out = gpu ? blob_new_pinned(p.out_len) : blob_new(p.out_len);
                 int rc = PS_ENOMEM;
-                if (out && !step_reduces(c, &p)) {
+                if (out && !reduces) {
                     packed_combine(c, out->data, sl->in);
                     rc = 0;
                 } else if (out) {
