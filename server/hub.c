@@ -595,14 +595,16 @@ typedef struct coll {
     int window;
     slot_t *slots;
     pthread_cond_t cond;
-    pthread_mutex_t *lock; /* the hub's */
-    uint64_t reserved;     /* bytes counted against --max-inflight-bytes */
-    int cuda;              /* reduce on the GPU (--reduce-device) steps of cuda_min bytes
-                            * per input or more */
-    size_t cuda_min;       /* --reduce-device auto: PS_AUTO_CUDA_MIN; cuda: 0 */
-    uint64_t *budget;      /* the hub's inflight_bytes */
-    ring_t *ring;          /* NULL: this agent serves every rank (the job's hub) */
-    int threads;           /* ring threads still using it */
+    pthread_mutex_t *lock;  /* the hub's */
+    uint64_t reserved;      /* bytes counted against --max-inflight-bytes */
+    int cuda;               /* reduce on the GPU (--reduce-device) steps of cuda_min bytes
+                             * per input or more */
+    size_t cuda_min;        /* --reduce-device auto: PS_AUTO_CUDA_MIN; cuda: 0 */
+    atomic_int device_read; /* a step was reduced on the device since shm_broken_check
+                             * last looked at the pinned segments' files */
+    uint64_t *budget;       /* the hub's inflight_bytes */
+    ring_t *ring;           /* NULL: this agent serves every rank (the job's hub) */
+    int threads;            /* ring threads still using it */
     struct coll *next;
 } coll_t;
 
@@ -1765,6 +1767,9 @@ static int hub_reduce(coll_t *c, void *dst, const void **srcs, size_t nsrc, size
         if (st)
             stager_put(st);
         if (rc == 0) {
+            /* The device read the inputs: pinned segments among them are
+             * looked at through their files before anyone is answered. */
+            atomic_store(&c->device_read, 1);
             ps__metrics_reduced(PS_M_DEV_CUDA, bytes);
             return 0;
         }
@@ -1927,12 +1932,17 @@ static int seg_failed(member_t *m, int write, int rc)
 }
 
 /* Fails c when the segment of one of its members shrank under the agent
- * (sigbus_handler): what was read from it is zeros, not the rank's data.
- * Called before a member is answered; returns whether c failed. Lock held. */
+ * (sigbus_handler): what was read from it is zeros, not the rank's data;
+ * or, once the device has read steps (hub_reduce), when a pinned segment's
+ * file is shorter (shm_shrank): one look at each file after each batch of
+ * device reads, not one per member answered. Called before a member is
+ * answered; returns whether c failed. Lock held. */
 static int shm_broken_check(coll_t *c)
 {
+    int files = atomic_exchange(&c->device_read, 0);
     for (int i = 0; i < c->n && !c->failed; i++)
-        if (c->members[i] && (shm_broken(c->members[i]->shm) || shm_shrank(c->members[i]->shm)))
+        if (c->members[i] &&
+            (shm_broken(c->members[i]->shm) || (files && shm_shrank(c->members[i]->shm))))
             coll_fail(c, GRPC_STATUS_DATA_LOSS,
                       "%s (group %u, seq %" PRIu64 "): rank %d's shared-memory segment shrank "
                       "while the agent used it (truncated by the worker?): its data is lost",
