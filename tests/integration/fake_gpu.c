@@ -8,7 +8,7 @@
  *   cudaHostRegister does (PS_EINVAL); unregistering anything but a registered range's start
  *   fails; unregistering a range that is no longer mapped (unmapped before it was unpinned)
  *   aborts the daemon, which the tests see;
- * - ps_gpu_reduce_host: the CPU engine's result, after the argument checks of the real one, and
+ * - ps_gpu_reduce_host: the CPU engine's result, after basic argument checks, and
  *   a count of the buffers that were pinned (the DMA would read or write them in place) and of
  *   those that were not (the real stager would copy them through its own pinned buffers);
  * - stagers are not thread-safe: two threads in one stager at once abort.
@@ -103,13 +103,14 @@ static int add_range(uintptr_t p, size_t len, int reg)
     return rc;
 }
 
-/* Removes the range starting at p of the given kind; -1 when there is none. */
-static int remove_range(uintptr_t p, int reg, size_t *len)
+/* Removes the registered range starting at p (a ps_gpu_host_alloc one is
+ * not cudaHostUnregister's); -1 when there is none. */
+static int remove_registered(uintptr_t p, size_t *len)
 {
     int found = -1;
     pthread_mutex_lock(&lock);
     for (int i = 0; i < nranges && found < 0; i++)
-        if (ranges[i].start == p && ranges[i].registered == reg) {
+        if (ranges[i].start == p && ranges[i].registered) {
             found = i;
             *len = ranges[i].len;
             ranges[i] = ranges[--nranges];
@@ -141,13 +142,6 @@ int ps_gpu_host_alloc(void **out, size_t bytes)
     return 0;
 }
 
-void ps_gpu_host_free(void *ptr)
-{
-    size_t len;
-    if (ptr != NULL && remove_range((uintptr_t)ptr, 0, &len) >= 0)
-        free(ptr);
-}
-
 int ps_gpu_host_register(void *ptr, size_t bytes)
 {
     if (ptr == NULL || bytes == 0)
@@ -168,7 +162,7 @@ int ps_gpu_host_unregister(void *ptr)
     size_t len;
     if (ptr == NULL)
         return 0;
-    if (remove_range((uintptr_t)ptr, 1, &len) < 0)
+    if (remove_registered((uintptr_t)ptr, &len) < 0)
         return PS_EINVAL; /* cudaErrorHostMemoryNotRegistered */
     if (!mapped((uintptr_t)ptr, len)) {
         fprintf(stderr, "fake_gpu: %zu bytes at %p unregistered after they were unmapped\n", len,
@@ -191,11 +185,6 @@ int ps_gpu_stager_create(ps_gpu_stager_t **out, int device, size_t max_srcs, siz
     atomic_fetch_add(&stagers, 1);
     *out = s;
     return 0;
-}
-
-void ps_gpu_stager_destroy(ps_gpu_stager_t *stager)
-{
-    free(stager);
 }
 
 /* Counts buffer p of len bytes as pinned or staged. */
