@@ -64,6 +64,8 @@ struct ps__shm {
     int slot;      /* a payload segment: its slot (ShmAttachRequest.slot) */
     int slots;     /* a payload segment: how many slots the agent keeps (0: one) */
     int ready;     /* the process segment: attached, the agent reaches our memory */
+    int own_block; /* a process or registered segment: the agent leaves our own block
+                      to us (ShmAttachResponse.own_block) */
 };
 
 /* PARAMSYNC_SHM=0: neither segment; read on every collective. */
@@ -139,6 +141,7 @@ static int segment_create(ps_comm_t *comm, struct ps__shm *s, size_t size, int k
     s->segments = attached && resp->doorbell_segments;
     s->doorbells = attached ? (int)resp->doorbells : 0;
     int slots = attached ? (int)resp->payload_slots : 0;
+    int own = attached && resp->own_block;
     if (resp)
         protobuf_c_message_free_unpacked(&resp->base, NULL);
     /* The agent unlinks the name once it maps the segment; do it here too
@@ -154,6 +157,7 @@ static int segment_create(ps_comm_t *comm, struct ps__shm *s, size_t size, int k
     /* Read by other threads' payload_claim while this one uses s. */
     pthread_mutex_lock(&comm->lock);
     s->slots = slots;
+    s->own_block = own;
     pthread_mutex_unlock(&comm->lock);
     s->base = base;
     s->size = size;
@@ -273,30 +277,49 @@ static int mem_holds(const struct ps__mem *m, const void *p, size_t n)
     return !n || (a >= b && n <= m->seg.size && a - b <= m->seg.size - n);
 }
 
+/* Whether c is in place in torch's form: an all_gather's or gather root's
+ * input is its own block of the output (all_gather_into_tensor from a view
+ * of its output), a scatter root's output its block of the input. */
+static int own_in_place(const ps__coll_t *c)
+{
+    int k = c->hdr.kind;
+    int gathers = k == PARAMSYNC__V1__COLLECTIVE_KIND__ALL_GATHER ||
+                  k == PARAMSYNC__V1__COLLECTIVE_KIND__GATHER;
+    if (!(gathers || k == PARAMSYNC__V1__COLLECTIVE_KIND__SCATTER) || !c->in_bytes || !c->out_bytes)
+        return 0;
+    size_t at = (size_t)c->hdr.rank * c->hdr.count * ps_dtype_size((ps_dtype_t)c->hdr.dtype);
+    uintptr_t in = (uintptr_t)c->in, out = (uintptr_t)c->out;
+    return gathers ? in == out + at : out == in + at;
+}
+
 /* Whether c's input and output are placed as the agent accepts them in
- * place: apart, or all_reduce/reduce output exactly over input. */
-static int placed_apart(const ps__coll_t *c)
+ * place: apart, or all_reduce/reduce output exactly over input, or, with
+ * own_ok (an agent that leaves the caller's own block to it:
+ * ShmAttachResponse.own_block), an all_gather's or gather's input in its own
+ * block of the output, a scatter root's output in its block of the input. */
+static int placed_apart(const ps__coll_t *c, int own_ok)
 {
     uintptr_t in = (uintptr_t)c->in, out = (uintptr_t)c->out;
     int in_place = (c->hdr.kind == PARAMSYNC__V1__COLLECTIVE_KIND__ALL_REDUCE ||
                     c->hdr.kind == PARAMSYNC__V1__COLLECTIVE_KIND__REDUCE) &&
                    in == out;
-    return in_place || !c->in_bytes || !c->out_bytes || in + c->in_bytes <= out ||
-           out + c->out_bytes <= in;
+    return in_place || (own_ok && own_in_place(c)) || !c->in_bytes || !c->out_bytes ||
+           in + c->in_bytes <= out || out + c->out_bytes <= in;
 }
 
 /* Takes c through a registered segment holding both its input and output,
  * placed as the agent accepts them: 1, or 0 when there is none free. */
 static int mem_begin(ps_comm_t *comm, ps__coll_t *c)
 {
-    if ((!c->in_bytes && !c->out_bytes) || !placed_apart(c))
+    if ((!c->in_bytes && !c->out_bytes) || !placed_apart(c, 1))
         return 0;
+    int apart = placed_apart(c, 0);
     uintptr_t in = (uintptr_t)c->in, out = (uintptr_t)c->out;
     struct ps__mem *m;
     pthread_mutex_lock(&comm->lock);
     for (m = comm->mem; m; m = m->next)
-        if (m->shared && !m->in_use && mem_holds(m, c->in, c->in_bytes) &&
-            mem_holds(m, c->out, c->out_bytes))
+        if (m->shared && !m->in_use && (apart || m->seg.own_block) &&
+            mem_holds(m, c->in, c->in_bytes) && mem_holds(m, c->out, c->out_bytes))
             break;
     if (m)
         m->in_use = 1;
@@ -372,8 +395,8 @@ static int direct_begin(ps_comm_t *comm, ps__coll_t *c)
     /* Not the pinned buffers that stage device memory (device.c): the
      * driver maps them in ways the kernel may refuse to pin for another
      * process. */
-    if (c->in_bytes + c->out_bytes < PS__DIRECT_MIN_BYTES || c->stage_pinned || !placed_apart(c) ||
-        direct_off())
+    if (c->in_bytes + c->out_bytes < PS__DIRECT_MIN_BYTES || c->stage_pinned ||
+        !placed_apart(c, 1) || direct_off())
         return 0;
     pthread_mutex_lock(&comm->lock);
     struct ps__shm *p = comm->process;
@@ -382,19 +405,20 @@ static int direct_begin(ps_comm_t *comm, ps__coll_t *c)
     int make = p && !p->ready && !p->disabled && !p->in_use; /* in_use: being made */
     if (make)
         p->in_use = 1;
-    int ready = p && p->ready;
+    int ready = p && p->ready, own = p && p->own_block;
     pthread_mutex_unlock(&comm->lock);
     if (make) {
         int rc = segment_create(comm, p, PS__SHM_ALIGN, SEG_PROCESS);
         pthread_mutex_lock(&comm->lock);
         p->in_use = 0;
         p->ready = ready = rc == 0;
+        own = p->own_block;
         /* Refused (the agent may not reach us, or predates this) or failed:
          * the payload segments serve, for good. */
         p->disabled = rc < 0;
         pthread_mutex_unlock(&comm->lock);
     }
-    if (!ready)
+    if (!ready || (!placed_apart(c, 0) && !own))
         return 0;
     c->hdr.shm = p->name;
     c->hdr.shm_process = 1;
@@ -406,8 +430,11 @@ static int direct_begin(ps_comm_t *comm, ps__coll_t *c)
 
 int ps__shm_begin(ps_comm_t *comm, ps__coll_t *c, int rung)
 {
-    if (mem_begin(comm, c) || (rung && direct_begin(comm, c)))
+    if (mem_begin(comm, c) || (rung && direct_begin(comm, c))) {
+        /* In place: the agent leaves the own block, which holds the input. */
+        c->hdr.own_block = own_in_place(c);
         return 1;
+    }
     /* all_reduce and reduce produce step by step what they consume, at the
      * same offsets: the agent writes each output step over its input, which
      * it has reduced by then, so the segment holds the tensor once. Other
@@ -475,6 +502,7 @@ static void shm_end(ps_comm_t *comm, ps__coll_t *c, int discard)
     c->shm_out = NULL;
     c->hdr.shm = (char *)protobuf_c_empty_string;
     c->hdr.shm_process = 0;
+    c->hdr.own_block = 0;
     c->hdr.shm_in_offset = 0;
     c->hdr.shm_out_offset = 0;
 }

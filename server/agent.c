@@ -498,6 +498,7 @@ static void worker_shm_attach(ps__rpc_call_t *call, void *arg)
                              ? PS_HUB_PAYLOAD_SLOTS
                              : 0;
     resp.process_memory = resp.attached && req->process;
+    resp.own_block = resp.attached && (req->process || req->registered);
     if (!resp.attached)
         PS_LOG(PS_LOG_INFO, "job %s: rank %d's %s not used: %s", req->job, req->rank,
                req->doorbell  ? "doorbell"
@@ -617,6 +618,7 @@ static void collective_proxy_shm(ps__agent_t *a, ps__rpc_call_t *down,
         Paramsync__V1__CollectiveHeader fwd = *hd;
         fwd.shm = (char *)"";
         fwd.shm_out_offset = 0;
+        fwd.own_block = 0; /* frames: the hub writes every block */
         feed.from = io.in_total < feed.chunk ? io.in_total : feed.chunk;
         whole = feed.from == io.in_total && ps__rpc_call_is_local(down);
         grpc_byte_buffer *bb = ps__hub_shm_io_frame(&io, &fwd, 0, (size_t)feed.from);

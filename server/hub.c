@@ -721,12 +721,29 @@ static int shm_in_place(const Paramsync__V1__CollectiveHeader *hd)
            hd->shm_in_offset == hd->shm_out_offset;
 }
 
+/* Whether a member's input lies exactly in its own block of the output (an
+ * all_gather's or gather's rank block), or its output in its block of the
+ * input (a scatter's root), and the header says so (own_block): the agent
+ * reads that block and never writes it (step_own_placed). */
+static int shm_own_in_place(const Paramsync__V1__CollectiveHeader *hd, uint64_t in, uint64_t out)
+{
+    int gathers = hd->kind == PARAMSYNC__V1__COLLECTIVE_KIND__ALL_GATHER ||
+                  hd->kind == PARAMSYNC__V1__COLLECTIVE_KIND__GATHER;
+    int scatters = hd->kind == PARAMSYNC__V1__COLLECTIVE_KIND__SCATTER;
+    if (!hd->own_block || !(gathers || scatters) || hd->rank < 0)
+        return 0;
+    uint64_t block = gathers ? in : out, at = (uint64_t)hd->rank * block;
+    return gathers ? hd->shm_in_offset == hd->shm_out_offset + at && at + block <= out
+                   : hd->shm_out_offset == hd->shm_in_offset + at && at + block <= in;
+}
+
 /* Whether segment m holds a member's `in` input bytes (at the header's
  * shm_in_offset) and `out` output bytes (at its shm_out_offset), apart, or
- * for all_reduce and reduce, output exactly over input; if not, says so in
- * msg. For a process segment they are addresses in the worker's memory:
- * any that do not wrap around (memory the worker does not have fails the
- * copy, and the collective, with EFAULT). */
+ * for all_reduce and reduce, output exactly over input, or a rank's own
+ * block in place (shm_own_in_place, which own_block must name); if not,
+ * says so in msg. For a process segment they are addresses in the worker's
+ * memory: any that do not wrap around (memory the worker does not have
+ * fails the copy, and the collective, with EFAULT). */
 static int shm_holds(const shm_map_t *m, const Paramsync__V1__CollectiveHeader *hd, uint64_t in,
                      uint64_t out, char *msg, size_t len)
 {
@@ -735,7 +752,16 @@ static int shm_holds(const shm_map_t *m, const Paramsync__V1__CollectiveHeader *
     int fits = m->kind == PS_SHM_PROCESS
                    ? ia + in >= ia && oa + out >= oa && (!in || ia) && (!out || oa)
                    : ia <= m->size && in <= m->size - ia && oa <= m->size && out <= m->size - oa;
-    int apart = in_place || !in || !out || ia + in <= oa || oa + out <= ia;
+    int own = shm_own_in_place(hd, in, out);
+    int apart = in_place || own || !in || !out || ia + in <= oa || oa + out <= ia;
+    if (hd->own_block && !own) {
+        snprintf(msg, len,
+                 "%s (group %u, seq %" PRIu64 "): rank %d sets own_block, but its input is not "
+                 "its own block of the output (nor, for scatter, its output its block of the "
+                 "input)",
+                 kind_name(hd->kind), hd->group, hd->seq, hd->rank);
+        return 0;
+    }
     if (fits && apart)
         return 1;
     if (m->kind == PS_SHM_PROCESS) {
@@ -2092,6 +2118,15 @@ static void member_views_wait(member_t *m)
     }
 }
 
+/* Whether the step is the member's own block coming back to it (its input
+ * alone, for it) in a collective in place (CollectiveHeader.own_block: the
+ * input lies in that very block of the output, shm_own_in_place): there is
+ * nothing to write. */
+static int step_own_placed(const member_t *m, const step_plan_t *p)
+{
+    return m->shm && m->first->header->own_block && p->contrib_one == m->index;
+}
+
 /* Sends the member's outputs; the first frame also carries the result.
  * With `finish` (the member's input is already consumed) the last frame
  * carries the OK status too. Returns 1 when it sent the status. */
@@ -2132,7 +2167,9 @@ static int member_write(member_t *m, int finish)
         size_t soff = step_slice(&p, m->index), len = p.slice;
         uint8_t *src = out->data + soff;
         int rc = 0;
-        if (m->shm) { /* the result frame follows the data, below */
+        if (step_own_placed(m, &p)) {
+            /* the worker put this block in place itself */
+        } else if (m->shm) { /* the result frame follows the data, below */
             if (m->by_file) {
                 rc = seg_io(m->shm, 1, src, len, m->shm_out + off);
                 seg_failed(m, 1, rc);

@@ -141,7 +141,12 @@ PS_EXPORT int ps_mem_is_shared(ps_comm_t *comm, const void *ptr);
  * on floating types, AVG on integers), a root or peer outside the group, a
  * send to or receive from oneself, a negative tag, a NULL buffer that would
  * carry bytes. Input and output buffers must not overlap except where the
- * call takes one buffer.
+ * call takes one buffer, and in torch's in-place form: an all_gather's (or
+ * gather root's) input may be the caller's own block of the output, in ==
+ * out + rank * count elements, and a scatter root's output its block of the
+ * input, out == in + rank * count. With the agent on this host, and the
+ * buffers from ps_mem_alloc or of 32 MiB and more, such a call copies nothing
+ * of its own block.
  *
  * Buffers may be host memory or CUDA device (or managed) memory, in any mix
  * (cudaPointerGetAttributes tells them apart; libparamsync built without

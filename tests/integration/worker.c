@@ -1307,6 +1307,115 @@ static int sc_direct(ctx_t *cx)
     return ret;
 }
 
+/* One all_gather, gather or scatter in place, in torch's form: the input is
+ * the rank's own block of the output (all_gather, gather's root), or the
+ * root's output its block of the input (scatter); root the last rank, every
+ * other one async. The blocks are checked, the caller's own included. */
+static int run_in_place(ctx_t *cx, kind_t kind, size_t count, int async)
+{
+    ps_comm_t *comm = cx->comm;
+    int me = cx->rank, n = cx->size, root = n - 1;
+    size_t esz = 4, all = (size_t)n * count;
+    unsigned salt = cx->salt * 131u + (unsigned)kind * 17u + (unsigned)count;
+    char what[128];
+    snprintf(what, sizeof(what), "%s%s in place, %zu int32", async ? "i" : "", kind_names[kind],
+             count);
+    TRY(arena_open(comm, 3 * all * esz));
+    uint8_t *big = case_alloc(all * esz), *want = case_alloc(all * esz);
+    uint8_t *own = big + (size_t)me * count * esz;
+    memset(big, 0xa5, all * esz);
+    for (int r = 0; r < n; r++)
+        fill(PS_INT32, PS_SUM, salt, r, want + (size_t)r * count * esz, 0, count);
+    ps_work_t *w = NULL;
+    int rc = 0, ret = 0;
+    uint8_t *got = big, *expect = want;
+    size_t check = all;
+    if (kind == K_SCATTER && me == root) {
+        memcpy(big, want, all * esz); /* the root's blocks: block r for rank r */
+        rc = async ? ps_iscatter(comm, own, big, count, PS_INT32, root, NULL, &w)
+                   : ps_scatter(comm, own, big, count, PS_INT32, root, NULL);
+    } else if (kind == K_SCATTER) {
+        got = own;
+        expect = want + (size_t)me * count * esz;
+        check = count;
+        rc = async ? ps_iscatter(comm, own, NULL, count, PS_INT32, root, NULL, &w)
+                   : ps_scatter(comm, own, NULL, count, PS_INT32, root, NULL);
+    } else {
+        fill(PS_INT32, PS_SUM, salt, me, own, 0, count);
+        if (kind == K_GATHER && me != root) { /* nothing comes back: the input stays */
+            got = own;
+            expect = want + (size_t)me * count * esz;
+            check = count;
+        }
+        void *out = kind == K_GATHER && me != root ? NULL : big;
+        rc = kind == K_ALL_GATHER
+                 ? (async ? ps_iall_gather(comm, out, own, count, PS_INT32, NULL, &w)
+                          : ps_all_gather(comm, out, own, count, PS_INT32, NULL))
+                 : (async ? ps_igather(comm, out, own, count, PS_INT32, root, NULL, &w)
+                          : ps_gather(comm, out, own, count, PS_INT32, root, NULL));
+    }
+    if (rc == 0 && w)
+        rc = ps_work_wait(w);
+    ps_work_free(w);
+    if (rc != 0)
+        ret = fail("%s: %d (%s)", what, rc, ps_strerror(rc));
+    else
+        ret = compare(what, PS_INT32, got, expect, check);
+    case_free(big);
+    case_free(want);
+    if (arena_close() != 0)
+        ret = -1;
+    return ret;
+}
+
+/* In place (run_in_place) at sizes that take every path: the doorbell's own
+ * payload, a payload segment or registered memory, and (3 blocks of 12 MiB
+ * and more) the direct path; from malloc'd buffers, or with PS_TEST_SHARED=1
+ * from ps_mem_alloc memory. */
+static int sc_in_place(ctx_t *cx)
+{
+    if (env_int("PS_TEST_SHARED", 0)) {
+        g_arena_shared = 1;
+        g_arena_comm = cx->comm;
+    }
+    static const size_t counts[] = {1000, 300001, 12 * MIB / 4 + 5};
+    int rc = 0;
+    for (size_t i = 0; i < sizeof(counts) / sizeof(counts[0]) && rc == 0; i++)
+        for (int k = 0; k < 3 && rc == 0; k++)
+            rc = run_in_place(cx,
+                              k == 0   ? K_ALL_GATHER
+                              : k == 1 ? K_GATHER
+                                       : K_SCATTER,
+                              counts[i], (int)(i + (size_t)k) & 1);
+    g_arena_comm = NULL;
+    return rc;
+}
+
+/* In place (run_in_place) with blocks of 12 MiB (and an odd few bytes):
+ * from malloc'd buffers the direct path, or with PS_TEST_SHARED=1 from
+ * ps_mem_alloc memory (a registered segment). The harness's --metric checks
+ * that the agent wrote every block but the ranks' own (own_block). */
+static int sc_own_block(ctx_t *cx)
+{
+    if (env_int("PS_TEST_SHARED", 0)) {
+        g_arena_shared = 1;
+        g_arena_comm = cx->comm;
+    } else if (!others_may_read_us()) {
+        note("SKIPPED: this machine does not let another process read ours "
+             "(process_vm_readv), which the direct path needs");
+        return SKIP;
+    }
+    int rc = 0;
+    for (int k = 0; k < 3 && rc == 0; k++)
+        rc = run_in_place(cx,
+                          k == 0   ? K_ALL_GATHER
+                          : k == 1 ? K_GATHER
+                                   : K_SCATTER,
+                          12 * MIB / 4 + 5, k & 1);
+    g_arena_comm = NULL;
+    return rc;
+}
+
 /* One all_reduce of >= 256 MiB: streams far past any gRPC message limit. */
 static int sc_big(ctx_t *cx)
 {
@@ -2268,6 +2377,8 @@ static const scenario_t scenarios[] = {
     {"registered", sc_registered, 1, 0},
     {"big", sc_big, 1, 0},
     {"direct", sc_direct, 1, 0},
+    {"own_block", sc_own_block, 1, 0},
+    {"in_place", sc_in_place, 1, 0},
     {"groups", sc_groups, 1, 0},
     {"async", sc_async, 1, 0},
     {"recv_any", sc_recv_any, 1, 0},

@@ -1111,8 +1111,9 @@ def case_process_segment(d, rng):
     pid or address is refused with a reason. A collective naming it reads
     the input from the caller's buffer and writes the output there
     (CollectiveHeader.shm_process); naming it without shm_process, or
-    shm_process with a payload segment, or an address the caller does not
-    have, is refused with INVALID_ARGUMENT, and the daemon serves on."""
+    shm_process with a payload segment, an address the caller does not
+    have, or own_block where the input is not the rank's own block of the
+    output, is refused with INVALID_ARGUMENT, and the daemon serves on."""
     import ctypes
     import mmap
     if not os.path.isdir("/dev/shm"):
@@ -1155,9 +1156,9 @@ def case_process_segment(d, rng):
             drop_segment(nm, fd)
         leave_job(members, conns)
         pw.skip("the agent may not read this process's memory here: %s" % good.reason)
-    pw.expect(good.attached and good.process_memory,
-              "process_segment: our own pid and address: %r, want attached, process_memory"
-              % (good,))
+    pw.expect(good.attached and good.process_memory and good.own_block,
+              "process_segment: our own pid and address: %r, want attached, process_memory, "
+              "own_block" % (good,))
 
     count = 1024
     buf = (ctypes.c_float * count)(*[float(i % 97) for i in range(count)])
@@ -1200,6 +1201,15 @@ def case_process_segment(d, rng):
               "process_segment: an address this process does not have: %r, want "
               "INVALID_ARGUMENT (Bad address) and rank 1 failed too" % (got,))
     pw.log("process_segment: an address this process does not have: %r" % (got,))
+    # own_block says the input is the rank's own block of the output (an
+    # all_gather in place): on an all_reduce it is not, and is refused.
+    got = all_reduce(2, shm=name, shm_in_offset=at, shm_out_offset=at, shm_process=True,
+                     own_block=True)
+    pw.expect(got[0] is not None and got[0].name == "INVALID_ARGUMENT" and
+              "sets own_block" in got[0].message and got[1] is not None and got[1].name != "OK",
+              "process_segment: own_block on an all_reduce: %r, want INVALID_ARGUMENT (sets "
+              "own_block) and rank 1 failed too" % (got,))
+    pw.log("process_segment: own_block on an all_reduce: %r" % (got[0],))
     # A process segment whose process then exits: another process (a child
     # that maps the same segment and says where) offers it, exits, and the
     # collective naming it is ABORTED (its process is gone), at once.
@@ -1227,7 +1237,7 @@ def case_process_segment(d, rng):
     finally:
         child.stdin.close()
         child.wait(timeout=10)
-    got = all_reduce(2, shm=cname, shm_in_offset=caddr, shm_out_offset=caddr, shm_process=True)
+    got = all_reduce(3, shm=cname, shm_in_offset=caddr, shm_out_offset=caddr, shm_process=True)
     pw.expect(got[0] is not None and got[0].name == "ABORTED" and
               "No such process" in got[0].message and got[1] is not None and got[1].name != "OK",
               "process_segment: its process gone: %r, want ABORTED (No such process) and rank 1 "
