@@ -45,6 +45,9 @@ static const char usage[] =
     "  -o, --op NAME         sum (default), prod, min, max, avg\n"
     "  -r, --root N          root of broadcast, reduce, gather, scatter (default 0)\n"
     "  -c, --check 0|1       check results (default 1)\n"
+    "  -I, --in-place 0|1    all_gather and gather in place, as torch's\n"
+    "                        all_gather_into_tensor from a view of its output: each\n"
+    "                        rank's input is its own block of the output (default 0)\n"
     "  -i, --init URL        init method (default env://)\n"
     "  -m, --mem KIND        malloc (default): buffers from malloc; shared: from\n"
     "                        ps_mem_alloc, which the agent reads and writes in place\n"
@@ -121,6 +124,7 @@ typedef struct options {
     const char *init, *csv, *label;
     int shared_mem; /* --mem shared */
     int inflight;   /* --inflight */
+    int in_place;   /* --in-place */
 } options_t;
 
 static double now_seconds(void)
@@ -284,6 +288,8 @@ static int parse_options(int argc, char **argv, options_t *o)
             o->csv = v;
         else if (!strcmp(a, "--label"))
             o->label = v;
+        else if (!strcmp(a, "-I") || !strcmp(a, "--in-place"))
+            bad = parse_int_arg(v, 0, &o->in_place) || o->in_place > 1;
         else if (!strcmp(a, "-a") || !strcmp(a, "--inflight"))
             bad = parse_int_arg(v, 1, &o->inflight) || o->inflight > PS_BENCH_INFLIGHT;
         else if (!strcmp(a, "-m") || !strcmp(a, "--mem")) {
@@ -577,6 +583,13 @@ static void die_rc(const bench_t *b, const char *what, int rc)
     exit(1);
 }
 
+/* An all_gather's or gather's input of n elements: b->in, or with
+ * --in-place the rank's own block of the output. */
+static void *gather_input(const bench_t *b, size_t n)
+{
+    return b->o->in_place ? (char *)b->out + (size_t)b->rank * n * b->es : b->in;
+}
+
 /* One call of collective c; n is the per-rank element count (blocked) or the count. */
 static int run_one(bench_t *b, int c, size_t n)
 {
@@ -589,10 +602,10 @@ static int run_one(bench_t *b, int c, size_t n)
     case C_REDUCE:
         return ps_reduce_to(b->comm, b->out, n, o->dtype, o->op, o->root, NULL);
     case C_ALL_GATHER:
-        return ps_all_gather(b->comm, b->out, b->in, n, o->dtype, NULL);
+        return ps_all_gather(b->comm, b->out, gather_input(b, n), n, o->dtype, NULL);
     case C_GATHER:
-        return ps_gather(b->comm, b->rank == o->root ? b->out : NULL, b->in, n, o->dtype, o->root,
-                         NULL);
+        return ps_gather(b->comm, b->rank == o->root ? b->out : NULL, gather_input(b, n), n,
+                         o->dtype, o->root, NULL);
     case C_SCATTER:
         return ps_scatter(b->comm, b->out, b->rank == o->root ? b->in : NULL, n, o->dtype, o->root,
                           NULL);
@@ -646,9 +659,9 @@ static void prepare(bench_t *b, int c, size_t n)
         break;
     case C_ALL_GATHER:
     case C_GATHER:
-        pattern_input(&pt, o->dtype, o->op, b->rank);
-        fill(b->in, n, 0, &pt, es);
         memset(b->out, 0xa5, n * (size_t)b->p * es);
+        pattern_input(&pt, o->dtype, o->op, b->rank);
+        fill(gather_input(b, n), n, 0, &pt, es);
         break;
     case C_SCATTER:
         /* root's block r holds rank r's pattern */
@@ -752,6 +765,8 @@ static void print_header(const bench_t *b)
         printf(" (at most %zu bytes of calls per size)", o->iter_bytes);
     if (o->inflight > 1)
         printf(", %d nonblocking calls in flight at once", o->inflight);
+    if (o->in_place)
+        printf(", all_gather and gather in place");
     printf(", check %s\n", o->check ? "on" : "off");
     printf("# time: mean per call of the slowest rank; algbw = size/time; busbw per "
            "nccl-tests; #wrong over all ranks (-1: not checked)\n");
