@@ -959,6 +959,17 @@ def w_registered():
             (n * 4 * c, n * n * 4 * c))
     for q in range(n):
         expect_eq(out[q * c:(q + 1) * c], data(q, c, "int32", salt=7), "all_gather [%d]" % q)
+    # In place, torch's way: the input is this rank's block of the output. The agent
+    # takes it without a copy (header.own_block), so the segment is still never made.
+    whole = dist.empty(n * c, "int32")
+    own = whole[r * c:(r + 1) * c]
+    own[:] = data(r, c, "int32", salt=8)
+    on_path(dist, "all_gather in place", lambda: dist.all_gather_into_tensor(whole, own),
+            (n * 4 * c, n * n * 4 * c))
+    for q in range(n):
+        expect_eq(whole[q * c:(q + 1) * c], data(q, c, "int32", salt=8),
+                  "all_gather in place [%d]" % q)
+    dist.free(whole)
     w = dist._get_world()
     if shm:
         assert w.shm.size == 0, "a collective on empty() memory copied through the segment"
@@ -1149,6 +1160,14 @@ def w_doorbell():
         for q in range(n):
             expect_eq(out[q * (c // n):(q + 1) * (c // n)], np.full(c // n, q + k, np.int32),
                       "all_gather of 36 MiB [%d] %d" % (q, k))
+        # In place: the input is this rank's block of the output (header.own_block).
+        out[:] = 0
+        own = out[r * (c // n):(r + 1) * (c // n)]
+        own[:] = r + 2 * k
+        dist.all_gather_into_tensor(out, own)
+        for q in range(n):
+            expect_eq(out[q * (c // n):(q + 1) * (c // n)], np.full(c // n, q + 2 * k, np.int32),
+                      "all_gather of 36 MiB in place [%d] %d" % (q, k))
     os.environ.pop("PARAMSYNC_SHM_DIRECT", None)
     went = w.process.used - before
     # Where this machine does not let another process read ours (ptrace rules,
@@ -1157,7 +1176,7 @@ def w_doorbell():
     if shm and cannot:
         print("rank %d: direct part SKIPPED: %s" % (r, w.process.refused))
     elif shm:
-        assert went == 6, "%d of 6 collectives of 36 MiB read and written in place" % went
+        assert went == 8, "%d of 8 collectives of 36 MiB read and written in place" % went
         m = H.scrape(os.environ["SUITE_METRICS"])
         for d in ("received", "sent"):
             got = int(m['paramsync_shm_bytes_total{direction="%s",access="process"}' % d])

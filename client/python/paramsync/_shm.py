@@ -294,9 +294,24 @@ def address(buf):
     return int(np.frombuffer(buf, np.uint8).ctypes.data) if len(buf) else 0
 
 
-def placed(in_place, send, recv):
+def own_in_place(scatters, rank, send, recv):
+    """Whether a collective is in place in torch's form (one buffer each way): an
+    all_gather's or gather root's input is its own block of the output, or (scatters) a
+    scatter root's output its block of the input. Agents that say so at attach
+    (ShmAttachResponse.own_block) take it in place (header.own_block)."""
+    if send is None or recv is None or not send.total or not recv.total or \
+            len(send.mvs) != 1 or len(recv.mvs) != 1:
+        return False
+    a_in, a_out = address(send.mvs[0]), address(recv.mvs[0])
+    if scatters:
+        return a_out == a_in + rank * recv.total
+    return a_in == a_out + rank * send.total
+
+
+def placed(in_place, send, recv, own=False):
     """Where a collective's input and output lie when the agent may use them in place:
-    one contiguous buffer each way (or none), apart, or all_reduce/reduce's one buffer.
+    one contiguous buffer each way (or none), apart, or all_reduce/reduce's one buffer,
+    or (own: own_in_place) the rank's own block in place.
     ((input memoryview, address), (output memoryview, address)), each None when there are
     no such bytes; or None when they do not lie so."""
     ends = []
@@ -306,7 +321,7 @@ def placed(in_place, send, recv):
             return None
         ends.append((mvs[0], address(mvs[0])) if mvs else None)
     i, o = ends
-    if i is not None and o is not None and not (
+    if i is not None and o is not None and not own and not (
             (in_place and i[1] == o[1]) or i[1] + len(i[0]) <= o[1] or o[1] + len(o[0]) <= i[1]):
         return None
     return i, o
@@ -337,14 +352,16 @@ class Process:
         self.making = False
         self.refused = ""  # why it stays off, once it does
         self.used = 0  # collectives that went this way
+        self.own_block = False  # the agent takes the own block in place (own_in_place)
 
-    def begin(self, in_place, send, recv):
+    def begin(self, in_place, send, recv, own=False):
         """(input address, output address) of a collective large enough, whose input and
-        output are one buffer each, apart (or all_reduce/reduce's one buffer); None: use
-        the segments."""
+        output are one buffer each, apart (or all_reduce/reduce's one buffer, or with own
+        the rank's own block in place, when the agent takes that); None: use the
+        segments."""
         if not direct_enabled():
             return None
-        got = placed(in_place, send, recv)
+        got = placed(in_place, send, recv, own)
         if got is None or sum(len(e[0]) for e in got if e is not None) < DIRECT_MIN:
             return None
         a_in, a_out = (e[1] if e is not None else 0 for e in got)
@@ -354,10 +371,12 @@ class Process:
             make = self.map is None
             self.making = make
         if make:
+            resp = []
             try:
                 self.name, self.map = create(
-                    ALIGN, lambda n, s, magic, m: self._attach(n, s, magic, address(m)),
-                    pass_map=True)
+                    ALIGN, lambda n, s, magic, m: resp.append(
+                        self._attach(n, s, magic, address(m))), pass_map=True)
+                self.own_block = bool(getattr(resp[0], "own_block", False))
             except Exception as e:  # noqa: B902 - refused or failed: segments, for good
                 with self._lock:
                     self.disabled = True
@@ -367,6 +386,8 @@ class Process:
                     self.making = False
             if self.map is None:
                 return None
+        if own and not self.own_block:
+            return None
         with self._lock:
             self.used += 1
         return a_in, a_out
@@ -382,15 +403,16 @@ class Process:
 class Mem:
     """One allocation of Registered: its segment (name None: plain memory, the agent
     could not share it), where it is mapped here, and whether a collective uses it."""
-    __slots__ = ("name", "map", "addr", "size", "in_use", "retired")
+    __slots__ = ("name", "map", "addr", "size", "in_use", "retired", "own_block")
 
-    def __init__(self, name, m, size):
+    def __init__(self, name, m, size, own_block=False):
         self.name = name
         self.map = m
         self.size = size
         self.addr = address(m)
         self.in_use = False
         self.retired = False  # a call was abandoned: the agent may still write into it
+        self.own_block = own_block  # the agent takes the own block in place (own_in_place)
 
 
 class Registered:
@@ -413,7 +435,9 @@ class Registered:
         mem = None
         if enabled():
             try:
-                mem = Mem(*create(size, self._attach), size=size)
+                resp = []
+                name, m = create(size, lambda *a: resp.append(self._attach(*a)))
+                mem = Mem(name, m, size, bool(getattr(resp[0], "own_block", False)))
             except Exception:  # noqa: B902 - refused or failed: plain memory, as in C
                 mem = None
         if mem is None:
@@ -446,13 +470,14 @@ class Registered:
                 pass
         return True
 
-    def begin(self, in_place, send, recv):
+    def begin(self, in_place, send, recv, own=False):
         """Claims the allocation that holds this collective's input and output (one
-        contiguous buffer each, apart, or all_reduce/reduce's one buffer), when there is
-        one. Returns (mem, input offset, output offset), or None."""
+        contiguous buffer each, apart, or all_reduce/reduce's one buffer, or with own the
+        rank's own block in place, where the agent takes that), when there is one.
+        Returns (mem, input offset, output offset), or None."""
         if not self.mems or not enabled():
             return None
-        got = placed(in_place, send, recv)
+        got = placed(in_place, send, recv, own)
         if got is None or got == (None, None):
             return None
         (ins, a_in), (outs, a_out) = (e if e is not None else (None, None) for e in got)
@@ -460,7 +485,7 @@ class Registered:
         with self._lock:
             mem = next((x for x in self.mems
                         if x.name is not None and x.addr <= first < x.addr + x.size), None)
-            if mem is None or mem.in_use or mem.retired or any(
+            if mem is None or mem.in_use or mem.retired or (own and not mem.own_block) or any(
                     a is not None and not (mem.addr <= a and a + len(b) <= mem.addr + mem.size)
                     for a, b in ((a_in, ins), (a_out, outs))):
                 return None

@@ -474,18 +474,24 @@ class _World:
         Returns a _ShmUse, or None (gRPC frames). rung: for the doorbell, any size."""
         # all_reduce and reduce: the agent writes the output over the input.
         in_place = header.kind in (_K.ALL_REDUCE, _K.REDUCE)
-        got = self.mem.begin(in_place, send, recv)
+        # torch's in-place all_gather (gather, scatter): the input is the rank's own block
+        # of the output, which agents that say so leave as it is (header.own_block).
+        own = header.kind in (_K.ALL_GATHER, _K.GATHER, _K.SCATTER) and _shm.own_in_place(
+            header.kind == _K.SCATTER, header.rank, send, recv)
+        got = self.mem.begin(in_place, send, recv, own)
         if got is not None:
             mem, in_off, out_off = got
             header.shm = mem.name
             header.shm_in_offset = in_off
             header.shm_out_offset = out_off
+            header.own_block = own
             return _ShmUse(self.mem.end, mem, None)
-        got = self.process.begin(in_place, send, recv) if rung else None
+        got = self.process.begin(in_place, send, recv, own) if rung else None
         if got is not None:
             header.shm = self.process.name
             header.shm_process = True
             header.shm_in_offset, header.shm_out_offset = got
+            header.own_block = own
             return _ShmUse(lambda _, discard=False: None, None, None, direct=True)
         if self.shm is None:
             return None
@@ -557,6 +563,7 @@ class _World:
             finally:
                 header.shm = ""
                 header.shm_process = False
+                header.own_block = False
                 header.shm_in_offset = 0
                 header.shm_out_offset = 0
             if got is None:
