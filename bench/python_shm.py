@@ -8,7 +8,8 @@ For each world size it starts one paramsyncd on a free loopback port (with
 /metrics), then runs the same job three times, PARAMSYNC_SHM=0, shared memory
 on (a numpy array: copied through the segment), and shared memory on with the
 array from paramsync.distributed.empty() (used in place by the daemon):
-float32 all_reduce and broadcast (root 0) of --mib MiB (with --latency: barrier
+float32 all_reduce and broadcast (root 0) of --mib MiB, and all_gather_into_tensor
+in place into --mib MiB (the input a slice of the output, torch's way) (with --latency: barrier
 and a 4-byte all_reduce, which shared memory sends through the doorbell
 instead of a call, alone and four async ones at once, time per call; 200
 calls, times in microseconds), one untimed call
@@ -35,6 +36,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # --latency also times ASYNC async_op=True all_reduces in flight at once (per call).
 ASYNC = 4
 ASYNC_OP = "all_reduce 4 B, %d async at once" % ASYNC
+OPS = ("all_reduce", "broadcast", "all_gather in place")
 CLIENT = os.path.join(os.path.dirname(HERE), "client", "python")
 
 
@@ -75,19 +77,27 @@ def worker(mib, iters, empty):
     r, n = dist.get_rank(), dist.get_world_size()
     count = (mib << 20) // 4
     x = dist.empty(count, "float32") if empty else np.ones(count, np.float32)
+    block = count // n
+    own = x[r * block:(r + 1) * block]
     out = {}
-    for op in ("all_reduce", "broadcast"):
+    for op in OPS:
         def call():
             if op == "all_reduce":
                 dist.all_reduce(x)
-            else:
+            elif op == "broadcast":
                 dist.broadcast(x, src=0)
+            else:
+                dist.all_gather_into_tensor(x[:n * block], own)
         x[:] = r + 1
         dist.barrier()
         call()  # untimed: the segment (or the channel's buffers) settle here
-        want = n * (n + 1) / 2 if op == "all_reduce" else 1.0
-        if not (x == want).all():
-            raise SystemExit("rank %d: %s gave %r, want %r" % (r, op, x[:4], want))
+        if op == "all_gather in place":
+            want = np.repeat(np.arange(1, n + 1, dtype=np.float32), block)
+            ok = (x[:n * block] == want).all()
+        else:
+            ok = (x == (n * (n + 1) / 2 if op == "all_reduce" else 1.0)).all()
+        if not ok:
+            raise SystemExit("rank %d: %s gave %r" % (r, op, x[:4]))
         times = np.zeros(iters, np.float64)
         for i in range(iters):
             x[:] = 1.0
@@ -181,7 +191,7 @@ def main():
         finally:
             d.send_signal(signal.SIGTERM)
             d.wait()
-        for op in ("all_reduce", "broadcast"):
+        for op in OPS:
             g = statistics.median(res[False][0][op])
             s = statistics.median(res[True][0][op])
             e = statistics.median(res["empty"][0][op])
