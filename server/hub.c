@@ -2168,7 +2168,7 @@ static int member_write(member_t *m, int finish)
         uint8_t *src = out->data + soff;
         int rc = 0;
         if (step_own_placed(m, &p)) {
-            /* the worker put this block in place itself */
+            /* in place: the block holds the member's input already */
         } else if (m->shm) { /* the result frame follows the data, below */
             if (m->by_file) {
                 rc = seg_io(m->shm, 1, src, len, m->shm_out + off);
