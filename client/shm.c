@@ -293,32 +293,30 @@ static int own_in_place(const ps__coll_t *c)
 }
 
 /* Whether c's input and output are placed as the agent accepts them in
- * place: apart, or all_reduce/reduce output exactly over input, or, with
- * own_ok (an agent that leaves the caller's own block to it:
- * ShmAttachResponse.own_block), an all_gather's or gather's input in its own
- * block of the output, a scatter root's output in its block of the input. */
-static int placed_apart(const ps__coll_t *c, int own_ok)
+ * place: apart, or all_reduce/reduce output exactly over input. (In place
+ * in torch's form, own_in_place, only agents that say so take.) */
+static int placed_apart(const ps__coll_t *c)
 {
     uintptr_t in = (uintptr_t)c->in, out = (uintptr_t)c->out;
     int in_place = (c->hdr.kind == PARAMSYNC__V1__COLLECTIVE_KIND__ALL_REDUCE ||
                     c->hdr.kind == PARAMSYNC__V1__COLLECTIVE_KIND__REDUCE) &&
                    in == out;
-    return in_place || (own_ok && own_in_place(c)) || !c->in_bytes || !c->out_bytes ||
-           in + c->in_bytes <= out || out + c->out_bytes <= in;
+    return in_place || !c->in_bytes || !c->out_bytes || in + c->in_bytes <= out ||
+           out + c->out_bytes <= in;
 }
 
 /* Takes c through a registered segment holding both its input and output,
- * placed as the agent accepts them: 1, or 0 when there is none free. */
-static int mem_begin(ps_comm_t *comm, ps__coll_t *c)
+ * placed apart or (own: own_in_place) in place where the segment's agent
+ * takes that: 1, or 0 when there is none free. */
+static int mem_begin(ps_comm_t *comm, ps__coll_t *c, int own)
 {
-    if ((!c->in_bytes && !c->out_bytes) || !placed_apart(c, 1))
+    if ((!c->in_bytes && !c->out_bytes) || !(own || placed_apart(c)))
         return 0;
-    int apart = placed_apart(c, 0);
     uintptr_t in = (uintptr_t)c->in, out = (uintptr_t)c->out;
     struct ps__mem *m;
     pthread_mutex_lock(&comm->lock);
     for (m = comm->mem; m; m = m->next)
-        if (m->shared && !m->in_use && (apart || m->seg.own_block) &&
+        if (m->shared && !m->in_use && (!own || m->seg.own_block) &&
             mem_holds(m, c->in, c->in_bytes) && mem_holds(m, c->out, c->out_bytes))
             break;
     if (m)
@@ -388,15 +386,16 @@ static int direct_off(void)
 
 /* Takes c (a doorbell request) straight from and into the caller's buffers
  * through the rank's process segment, made and offered once: 1, or 0 (the
- * agent cannot reach this process's memory, c is too small, or direct is
- * off). */
-static int direct_begin(ps_comm_t *comm, ps__coll_t *c)
+ * agent cannot reach this process's memory, or c in place (own:
+ * own_in_place) and the agent does not take that, c is too small, or direct
+ * is off). */
+static int direct_begin(ps_comm_t *comm, ps__coll_t *c, int own)
 {
     /* Not the pinned buffers that stage device memory (device.c): the
      * driver maps them in ways the kernel may refuse to pin for another
      * process. */
     if (c->in_bytes + c->out_bytes < PS__DIRECT_MIN_BYTES || c->stage_pinned ||
-        !placed_apart(c, 1) || direct_off())
+        !(own || placed_apart(c)) || direct_off())
         return 0;
     pthread_mutex_lock(&comm->lock);
     struct ps__shm *p = comm->process;
@@ -405,20 +404,20 @@ static int direct_begin(ps_comm_t *comm, ps__coll_t *c)
     int make = p && !p->ready && !p->disabled && !p->in_use; /* in_use: being made */
     if (make)
         p->in_use = 1;
-    int ready = p && p->ready, own = p && p->own_block;
+    int ready = p && p->ready, takes_own = p && p->own_block;
     pthread_mutex_unlock(&comm->lock);
     if (make) {
         int rc = segment_create(comm, p, PS__SHM_ALIGN, SEG_PROCESS);
         pthread_mutex_lock(&comm->lock);
         p->in_use = 0;
         p->ready = ready = rc == 0;
-        own = p->own_block;
+        takes_own = p->own_block;
         /* Refused (the agent may not reach us, or predates this) or failed:
          * the payload segments serve, for good. */
         p->disabled = rc < 0;
         pthread_mutex_unlock(&comm->lock);
     }
-    if (!ready || (!placed_apart(c, 0) && !own))
+    if (!ready || (own && !takes_own))
         return 0;
     c->hdr.shm = p->name;
     c->hdr.shm_process = 1;
@@ -430,9 +429,10 @@ static int direct_begin(ps_comm_t *comm, ps__coll_t *c)
 
 int ps__shm_begin(ps_comm_t *comm, ps__coll_t *c, int rung)
 {
-    if (mem_begin(comm, c) || (rung && direct_begin(comm, c))) {
-        /* In place: the agent leaves the own block, which holds the input. */
-        c->hdr.own_block = own_in_place(c);
+    /* In place: the agent leaves the own block, which holds the input. */
+    int own = own_in_place(c);
+    if (mem_begin(comm, c, own) || (rung && direct_begin(comm, c, own))) {
+        c->hdr.own_block = own;
         return 1;
     }
     /* all_reduce and reduce produce step by step what they consume, at the
