@@ -714,9 +714,12 @@ int main(int argc, char **argv)
                 strerror(-rc));
         goto out;
     }
+    char from[64] = "";
+    if (cfg.reduce_cuda && cfg.reduce_cuda_min)
+        snprintf(from, sizeof(from), " from %zu KiB per input, cpu below",
+                 cfg.reduce_cuda_min >> 10);
     PS_LOG(PS_LOG_INFO, "paramsyncd %s: role %s, reduce on %s%s (%s), step %zu bytes x %d",
-           PS_VERSION, role, cfg.reduce_cuda ? "cuda" : "cpu",
-           cfg.reduce_cuda && cfg.reduce_cuda_min ? " from 1M per input, cpu below" : "",
+           PS_VERSION, role, cfg.reduce_cuda ? "cuda" : "cpu", from,
            ps_reduce_path_name(ps_reduce_get_path()), cfg.step_bytes, cfg.window);
     if (cfg.role == PS_ROLE_AGENT)
         PS_LOG(PS_LOG_INFO, "agent %s, coordinator %s, machine %s", self, coordinator,

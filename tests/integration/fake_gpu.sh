@@ -66,7 +66,7 @@ reduced() { series paramsync_reduced_bytes_total "device=\"$1\""; }
 # auto: 4 KiB and 4 MiB all_reduces of 3 ranks, through shared memory, malloc buffers (the
 # payload segment) and gRPC frames.
 start auto
-grep -q "reduce on cuda from 1M per input, cpu below" "$work/daemon.log" ||
+grep -q "reduce on cuda from 1024 KiB per input, cpu below" "$work/daemon.log" ||
   fail "auto: the start-up line does not say where steps reduce"
 for how in "shared PARAMSYNC_SHM=1" "malloc PARAMSYNC_SHM=1" "malloc PARAMSYNC_SHM=0"; do
   read -r mem var <<< "$how"

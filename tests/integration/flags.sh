@@ -62,7 +62,7 @@ expect_run "--reduce-device cuda, no device" 2 "*--reduce-device cuda, but no CU
   fail "--reduce-device cuda: exit $last_rc, '$last_err'"
 expect_run "--reduce-device auto, no device" 124 "*reduce on cpu (*" \
   -- "${serve[@]}" --reduce-device auto ||
-  expect_run "--reduce-device auto, a device" 124 "*reduce on cuda from 1M per input, cpu below (*" \
+  expect_run "--reduce-device auto, a device" 124 "*reduce on cuda from 1024 KiB per input, cpu below (*" \
     -- "${serve[@]}" --reduce-device auto ||
   fail "--reduce-device auto: exit $last_rc, '$last_err'"
 
