@@ -1267,13 +1267,21 @@ static int others_may_read_us(void)
            WEXITSTATUS(status) == 0;
 }
 
+/* Whether the direct path cannot run here (another process may not read
+ * ours); says SKIPPED then. */
+static int direct_skipped(void)
+{
+    if (others_may_read_us())
+        return 0;
+    note("SKIPPED: this machine does not let another process read ours "
+         "(process_vm_readv: ptrace rules or seccomp), which the direct path needs");
+    return 1;
+}
+
 static int sc_direct(ctx_t *cx)
 {
-    if (!others_may_read_us()) {
-        note("SKIPPED: this machine does not let another process read ours "
-             "(process_vm_readv: ptrace rules or seccomp), which the direct path needs");
+    if (direct_skipped())
         return SKIP;
-    }
     const size_t count = (32 * MIB / 5) / 4 + 5; /* a block: 6.4 MiB of int32, odd */
     int n = cx->size;
     for (int k = K_ALL_REDUCE; k <= K_ALL_TO_ALL; k++) {
@@ -1368,50 +1376,51 @@ static int run_in_place(ctx_t *cx, kind_t kind, size_t count, int async)
     return ret;
 }
 
-/* In place (run_in_place) at sizes that take every path: the doorbell's own
- * payload, a payload segment or registered memory, and (3 blocks of 12 MiB
- * and more) the direct path; from malloc'd buffers, or with PS_TEST_SHARED=1
- * from ps_mem_alloc memory. */
+/* all_gather, gather and scatter in place (run_in_place) with blocks of
+ * count int32, every other one async, the first when first is odd. */
+static int run_in_place_kinds(ctx_t *cx, size_t count, int first)
+{
+    static const kind_t kinds[] = {K_ALL_GATHER, K_GATHER, K_SCATTER};
+    for (int k = 0; k < 3; k++)
+        TRY(run_in_place(cx, kinds[k], count, (first + k) & 1));
+    return 0;
+}
+
+/* With PS_TEST_SHARED=1 the case buffers come from ps_mem_alloc memory (a
+ * registered segment) until g_arena_comm is cleared: returns whether. */
+static int arena_from_env(ctx_t *cx)
+{
+    if (!env_int("PS_TEST_SHARED", 0))
+        return 0;
+    g_arena_shared = 1;
+    g_arena_comm = cx->comm;
+    return 1;
+}
+
+/* In place at sizes that take every path: the doorbell's own payload, a
+ * payload segment or registered memory, and (3 blocks of 12 MiB and more)
+ * the direct path; from malloc'd buffers, or ps_mem_alloc memory
+ * (arena_from_env). */
 static int sc_in_place(ctx_t *cx)
 {
-    if (env_int("PS_TEST_SHARED", 0)) {
-        g_arena_shared = 1;
-        g_arena_comm = cx->comm;
-    }
+    arena_from_env(cx);
     static const size_t counts[] = {1000, 300001, 12 * MIB / 4 + 5};
     int rc = 0;
     for (size_t i = 0; i < sizeof(counts) / sizeof(counts[0]) && rc == 0; i++)
-        for (int k = 0; k < 3 && rc == 0; k++)
-            rc = run_in_place(cx,
-                              k == 0   ? K_ALL_GATHER
-                              : k == 1 ? K_GATHER
-                                       : K_SCATTER,
-                              counts[i], (int)(i + (size_t)k) & 1);
+        rc = run_in_place_kinds(cx, counts[i], (int)i);
     g_arena_comm = NULL;
     return rc;
 }
 
-/* In place (run_in_place) with blocks of 12 MiB (and an odd few bytes):
- * from malloc'd buffers the direct path, or with PS_TEST_SHARED=1 from
- * ps_mem_alloc memory (a registered segment). The harness's --metric checks
- * that the agent wrote every block but the ranks' own (own_block). */
+/* In place with blocks of 12 MiB (and an odd few bytes): from malloc'd
+ * buffers the direct path, or ps_mem_alloc memory (arena_from_env). The
+ * harness's --metric checks that the agent wrote every block but the ranks'
+ * own (own_block). */
 static int sc_own_block(ctx_t *cx)
 {
-    if (env_int("PS_TEST_SHARED", 0)) {
-        g_arena_shared = 1;
-        g_arena_comm = cx->comm;
-    } else if (!others_may_read_us()) {
-        note("SKIPPED: this machine does not let another process read ours "
-             "(process_vm_readv), which the direct path needs");
+    if (!arena_from_env(cx) && direct_skipped())
         return SKIP;
-    }
-    int rc = 0;
-    for (int k = 0; k < 3 && rc == 0; k++)
-        rc = run_in_place(cx,
-                          k == 0   ? K_ALL_GATHER
-                          : k == 1 ? K_GATHER
-                                   : K_SCATTER,
-                          12 * MIB / 4 + 5, k & 1);
+    int rc = run_in_place_kinds(cx, 12 * MIB / 4 + 5, 0);
     g_arena_comm = NULL;
     return rc;
 }
