@@ -4347,10 +4347,11 @@ static int process_check(int pid, uint64_t address, int fd, const uint8_t *base,
     return 0;
 }
 
-/* Registers a payload segment with CUDA when the agent reduces there, so
- * the stager moves its bytes by DMA without staging them through the CPU.
- * Pinning costs a touch of every page, once per segment; memory CUDA will
- * not pin (the locked-memory limit, say) stays pageable and is staged. */
+/* Registers a payload or registered segment with CUDA when the agent
+ * reduces there, so the stager moves its bytes by DMA without staging them
+ * through the CPU. Pinning costs a touch of every page, once per segment;
+ * memory CUDA will not pin (the locked-memory limit, say) stays pageable
+ * and is staged. */
 static void shm_pin(shm_map_t *sm)
 {
     static atomic_int warned;
