@@ -499,6 +499,7 @@ static void worker_shm_attach(ps__rpc_call_t *call, void *arg)
                              : 0;
     resp.process_memory = resp.attached && req->process;
     resp.own_block = resp.attached && (req->process || req->registered);
+    resp.block_lists = resp.process_memory;
     if (!resp.attached)
         PS_LOG(PS_LOG_INFO, "job %s: rank %d's %s not used: %s", req->job, req->rank,
                req->doorbell  ? "doorbell"
@@ -619,6 +620,7 @@ static void collective_proxy_shm(ps__agent_t *a, ps__rpc_call_t *down,
         fwd.shm = (char *)"";
         fwd.shm_out_offset = 0;
         fwd.own_block = 0; /* frames: the hub writes every block */
+        fwd.n_shm_in_blocks = fwd.n_shm_out_blocks = 0;
         feed.from = io.in_total < feed.chunk ? io.in_total : feed.chunk;
         whole = feed.from == io.in_total && ps__rpc_call_is_local(down);
         grpc_byte_buffer *bb = ps__hub_shm_io_frame(&io, &fwd, 0, (size_t)feed.from);

@@ -207,14 +207,26 @@ int ps__hub_shm_detach(ps__hub_t *h, const char *job, int rank, const char *name
 /** Whether job rank `rank` of job joined through this agent. */
 int ps__hub_rank_here(ps__hub_t *h, const char *job, int rank);
 
+/** Where one side (input or output) of a worker's payload lies in its
+ * segment: from `at` (an offset in the segment, or an address in the
+ * worker's memory for a process segment), or, a process segment's list form
+ * (CollectiveHeader.shm_in_blocks, shm_out_blocks), in `nparts` equal parts
+ * of `part_len` bytes, part i at address part[i]. */
+typedef struct ps__shm_place {
+    uint64_t at;
+    const uint64_t *part; /* the header's list, not owned; NULL: from `at` */
+    size_t nparts;
+    uint64_t part_len;
+} ps__shm_place_t;
+
 /** Where a worker's payload lies in its segment, for a collective this
- * agent forwards to the job's hub (server/agent.c collective_proxy). */
+ * agent forwards to the job's hub (server/agent.c collective_proxy). Valid
+ * while the header given to ps__hub_shm_io_open is. */
 typedef struct ps__shm_io {
-    void *map;   /* the segment, referenced until ps__hub_shm_io_close */
-    uint64_t in; /* where the input is: an offset in the segment, or an
-                  * address in the worker's memory (process segment) */
+    void *map; /* the segment, referenced until ps__hub_shm_io_close */
+    ps__shm_place_t in;
     uint64_t in_total;
-    uint64_t out; /* where the output goes, the same way */
+    ps__shm_place_t out;
     uint64_t out_total;
     int by_file; /* read and written with pread/pwrite (over --shm-resident-bytes),
                   * or the worker's memory with process_vm_readv/writev */

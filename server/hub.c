@@ -212,11 +212,46 @@ static void shm_unref(shm_map_t *m)
     }
 }
 
-/* Reads (or writes) the bytes of local[0..n) (consumed as it goes) at `at`
- * of segment m through its file, or, for a process segment, at address `at`
- * of the worker's memory (one copy, no segment between): 0, or a negative
+/* Remote ranges per process_vm_readv/writev of a list form. */
+#define SEG_REMOTE 64
+
+/* The place of one side of a member's payload of `total` bytes, as its
+ * header gives it: from `at`, or in the n parts of `list` (shm_lists_hold
+ * checks that they split `total` evenly). */
+static ps__shm_place_t shm_place(uint64_t at, const uint64_t *list, size_t n, uint64_t total)
+{
+    ps__shm_place_t pl = {at, n ? list : NULL, n, n ? total / n : 0};
+    return pl;
+}
+
+/* The ranges of worker memory (at most max) that hold bytes [off, off + len)
+ * of place pl in a process segment: how many (fewer than needed when max is
+ * reached; 0 past the last part). */
+static int place_ranges(const ps__shm_place_t *pl, uint64_t off, uint64_t len, struct iovec *r,
+                        int max)
+{
+    if (!pl->part) {
+        r[0].iov_base = (void *)(uintptr_t)(pl->at + off);
+        r[0].iov_len = len;
+        return 1;
+    }
+    uint64_t i = off / pl->part_len, in = off % pl->part_len;
+    int k = 0;
+    for (; k < max && len > 0 && i < pl->nparts; k++, i++, in = 0) {
+        uint64_t take = pl->part_len - in < len ? pl->part_len - in : len;
+        r[k].iov_base = (void *)(uintptr_t)(pl->part[i] + in);
+        r[k].iov_len = take;
+        len -= take;
+    }
+    return k;
+}
+
+/* Reads (or writes) the bytes of local[0..n) (consumed as it goes) at `off`
+ * of place pl of segment m through its file, or, for a process segment, in
+ * the worker's memory (one copy, no segment between): 0, or a negative
  * errno (-EIO for a file shorter than expected or memory that ends early). */
-static int seg_iov(const shm_map_t *m, int write, struct iovec *local, int n, uint64_t at)
+static int seg_iov(const shm_map_t *m, int write, struct iovec *local, int n,
+                   const ps__shm_place_t *pl, uint64_t off)
 {
     while (n > 0) {
         ssize_t k;
@@ -224,17 +259,20 @@ static int seg_iov(const shm_map_t *m, int write, struct iovec *local, int n, ui
             size_t len = 0;
             for (int i = 0; i < n; i++)
                 len += local[i].iov_len;
-            struct iovec remote = {(void *)(uintptr_t)at, len};
-            k = write ? process_vm_writev(m->pid, local, (unsigned long)n, &remote, 1, 0)
-                      : process_vm_readv(m->pid, local, (unsigned long)n, &remote, 1, 0);
+            struct iovec remote[SEG_REMOTE];
+            unsigned long nr = (unsigned long)place_ranges(pl, off, len, remote, SEG_REMOTE);
+            k = !nr     ? 0
+                : write ? process_vm_writev(m->pid, local, (unsigned long)n, remote, nr, 0)
+                        : process_vm_readv(m->pid, local, (unsigned long)n, remote, nr, 0);
         } else {
-            k = write ? pwritev(m->fd, local, n, (off_t)at) : preadv(m->fd, local, n, (off_t)at);
+            off_t at = (off_t)(pl->at + off);
+            k = write ? pwritev(m->fd, local, n, at) : preadv(m->fd, local, n, at);
         }
         if (k < 0 && errno == EINTR)
             continue;
         if (k <= 0)
             return k < 0 ? -errno : -EIO;
-        at += (uint64_t)k;
+        off += (uint64_t)k;
         for (; n > 0 && (size_t)k >= local->iov_len; n--, local++)
             k -= (ssize_t)local->iov_len;
         if (n > 0) {
@@ -246,10 +284,11 @@ static int seg_iov(const shm_map_t *m, int write, struct iovec *local, int n, ui
 }
 
 /* seg_iov of one buffer. */
-static int seg_io(const shm_map_t *m, int write, void *buf, size_t len, uint64_t at)
+static int seg_io(const shm_map_t *m, int write, void *buf, size_t len, const ps__shm_place_t *pl,
+                  uint64_t off)
 {
     struct iovec local = {buf, len};
-    return seg_iov(m, write, &local, len ? 1 : 0, at);
+    return seg_iov(m, write, &local, len ? 1 : 0, pl, off);
 }
 
 /* How the agent reaches a segment's payload, for the metrics: through its
@@ -488,18 +527,17 @@ typedef struct member {
     ps__rpc_call_t *call;
     ps__frame_t frame; /* current input frame */
     size_t frame_pos;  /* bytes of frame data consumed */
-    uint64_t in_off;   /* input bytes consumed so far (shared memory: where the next
-                          input step is in the segment) */
+    uint64_t in_off;   /* input bytes consumed so far */
     uint64_t in_total, out_total;
     int finished;
     struct member *next_wait; /* p2p mailbox */
     int64_t arrival_ms;
-    int refused;      /* p2p: a gRPC code when the match could not be served */
-    shm_map_t *shm;   /* input and output live in this segment */
-    int link;         /* PS_M_LINK_AGENT when another agent forwarded the call */
-    pthread_t thread; /* the handler thread serving it */
-    uint64_t shm_out; /* output offset in it */
-    int by_file;      /* the segment is read and written through its file (shm_by_file) */
+    int refused;                     /* p2p: a gRPC code when the match could not be served */
+    shm_map_t *shm;                  /* input and output live in this segment */
+    int link;                        /* PS_M_LINK_AGENT when another agent forwarded the call */
+    pthread_t thread;                /* the handler thread serving it */
+    ps__shm_place_t shm_in, shm_out; /* where input and output are in it */
+    int by_file; /* the segment is read and written through its file (shm_by_file) */
 } member_t;
 
 #define K_BARRIER        PARAMSYNC__V1__COLLECTIVE_KIND__BARRIER
@@ -744,9 +782,85 @@ static int shm_own_in_place(const Paramsync__V1__CollectiveHeader *hd, uint64_t 
  * says so in msg. For a process segment they are addresses in the worker's
  * memory: any that do not wrap around (memory the worker does not have
  * fails the copy, and the collective, with EFAULT). */
+typedef struct {
+    uint64_t at, len;
+} range_t;
+
+static int range_cmp(const void *a, const void *b)
+{
+    uint64_t x = ((const range_t *)a)->at, y = ((const range_t *)b)->at;
+    return x < y ? -1 : x > y;
+}
+
+/* Adds the ranges of one side of `total` bytes, from `at` or in the n parts
+ * of `list`, to r at *k. */
+static void ranges_add(range_t *r, size_t *k, uint64_t at, const uint64_t *list, size_t n,
+                       uint64_t total)
+{
+    for (size_t i = 0; i < n; i++)
+        r[(*k)++] = (range_t){list[i], total / n};
+    if (!n && total)
+        r[(*k)++] = (range_t){at, total};
+}
+
+/* shm_holds for a list form (CollectiveHeader.shm_in_blocks, shm_out_blocks):
+ * a process segment, each listed side splitting its bytes evenly at offset
+ * 0, and no range of either side empty of an address, wrapping around, or
+ * overlapping another. */
+static int shm_lists_hold(const shm_map_t *m, const header_t *hd, uint64_t in, uint64_t out,
+                          char *msg, size_t len)
+{
+    size_t ni = hd->n_shm_in_blocks, no = hd->n_shm_out_blocks;
+    int n = snprintf(msg, len, "%s (group %u, seq %" PRIu64 "): rank %d ", kind_name(hd->kind),
+                     hd->group, hd->seq, hd->rank);
+    char *why = msg + (n > 0 && (size_t)n < len ? n : 0);
+    size_t wlen = len - (size_t)(why - msg);
+    int ins = ni && (hd->shm_in_offset || !in || in % ni);
+    if (m->kind != PS_SHM_PROCESS) {
+        snprintf(why, wlen, "lists blocks, which only its process segment takes");
+        return 0;
+    }
+    if (hd->own_block) {
+        snprintf(why, wlen, "lists blocks and sets own_block, which do not go together");
+        return 0;
+    }
+    if (ins || (no && (hd->shm_out_offset || !out || out % no))) {
+        snprintf(why, wlen,
+                 "lists %zu %s blocks for %" PRIu64 " %s bytes: they must split them evenly, "
+                 "with shm_%s_offset 0",
+                 ins ? ni : no, ins ? "input" : "output", ins ? in : out, ins ? "input" : "output",
+                 ins ? "in" : "out");
+        return 0;
+    }
+    range_t *r = malloc((ni + no + 2) * sizeof(*r));
+    if (!r) {
+        snprintf(why, wlen, "lists blocks: out of memory checking them");
+        return 0;
+    }
+    size_t k = 0;
+    ranges_add(r, &k, hd->shm_in_offset, hd->shm_in_blocks, ni, in);
+    ranges_add(r, &k, hd->shm_out_offset, hd->shm_out_blocks, no, out);
+    qsort(r, k, sizeof(*r), range_cmp);
+    int ok = 1;
+    for (size_t i = 0; i < k && ok; i++) {
+        const char *bad = !r[i].at || r[i].at + r[i].len < r[i].at ? "are not a valid range"
+                          : i + 1 < k && r[i].at + r[i].len > r[i + 1].at
+                              ? "overlap the next of its ranges"
+                              : NULL;
+        if (bad)
+            snprintf(why, wlen, "has %" PRIu64 " bytes at 0x%" PRIx64 " in its memory that %s",
+                     r[i].len, r[i].at, bad);
+        ok = !bad;
+    }
+    free(r);
+    return ok;
+}
+
 static int shm_holds(const shm_map_t *m, const Paramsync__V1__CollectiveHeader *hd, uint64_t in,
                      uint64_t out, char *msg, size_t len)
 {
+    if (hd->n_shm_in_blocks || hd->n_shm_out_blocks)
+        return shm_lists_hold(m, hd, in, out, msg, len);
     uint64_t ia = hd->shm_in_offset, oa = hd->shm_out_offset;
     int in_place = shm_in_place(hd);
     int fits = m->kind == PS_SHM_PROCESS
@@ -1990,7 +2104,7 @@ static void member_deposit(member_t *m)
         int reduces = step_reduces(c, &p);
         int gpu = reduces && step_cuda(c, p.len);
         int held = reduces && !gpu && !m->shm;
-        blob_t *b = view   ? blob_view(m->shm, m->shm->base + m->in_off, p.len)
+        blob_t *b = view   ? blob_view(m->shm, m->shm->base + m->shm_in.at + m->in_off, p.len)
                     : held ? blob_pieces(p.len)
                     : gpu  ? blob_new_pinned(p.len)
                            : blob_new(p.len);
@@ -2005,7 +2119,8 @@ static void member_deposit(member_t *m)
             ps__metrics_shm_bytes(PS_M_RX, shm_access(m->shm, !view), p.len);
         }
         if (!sl || (!m->shm && member_read(m, b, p.len) < 0) ||
-            (m->shm && !view && seg_failed(m, 0, seg_io(m->shm, 0, b->data, p.len, at)))) {
+            (m->shm && !view &&
+             seg_failed(m, 0, seg_io(m->shm, 0, b->data, p.len, &m->shm_in, at)))) {
             blob_unref(b);
             return;
         }
@@ -2171,10 +2286,10 @@ static int member_write(member_t *m, int finish)
             /* in place: the block holds the member's input already */
         } else if (m->shm) { /* the result frame follows the data, below */
             if (m->by_file) {
-                rc = seg_io(m->shm, 1, src, len, m->shm_out + off);
+                rc = seg_io(m->shm, 1, src, len, &m->shm_out, off);
                 seg_failed(m, 1, rc);
             } else {
-                uint8_t *dst = m->shm->base + m->shm_out + off;
+                uint8_t *dst = m->shm->base + m->shm_out.at + off;
                 if (dst != src) /* else reduced in place */
                     memcpy(dst, src, len);
             }
@@ -3870,8 +3985,6 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
             goto fail_locked;
         }
         shm_ref(m->shm);
-        m->shm_out = hd->shm_out_offset;
-        m->in_off = hd->shm_in_offset;
     }
 
     if (hd->kind == K_SEND || hd->kind == K_RECV) {
@@ -4037,8 +4150,14 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
     pthread_mutex_unlock(&h->lock);
 
     member_totals(c, m->index, &m->in_total, &m->out_total);
-    if (m->shm)
-        m->by_file = shm_by_file(h, m->shm, c, m->first->header);
+    if (m->shm) {
+        const header_t *mh = m->first->header;
+        m->by_file = shm_by_file(h, m->shm, c, mh);
+        m->shm_in =
+            shm_place(mh->shm_in_offset, mh->shm_in_blocks, mh->n_shm_in_blocks, m->in_total);
+        m->shm_out =
+            shm_place(mh->shm_out_offset, mh->shm_out_blocks, mh->n_shm_out_blocks, m->out_total);
+    }
     ps__task_t writer;
     int have_writer = 0;
     if (!c->failed) {
@@ -4580,8 +4699,10 @@ int ps__hub_shm_io_open(ps__hub_t *h, const header_t *hd, ps__shm_io_t *io, char
             shm_ref(map);
             io->map = map;
             io->by_file = shm_by_file(h, map, &c, hd);
-            io->in = hd->shm_in_offset;
-            io->out = hd->shm_out_offset;
+            io->in =
+                shm_place(hd->shm_in_offset, hd->shm_in_blocks, hd->n_shm_in_blocks, io->in_total);
+            io->out = shm_place(hd->shm_out_offset, hd->shm_out_blocks, hd->n_shm_out_blocks,
+                                io->out_total);
         }
     }
     if (j)
@@ -4594,8 +4715,8 @@ grpc_byte_buffer *ps__hub_shm_io_frame(ps__shm_io_t *io, const header_t *hd, uin
                                        size_t len)
 {
     shm_map_t *map = io->map;
-    blob_t *b = io->by_file ? blob_new(len) : blob_view(map, map->base + io->in + off, len);
-    if (b && io->by_file && seg_io(map, 0, b->data, len, io->in + off) < 0) {
+    blob_t *b = io->by_file ? blob_new(len) : blob_view(map, map->base + io->in.at + off, len);
+    if (b && io->by_file && seg_io(map, 0, b->data, len, &io->in, off) < 0) {
         blob_unref(b);
         return NULL;
     }
@@ -4614,18 +4735,18 @@ int ps__hub_shm_io_put(ps__shm_io_t *io, const ps__frame_t *f)
     struct iovec iov[PS_HUB_FRAME_IOV];
     int n;
     if (!io->by_file) {
-        rc = ps__frame_copy_data(f, 0, map->base + io->out + off, f->data_len);
+        rc = ps__frame_copy_data(f, 0, map->base + io->out.at + off, f->data_len);
     } else if ((n = ps__frame_data_iov(f, iov, PS_HUB_FRAME_IOV)) >= 0) {
         /* Straight from the received slices into the file or the worker's
          * memory: one copy, and the segment's pages stay out of this
          * agent's resident set. */
-        rc = seg_iov(map, 1, iov, n, io->out + off) < 0 ? PS_EINTERNAL : 0;
+        rc = seg_iov(map, 1, iov, n, &io->out, off) < 0 ? PS_EINTERNAL : 0;
     } else {
         /* A frame in more pieces than that: through a buffer of one frame. */
         uint8_t *buf = malloc(f->data_len ? f->data_len : 1);
         rc = !buf ? PS_ENOMEM : ps__frame_copy_data(f, 0, buf, f->data_len);
         if (rc == 0)
-            rc = seg_io(map, 1, buf, f->data_len, io->out + off) < 0 ? PS_EINTERNAL : 0;
+            rc = seg_io(map, 1, buf, f->data_len, &io->out, off) < 0 ? PS_EINTERNAL : 0;
         free(buf);
     }
     if (rc == 0)

@@ -1156,9 +1156,9 @@ def case_process_segment(d, rng):
             drop_segment(nm, fd)
         leave_job(members, conns)
         pw.skip("the agent may not read this process's memory here: %s" % good.reason)
-    pw.expect(good.attached and good.process_memory and good.own_block,
+    pw.expect(good.attached and good.process_memory and good.own_block and good.block_lists,
               "process_segment: our own pid and address: %r, want attached, process_memory, "
-              "own_block" % (good,))
+              "own_block, block_lists" % (good,))
 
     count = 1024
     buf = (ctypes.c_float * count)(*[float(i % 97) for i in range(count)])
@@ -1210,6 +1210,7 @@ def case_process_segment(d, rng):
               "process_segment: own_block on an all_reduce: %r, want INVALID_ARGUMENT (sets "
               "own_block) and rank 1 failed too" % (got,))
     pw.log("process_segment: own_block on an all_reduce: %r" % (got[0],))
+    block_lists(conns, members, inc, name, pay)
     # A process segment whose process then exits: another process (a child
     # that maps the same segment and says where) offers it, exits, and the
     # collective naming it is ABORTED (its process is gone), at once.
@@ -1250,6 +1251,54 @@ def case_process_segment(d, rng):
         drop_segment(nm, fd)
     leave_job(members, conns)
     still_serves(d, "process_segment")
+
+
+def block_lists(conns, members, inc, name, pay):
+    """The list form of case_process_segment: rank 0's all_gather output in two
+    buffers of its own (CollectiveHeader.shm_out_blocks), each filled in
+    place and nothing beside them; lists the agent must refuse (on a payload
+    segment, not splitting the output evenly, overlapping, at address 0, with
+    own_block) fail the collective, for rank 1 too, with the reason."""
+    import ctypes
+    count = 256
+    mine = pw.floats([float(i) for i in range(count)])
+    other = pw.floats([-1.0 - i for i in range(count)])
+    bufs = [(ctypes.c_float * (count + 1))(*([0.0] * count + [7.0])) for _ in range(2)]
+    at = [ctypes.addressof(b) for b in bufs]
+    src = ctypes.create_string_buffer(mine, len(mine))
+
+    def all_gather(seq, **kw):
+        return pw.in_threads([
+            lambda: pw.collective(conns[0], "ALL_GATHER", count, job="pp", seq=seq, rank=0,
+                                  incarnation=inc, rpc_timeout=CALL_DEADLINE_S, **kw),
+            lambda: members[1].collective("ALL_GATHER", count, other, seq=seq,
+                                          rpc_timeout=CALL_DEADLINE_S)], CALL_DEADLINE_S + 5)
+
+    direct = dict(shm=name, shm_process=True, shm_in_offset=ctypes.addressof(src))
+    got = all_gather(10, shm_out_blocks=at, **direct)
+    filled = [bytes(b)[:4 * count] for b in bufs] == [mine, other] and \
+        [b[count] for b in bufs] == [7.0, 7.0]
+    pw.expect(got[0] is not None and got[0].name == "OK" and filled and got[1] is not None and
+              got[1].data == mine + other,
+              "process_segment: an all_gather into two buffers of rank 0's: %r, blocks %s, "
+              "want OK and each block in its buffer" % (got, filled))
+    cases = (("a list on a payload segment", dict(shm=pay, shm_out_blocks=at),
+              "only its process segment takes"),
+             ("three blocks for two ranks' output", dict(direct, shm_out_blocks=at + [at[0] + 8]),
+              "split them evenly"),
+             ("blocks that overlap", dict(direct, shm_out_blocks=[at[0], at[0] + 4]),
+              "overlap"),
+             ("a block at address 0", dict(direct, shm_out_blocks=[0, at[1]]),
+              "not a valid range"),
+             ("a list with own_block", dict(direct, shm_out_blocks=at, own_block=True),
+              "do not go together"))
+    for seq, (what, kw, words) in enumerate(cases, start=11):
+        got = all_gather(seq, **kw)
+        pw.expect(got[0] is not None and got[0].name == "INVALID_ARGUMENT" and
+                  words in got[0].message and got[1] is not None and got[1].name != "OK",
+                  "process_segment: %s: %r, want INVALID_ARGUMENT (%s) and rank 1 failed too"
+                  % (what, got, words))
+        pw.log("process_segment: %s: %r" % (what, got[0]))
 
 
 def case_refused_calls_leak(d, rng):
