@@ -308,21 +308,28 @@ def own_in_place(scatters, rank, send, recv):
     return a_in == a_out + rank * send.total
 
 
-def placed(in_place, send, recv, own=False):
+def placed(in_place, send, recv, own=False, lists=False):
     """Where a collective's input and output lie when the agent may use them in place:
     one contiguous buffer each way (or none), apart, or all_reduce/reduce's one buffer,
-    or (own: own_in_place) the rank's own block in place.
-    ((input memoryview, address), (output memoryview, address)), each None when there are
-    no such bytes; or None when they do not lie so."""
-    ends = []
+    or (own: own_in_place) the rank's own block in place; with lists, a side may also be
+    several buffers of one size (a list form: header.shm_in_blocks, shm_out_blocks),
+    no two of them overlapping.
+    ((input bytes, address), (output bytes, address)), each None when there are no such
+    bytes, the address a list of addresses for a side of several buffers; or None when
+    they do not lie so."""
+    ends, spans = [], []
     for x in (send, recv):
         mvs = x.mvs if x is not None and x.total else []
-        if len(mvs) > 1:
+        if len(mvs) > 1 and (not lists or any(len(mv) != len(mvs[0]) for mv in mvs)):
             return None
-        ends.append((mvs[0], address(mvs[0])) if mvs else None)
+        at = [address(mv) for mv in mvs]
+        spans += [(a, len(mv)) for a, mv in zip(at, mvs)]
+        ends.append(None if not mvs else (x.total, at if len(mvs) > 1 else at[0]))
     i, o = ends
-    if i is not None and o is not None and not own and not (
-            (in_place and i[1] == o[1]) or i[1] + len(i[0]) <= o[1] or o[1] + len(o[0]) <= i[1]):
+    if own or (in_place and i is not None and o is not None and i[1] == o[1]):
+        return i, o
+    spans.sort()
+    if any(a + n > b for (a, n), (b, _) in zip(spans, spans[1:])):
         return None
     return i, o
 
@@ -353,18 +360,21 @@ class Process:
         self.refused = ""  # why it stays off, once it does
         self.used = 0  # collectives that went this way
         self.own_block = False  # the agent takes the own block in place (own_in_place)
+        self.block_lists = False  # the agent takes list forms (header.shm_in_blocks)
 
     def begin(self, in_place, send, recv, own=False):
         """(input address, output address) of a collective large enough, whose input and
         output are one buffer each, apart (or all_reduce/reduce's one buffer, or with own
-        the rank's own block in place, when the agent takes that); None: use the
-        segments."""
+        the rank's own block in place, when the agent takes that), each address a list
+        for a side of several buffers of one size (when the agent takes lists); None: use
+        the segments."""
         if not direct_enabled():
             return None
-        got = placed(in_place, send, recv, own)
-        if got is None or sum(len(e[0]) for e in got if e is not None) < DIRECT_MIN:
+        got = placed(in_place, send, recv, own, lists=True)
+        if got is None or sum(e[0] for e in got if e is not None) < DIRECT_MIN:
             return None
         a_in, a_out = (e[1] if e is not None else 0 for e in got)
+        listed = isinstance(a_in, list) or isinstance(a_out, list)
         with self._lock:
             if self.disabled or self.making:
                 return None
@@ -377,6 +387,7 @@ class Process:
                     ALIGN, lambda n, s, magic, m: resp.append(
                         self._attach(n, s, magic, address(m))), pass_map=True)
                 self.own_block = bool(getattr(resp[0], "own_block", False))
+                self.block_lists = bool(getattr(resp[0], "block_lists", False))
             except Exception as e:  # noqa: B902 - refused or failed: segments, for good
                 with self._lock:
                     self.disabled = True
@@ -386,7 +397,7 @@ class Process:
                     self.making = False
             if self.map is None:
                 return None
-        if own and not self.own_block:
+        if (own and not self.own_block) or (listed and not self.block_lists):
             return None
         with self._lock:
             self.used += 1
@@ -480,13 +491,13 @@ class Registered:
         got = placed(in_place, send, recv, own)
         if got is None or got == (None, None):
             return None
-        (ins, a_in), (outs, a_out) = (e if e is not None else (None, None) for e in got)
+        (ins, a_in), (outs, a_out) = (e if e is not None else (0, None) for e in got)
         first = a_in if a_in is not None else a_out
         with self._lock:
             mem = next((x for x in self.mems
                         if x.name is not None and x.addr <= first < x.addr + x.size), None)
             if mem is None or mem.in_use or mem.retired or (own and not mem.own_block) or any(
-                    a is not None and not (mem.addr <= a and a + len(b) <= mem.addr + mem.size)
+                    a is not None and not (mem.addr <= a and a + b <= mem.addr + mem.size)
                     for a, b in ((a_in, ins), (a_out, outs))):
                 return None
             mem.in_use = True

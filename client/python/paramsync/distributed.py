@@ -490,7 +490,12 @@ class _World:
         if got is not None:
             header.shm = self.process.name
             header.shm_process = True
-            header.shm_in_offset, header.shm_out_offset = got
+            for at, offset, blocks in zip(got, ("shm_in_offset", "shm_out_offset"),
+                                          (header.shm_in_blocks, header.shm_out_blocks)):
+                if isinstance(at, list):  # a list form: one address per buffer
+                    blocks.extend(at)
+                else:
+                    setattr(header, offset, at)
             header.own_block = own
             return _ShmUse(lambda _, discard=False: None, None, None, direct=True)
         if self.shm is None:
@@ -566,6 +571,8 @@ class _World:
                 header.own_block = False
                 header.shm_in_offset = 0
                 header.shm_out_offset = 0
+                del header.shm_in_blocks[:]
+                del header.shm_out_blocks[:]
             if got is None:
                 return None
             code, msg, source, out = got
