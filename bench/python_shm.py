@@ -8,8 +8,10 @@ For each world size it starts one paramsyncd on a free loopback port (with
 /metrics), then runs the same job three times, PARAMSYNC_SHM=0, shared memory
 on (a numpy array: copied through the segment), and shared memory on with the
 array from paramsync.distributed.empty() (used in place by the daemon):
-float32 all_reduce and broadcast (root 0) of --mib MiB, and all_gather_into_tensor
-in place into --mib MiB (the input a slice of the output, torch's way) (with --latency: barrier
+float32 all_reduce and broadcast (root 0) of --mib MiB, all_gather_into_tensor
+in place into --mib MiB (the input a slice of the output, torch's way), and
+all_gather into a list of n tensors (slices of that array, the input an array
+of its own) (with --latency: barrier
 and a 4-byte all_reduce, which shared memory sends through the doorbell
 instead of a call, alone and four async ones at once, time per call; 200
 calls, times in microseconds), one untimed call
@@ -36,7 +38,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # --latency also times ASYNC async_op=True all_reduces in flight at once (per call).
 ASYNC = 4
 ASYNC_OP = "all_reduce 4 B, %d async at once" % ASYNC
-OPS = ("all_reduce", "broadcast", "all_gather in place")
+OPS = ("all_reduce", "broadcast", "all_gather in place", "all_gather list")
 CLIENT = os.path.join(os.path.dirname(HERE), "client", "python")
 
 
@@ -44,7 +46,7 @@ def latency_worker(iters):
     import numpy as np
     import paramsync.distributed as dist
     dist.init_process_group("paramsync")
-    r, n = dist.get_rank(), dist.get_world_size()
+    r = dist.get_rank()
     x = np.ones(1, np.float32)
     xs = [np.ones(1, np.float32) for _ in range(ASYNC)]
 
@@ -79,6 +81,8 @@ def worker(mib, iters, empty):
     x = dist.empty(count, "float32") if empty else np.ones(count, np.float32)
     block = count // n
     own = x[r * block:(r + 1) * block]
+    blocks = [x[q * block:(q + 1) * block] for q in range(n)]
+    mine = np.empty(block, np.float32)
     out = {}
     for op in OPS:
         def call():
@@ -86,12 +90,15 @@ def worker(mib, iters, empty):
                 dist.all_reduce(x)
             elif op == "broadcast":
                 dist.broadcast(x, src=0)
+            elif op == "all_gather list":
+                dist.all_gather(blocks, mine)
             else:
                 dist.all_gather_into_tensor(x[:n * block], own)
         x[:] = r + 1
+        mine[:] = r + 1
         dist.barrier()
         call()  # untimed: the segment (or the channel's buffers) settle here
-        if op == "all_gather in place":
+        if op.startswith("all_gather"):
             want = np.repeat(np.arange(1, n + 1, dtype=np.float32), block)
             ok = (x[:n * block] == want).all()
         else:
