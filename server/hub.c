@@ -775,13 +775,7 @@ static int shm_own_in_place(const Paramsync__V1__CollectiveHeader *hd, uint64_t 
                    : hd->shm_out_offset == hd->shm_in_offset + at && at + block <= in;
 }
 
-/* Whether segment m holds a member's `in` input bytes (at the header's
- * shm_in_offset) and `out` output bytes (at its shm_out_offset), apart, or
- * for all_reduce and reduce, output exactly over input, or a rank's own
- * block in place (shm_own_in_place, which own_block must name); if not,
- * says so in msg. For a process segment they are addresses in the worker's
- * memory: any that do not wrap around (memory the worker does not have
- * fails the copy, and the collective, with EFAULT). */
+/* Bytes [at, at + len) of a worker's memory (shm_lists_hold). */
 typedef struct {
     uint64_t at, len;
 } range_t;
@@ -856,6 +850,14 @@ static int shm_lists_hold(const shm_map_t *m, const header_t *hd, uint64_t in, u
     return ok;
 }
 
+/* Whether segment m holds a member's `in` input bytes (at the header's
+ * shm_in_offset) and `out` output bytes (at its shm_out_offset), apart, or
+ * for all_reduce and reduce, output exactly over input, or a rank's own
+ * block in place (shm_own_in_place, which own_block must name); if not,
+ * says so in msg. For a process segment they are addresses in the worker's
+ * memory: any that do not wrap around (memory the worker does not have
+ * fails the copy, and the collective, with EFAULT); or lists of them
+ * (shm_lists_hold). */
 static int shm_holds(const shm_map_t *m, const Paramsync__V1__CollectiveHeader *hd, uint64_t in,
                      uint64_t out, char *msg, size_t len)
 {
