@@ -929,7 +929,7 @@ def w_shm_paths():
     w = dist._get_world()
     before = w.process.used
     list_forms(dist, np, r, n, 3 << 20, 0)
-    went, want = w.process.used - before, 3 + 2 * (r == 0)  # gather and scatter: root 0
+    went, want = w.process.used - before, 5 + 2 * (r == 0)  # gather and scatter: root 0
     if os.environ.get("SUITE_TRANSPORT") == "grpc":
         assert went == 0, "%d list forms direct where shared memory is refused" % went
     elif any(x in w.process.refused for x in ("may not read", "not readable here")):
@@ -982,6 +982,21 @@ def w_registered():
     for q in range(n):
         expect_eq(whole[q * c:(q + 1) * c], data(q, c, "int32", salt=8),
                   "all_gather in place [%d]" % q)
+    # The list form on the chunks of one allocation, in order (apart from the input, then
+    # the input one of them): one buffer to the agent, so in place too.
+    out[:] = -1
+    chunks = list(out.reshape(n, c))
+    on_path(dist, "all_gather into chunks", lambda: dist.all_gather(chunks, inp),
+            (n * 4 * c, n * n * 4 * c))
+    for q in range(n):
+        expect_eq(chunks[q], data(q, c, "int32", salt=7), "all_gather into chunks [%d]" % q)
+    chunks = list(whole.reshape(n, c))
+    chunks[r][:] = data(r, c, "int32", salt=9)
+    on_path(dist, "all_gather into chunks in place", lambda: dist.all_gather(chunks, chunks[r]),
+            (n * 4 * c, n * n * 4 * c))
+    for q in range(n):
+        expect_eq(chunks[q], data(q, c, "int32", salt=9), "all_gather into chunks in place [%d]"
+                  % q)
     dist.free(whole)
     w = dist._get_world()
     if shm:
@@ -1190,8 +1205,8 @@ def w_doorbell():
     if shm and cannot:
         print("rank %d: direct part SKIPPED: %s" % (r, w.process.refused))
     elif shm:
-        # 4 + 3 list forms each time, and gather and scatter on their root (k).
-        want = 2 * 7 + 2 * (r < 2)
+        # 4 + 5 list forms each time, and gather and scatter on their root (k).
+        want = 2 * 9 + 2 * (r < 2)
         assert went == want, "%d of %d collectives of 36 MiB read and written in place" % (
             went, want)
         m = H.scrape(os.environ["SUITE_METRICS"])
@@ -1208,7 +1223,8 @@ def w_doorbell():
 def list_forms(dist, np, r, n, b, k):
     """The list forms (n buffers of b int32 on a side), every element checked: large ones
     go direct, each buffer in its own place (header.shm_in_blocks, shm_out_blocks). The
-    buffers are separate arrays, each given a neighbour that must stay as it is."""
+    buffers are separate arrays, each given a neighbour that must stay as it is; then
+    all_gather into the chunks of one array (one buffer), also in place."""
     def bufs(fill):
         arrs = [np.full(b + 1, -7, np.int32) for _ in range(n)]
         for q, a in enumerate(arrs):
@@ -1241,6 +1257,18 @@ def list_forms(dist, np, r, n, b, k):
     o = np.zeros(b, np.int32)
     dist.scatter(o, ins if r == root else None, src=root)
     expect_eq(o, np.full(b, 7 * r + k, np.int32), "scatter list of 36 MiB %d" % k)
+    # The chunks of one array, in order, are one buffer (so in place too, the input the
+    # rank's own chunk).
+    whole = np.full(n * b + 1, -7, np.int32)
+    chunks = list(whole[:n * b].reshape(n, b))
+    dist.all_gather(chunks, np.full(b, 3 * r + k, np.int32))
+    expect_eq(whole[:n * b], np.repeat(np.arange(n, dtype=np.int32) * 3 + k, b),
+              "all_gather into chunks %d" % k)
+    chunks[r][:] = 4 * r + k
+    dist.all_gather(chunks, chunks[r])
+    expect_eq(whole[:n * b], np.repeat(np.arange(n, dtype=np.int32) * 4 + k, b),
+              "all_gather into chunks in place %d" % k)
+    assert whole[n * b] == -7, "all_gather into chunks wrote past them"
 
 
 WORKERS = {

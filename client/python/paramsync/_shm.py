@@ -294,15 +294,26 @@ def address(buf):
     return int(np.frombuffer(buf, np.uint8).ctypes.data) if len(buf) else 0
 
 
+def end_to_end(at, mvs):
+    """Whether buffers mvs, at addresses at, lie end to end in memory (the chunks of one
+    tensor, in order): one buffer to the agent."""
+    return all(a + len(mv) == b for a, mv, b in zip(at, mvs, at[1:]))
+
+
 def own_in_place(scatters, rank, send, recv):
-    """Whether a collective is in place in torch's form (one buffer each way): an
-    all_gather's or gather root's input is its own block of the output, or (scatters) a
-    scatter root's output its block of the input. Agents that say so at attach
-    (ShmAttachResponse.own_block) take it in place (header.own_block)."""
-    if send is None or recv is None or not send.total or not recv.total or \
-            len(send.mvs) != 1 or len(recv.mvs) != 1:
+    """Whether a collective is in place in torch's form (one buffer each way, or its
+    chunks): an all_gather's or gather root's input is its own block of the output, or
+    (scatters) a scatter root's output its block of the input. Agents that say so at
+    attach (ShmAttachResponse.own_block) take it in place (header.own_block)."""
+    if send is None or recv is None or not send.total or not recv.total:
         return False
-    a_in, a_out = address(send.mvs[0]), address(recv.mvs[0])
+    ends = []
+    for x in (send, recv):
+        at = [address(mv) for mv in x.mvs]
+        if not end_to_end(at, x.mvs):
+            return False
+        ends.append(at[0])
+    a_in, a_out = ends
     if scatters:
         return a_out == a_in + rank * recv.total
     return a_in == a_out + rank * send.total
@@ -311,20 +322,23 @@ def own_in_place(scatters, rank, send, recv):
 def placed(in_place, send, recv, own=False, lists=False):
     """Where a collective's input and output lie when the agent may use them in place:
     one contiguous buffer each way (or none), apart, or all_reduce/reduce's one buffer,
-    or (own: own_in_place) the rank's own block in place; with lists, a side may also be
-    several buffers of one size (a list form: header.shm_in_blocks, shm_out_blocks),
-    no two of them overlapping.
+    or (own: own_in_place) the rank's own block in place; buffers laid end to end (the
+    chunks of one tensor) count as one; with lists, a side may also be several buffers
+    of one size (a list form: header.shm_in_blocks, shm_out_blocks), no two of them
+    overlapping.
     ((input bytes, address), (output bytes, address)), each None when there are no such
     bytes, the address a list of addresses for a side of several buffers; or None when
     they do not lie so."""
     ends, spans = [], []
     for x in (send, recv):
         mvs = x.mvs if x is not None and x.total else []
-        if len(mvs) > 1 and (not lists or any(len(mv) != len(mvs[0]) for mv in mvs)):
-            return None
         at = [address(mv) for mv in mvs]
         spans += [(a, len(mv)) for a, mv in zip(at, mvs)]
-        ends.append(None if not mvs else (x.total, at if len(mvs) > 1 else at[0]))
+        if end_to_end(at, mvs):
+            at = at[:1]
+        elif not lists or any(len(mv) != len(mvs[0]) for mv in mvs):
+            return None
+        ends.append(None if not mvs else (x.total, at if len(at) > 1 else at[0]))
     i, o = ends
     if own or (in_place and i is not None and o is not None and i[1] == o[1]):
         return i, o
