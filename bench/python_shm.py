@@ -10,8 +10,8 @@ on (a numpy array: copied through the segment), and shared memory on with the
 array from paramsync.distributed.empty() (used in place by the daemon):
 float32 all_reduce and broadcast (root 0) of --mib MiB, all_gather_into_tensor
 in place into --mib MiB (the input a slice of the output, torch's way), and
-all_gather into a list of n tensors (slices of that array, the input an array
-of its own) (with --latency: barrier
+all_gather into a list of n arrays of their own ("list") or of n slices of that
+array ("chunks"), the input an array of its own (with --latency: barrier
 and a 4-byte all_reduce, which shared memory sends through the doorbell
 instead of a call, alone and four async ones at once, time per call; 200
 calls, times in microseconds), one untimed call
@@ -38,7 +38,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # --latency also times ASYNC async_op=True all_reduces in flight at once (per call).
 ASYNC = 4
 ASYNC_OP = "all_reduce 4 B, %d async at once" % ASYNC
-OPS = ("all_reduce", "broadcast", "all_gather in place", "all_gather list")
+OPS = ("all_reduce", "broadcast", "all_gather in place", "all_gather list", "all_gather chunks")
 CLIENT = os.path.join(os.path.dirname(HERE), "client", "python")
 
 
@@ -81,7 +81,9 @@ def worker(mib, iters, empty):
     x = dist.empty(count, "float32") if empty else np.ones(count, np.float32)
     block = count // n
     own = x[r * block:(r + 1) * block]
-    blocks = [x[q * block:(q + 1) * block] for q in range(n)]
+    chunks = [x[q * block:(q + 1) * block] for q in range(n)]
+    apart = [dist.empty(block, "float32") if empty else np.empty(block, np.float32)
+             for _ in range(n)]
     mine = np.empty(block, np.float32)
     out = {}
     for op in OPS:
@@ -91,7 +93,9 @@ def worker(mib, iters, empty):
             elif op == "broadcast":
                 dist.broadcast(x, src=0)
             elif op == "all_gather list":
-                dist.all_gather(blocks, mine)
+                dist.all_gather(apart, mine)
+            elif op == "all_gather chunks":
+                dist.all_gather(chunks, mine)
             else:
                 dist.all_gather_into_tensor(x[:n * block], own)
         x[:] = r + 1
@@ -100,7 +104,8 @@ def worker(mib, iters, empty):
         call()  # untimed: the segment (or the channel's buffers) settle here
         if op.startswith("all_gather"):
             want = np.repeat(np.arange(1, n + 1, dtype=np.float32), block)
-            ok = (x[:n * block] == want).all()
+            ok = ((np.concatenate(apart) if op == "all_gather list" else x[:n * block]) ==
+                  want).all()
         else:
             ok = (x == (n * (n + 1) / 2 if op == "all_reduce" else 1.0)).all()
         if not ok:
