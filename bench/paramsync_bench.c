@@ -25,6 +25,8 @@
 
 #include <paramsync/paramsync.h>
 
+#include "huge.h"
+
 #define PS_BENCH_INFLIGHT 64 /* the most --inflight takes */
 
 static const char usage[] =
@@ -49,8 +51,10 @@ static const char usage[] =
     "                        all_gather_into_tensor from a view of its output: each\n"
     "                        rank's input is its own block of the output (default 0)\n"
     "  -i, --init URL        init method (default env://)\n"
-    "  -m, --mem KIND        malloc (default): buffers from malloc; shared: from\n"
-    "                        ps_mem_alloc, which the agent reads and writes in place\n"
+    "  -m, --mem KIND        malloc (default): buffers from malloc; huge: on 2 MiB\n"
+    "                        transparent huge pages (aligned, madvise MADV_HUGEPAGE),\n"
+    "                        which the agent's direct path copies much faster; shared:\n"
+    "                        from ps_mem_alloc, which the agent reads and writes in place\n"
     "  -a, --inflight K      each timed call starts K nonblocking calls at once (each\n"
     "                        on a buffer of its own) and waits for them all; time is per\n"
     "                        call (default 1: blocking calls). all_reduce and barrier\n"
@@ -123,9 +127,17 @@ typedef struct options {
     ps_op_t op;
     const char *init, *csv, *label;
     int shared_mem; /* --mem shared */
+    int huge_mem;   /* --mem huge */
     int inflight;   /* --inflight */
     int in_place;   /* --in-place */
 } options_t;
+
+/* A buffer of the worker's own memory: malloc, or with --mem huge on huge
+ * pages (huge.h). */
+static void *host_alloc(const options_t *o, size_t n, int *advised)
+{
+    return o->huge_mem ? ps_bench_huge_alloc(n, advised) : malloc(n);
+}
 
 static double now_seconds(void)
 {
@@ -294,7 +306,8 @@ static int parse_options(int argc, char **argv, options_t *o)
             bad = parse_int_arg(v, 1, &o->inflight) || o->inflight > PS_BENCH_INFLIGHT;
         else if (!strcmp(a, "-m") || !strcmp(a, "--mem")) {
             o->shared_mem = !strcmp(v, "shared");
-            bad = !o->shared_mem && strcmp(v, "malloc") != 0;
+            o->huge_mem = !strcmp(v, "huge");
+            bad = !o->shared_mem && !o->huge_mem && strcmp(v, "malloc") != 0;
         } else {
             fprintf(stderr, "paramsync-bench: unknown option %s\n%s", a, usage);
             return -1;
@@ -906,8 +919,14 @@ int main(int argc, char **argv)
     if (o.shared_mem && shared && !ps_mem_is_shared(b.comm, shared) && b.rank == 0)
         fprintf(stderr, "paramsync-bench: --mem shared: the agent does not share this memory; "
                         "collectives copy as with malloc\n");
-    b.in = o.shared_mem ? shared : malloc(b.cap);
-    b.out = o.shared_mem ? (shared ? shared + half : NULL) : malloc(b.cap);
+    int advised = 1;
+    b.in = o.shared_mem ? shared : host_alloc(&o, b.cap, &advised);
+    b.out = o.shared_mem ? (shared ? shared + half : NULL) : host_alloc(&o, b.cap, &advised);
+    if (!advised && b.rank == 0)
+        fprintf(stderr,
+                "paramsync-bench: --mem huge: madvise(MADV_HUGEPAGE) refused (%s); "
+                "the buffers may be on small pages\n",
+                strerror(errno));
     b.times = malloc((size_t)(o.iters > o.warmup ? o.iters : o.warmup + 1) * sizeof *b.times);
     if (!b.in || !b.out || !b.times) {
         fprintf(stderr, "paramsync-bench: rank %d: cannot allocate 2 x %zu bytes\n", b.rank, b.cap);
@@ -917,7 +936,7 @@ int main(int argc, char **argv)
     memset(b.out, 0, b.cap);
     b.outs[0] = b.out;
     for (int k = 1; k < o.inflight && o.want[C_ALL_REDUCE]; k++) {
-        b.outs[k] = o.shared_mem ? ps_mem_alloc(b.comm, b.cap) : malloc(b.cap);
+        b.outs[k] = o.shared_mem ? ps_mem_alloc(b.comm, b.cap) : host_alloc(&o, b.cap, &advised);
         if (!b.outs[k]) {
             fprintf(stderr, "paramsync-bench: rank %d: cannot allocate %d x %zu bytes\n", b.rank,
                     o.inflight, b.cap);

@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../huge.h"
+
 enum {
     C_ALL_REDUCE,
     C_BROADCAST,
@@ -190,7 +192,7 @@ int main(int argc, char **argv)
     size_t minb = 4, maxb = (size_t)256 << 20, iter_bytes = 0;
     double f = 2;
     int warmup = 5, iters = 20, want[C_COUNT];
-    const char *csv = NULL, *label = "openmpi";
+    const char *csv = NULL, *label = "openmpi", *mem = "malloc";
     for (int c = 0; c < C_COUNT; c++)
         want[c] = 1;
     MPI_Init(&argc, &argv);
@@ -214,6 +216,8 @@ int main(int argc, char **argv)
             csv = v;
         else if (!strcmp(a, "--label"))
             label = v;
+        else if (!strcmp(a, "-m") && (!strcmp(v, "malloc") || !strcmp(v, "huge")))
+            mem = v; /* huge: as paramsync-bench --mem huge */
         else if (!strcmp(a, "-t")) {
             /* whole comma-separated names: "all_reduce" contains "reduce" */
             char list[512];
@@ -230,8 +234,11 @@ int main(int argc, char **argv)
         }
     }
     size_t cap = (maxb > (size_t)p * 4 ? maxb : (size_t)p * 4) + 4;
-    in = calloc(1, cap);
-    out = calloc(1, cap);
+    int advised = 1;
+    in = strcmp(mem, "huge") ? calloc(1, cap) : ps_bench_huge_alloc(cap, &advised);
+    out = strcmp(mem, "huge") ? calloc(1, cap) : ps_bench_huge_alloc(cap, &advised);
+    if (!advised && rank == 0)
+        fprintf(stderr, "mpi-bench: -m huge: madvise(MADV_HUGEPAGE) refused\n");
     FILE *fcsv = NULL;
     if (rank == 0 && csv)
         fcsv = strcmp(csv, "-") == 0 ? stdout : fopen(csv, "a");
