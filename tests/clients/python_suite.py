@@ -1213,11 +1213,62 @@ def w_doorbell():
         for d in ("received", "sent"):
             got = int(m['paramsync_shm_bytes_total{direction="%s",access="process"}' % d])
             assert got >= 2 * 4 * c, "the agent %s %d bytes in workers' memory" % (d, got)
+        torch_collapse(dist, r, n)
     else:
         assert went == 0 and w.process.map is None, "a process segment with PARAMSYNC_SHM=0"
     dist.destroy_process_group()
     print("rank %d: 150 rounds of small collectives checked; %d through the doorbell"
           % (r, rung))
+
+
+def huge_kib(addr):
+    """KiB of huge pages under the mapping of /proc/self/smaps that holds addr, or -1."""
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            m = re.match(r"([0-9a-f]+)-([0-9a-f]+) ", line)
+            if m:
+                inside = int(m.group(1), 16) <= addr < int(m.group(2), 16)
+            elif inside and line.startswith("AnonHugePages:"):
+                return int(line.split()[1])
+    return -1
+
+
+def collapse_works():
+    """Whether this kernel collapses anonymous memory into huge pages on request
+    (MADV_COLLAPSE, Linux 6.1; THP not "never"): tried on a scratch mapping."""
+    import ctypes
+    import mmap
+    m = mmap.mmap(-1, 4 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    m.write(b"\1" * (4 << 20))
+    anchor = ctypes.c_char.from_buffer(m)
+    at = (ctypes.addressof(anchor) + (2 << 20) - 1) // (2 << 20) * (2 << 20)
+    madvise = ctypes.CDLL(None, use_errno=True).madvise
+    madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    ok = madvise(at, 2 << 20, 25) == 0
+    del anchor
+    m.close()
+    return ok
+
+
+def torch_collapse(dist, r, n):
+    """A torch tensor (malloc'd, small pages) of 40 MiB all_reduced directly: its whole
+    2 MiB pages are huge afterwards (the client's MADV_COLLAPSE)."""
+    try:
+        import torch
+    except ImportError:
+        print("rank %d: SKIPPED the huge-page check: torch is not importable" % r)
+        return
+    t = torch.full((10 << 20,), r + 1, dtype=torch.int32)
+    dist.all_reduce(t)
+    assert bool((t == n * (n + 1) // 2).all()), "all_reduce of a 40 MiB torch tensor"
+    if not collapse_works():
+        print("rank %d: SKIPPED the huge-page check: this kernel does not collapse memory on "
+              "request (MADV_COLLAPSE)" % r)
+        return
+    kib = huge_kib(t.data_ptr())
+    assert kib >= 36 * 1024, "after a direct all_reduce a 40 MiB tensor holds %d KiB of huge " \
+        "pages, want its whole 2 MiB pages" % kib
 
 
 def list_forms(dist, np, r, n, b, k):

@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -1278,6 +1279,89 @@ static int direct_skipped(void)
     return 1;
 }
 
+/* KiB of huge pages under the mapping of /proc/self/smaps that holds p, or
+ * -1 when none does. */
+static long huge_kib(const void *p)
+{
+    FILE *f = fopen("/proc/self/smaps", "r");
+    char line[512];
+    int in = 0;
+    long kib = -1;
+    while (f && kib < 0 && fgets(line, sizeof(line), f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2)
+            in = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+        else if (in && sscanf(line, "AnonHugePages: %ld kB", &kib) != 1)
+            kib = -1;
+    }
+    if (f)
+        fclose(f);
+    return kib;
+}
+
+/* Whether this kernel collapses anonymous memory into huge pages on request
+ * (MADV_COLLAPSE, Linux 6.1; THP not "never"): tried on a scratch region. */
+static int collapse_works(void)
+{
+    size_t len = 4u << 20;
+    uint8_t *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED)
+        return 0;
+    uint8_t *at = (uint8_t *)(((uintptr_t)m + (2u << 20) - 1) & ~(uintptr_t)((2u << 20) - 1));
+    memset(m, 1, len);
+    int ok = madvise(at, 2u << 20, 25 /* MADV_COLLAPSE */) == 0;
+    munmap(m, len);
+    return ok;
+}
+
+/* A direct all_reduce from a malloc'd buffer leaves the buffer's whole 2 MiB
+ * pages huge (the client's MADV_COLLAPSE), and, with PARAMSYNC_SHM_COLLAPSE=0
+ * or PARAMSYNC_SHM_DIRECT=0 where the kernel gives huge pages only on
+ * request, small. */
+static int check_collapse(ctx_t *cx)
+{
+    const char *env = getenv("PARAMSYNC_SHM_COLLAPSE"), *direct = getenv("PARAMSYNC_SHM_DIRECT");
+    int off = (env && strcmp(env, "0") == 0) || (direct && strcmp(direct, "0") == 0);
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    char mode[128] = "";
+    if (f) {
+        if (!fgets(mode, sizeof(mode), f))
+            mode[0] = 0;
+        fclose(f);
+    }
+    if (!collapse_works()) {
+        note("SKIPPED the huge-page check: this kernel does not collapse memory on request "
+             "(MADV_COLLAPSE: Linux 6.1; transparent huge pages: %.40s)",
+             mode[0] ? mode : "none");
+        return 0;
+    }
+    if (off && !strstr(mode, "[madvise]")) {
+        note("SKIPPED the huge-page check with the collapse off: transparent huge pages are "
+             "not madvise-only here (%.40s)",
+             mode);
+        return 0;
+    }
+    const size_t count = (40 * MIB) / 4; /* 40 MiB: in and out together over 32 */
+    int32_t *buf = xmalloc(count * 4);
+    for (size_t i = 0; i < count; i++)
+        buf[i] = (int32_t)(i % 1000) + cx->rank;
+    int ret = ps_all_reduce(cx->comm, buf, count, PS_INT32, PS_SUM, NULL);
+    long n = cx->size, kib = huge_kib(buf);
+    for (size_t i = 0; i < count && !ret; i++)
+        if (buf[i] != (int32_t)(n * (int32_t)(i % 1000) + n * (n - 1) / 2))
+            ret = fail("all_reduce of 40 MiB: element %zu is %d", i, buf[i]);
+    if (ret == 0 && off && kib != 0)
+        ret = fail("with the collapse off, the buffer holds %ld KiB of huge pages", kib);
+    if (ret == 0 && !off && kib < 36 * 1024)
+        ret = fail("after a direct all_reduce of 40 MiB the buffer holds %ld KiB of huge pages, "
+                   "want its whole 2 MiB pages (36 MiB or more)",
+                   kib);
+    if (ret == 0)
+        note("a direct all_reduce of 40 MiB: %ld KiB of the buffer on huge pages", kib);
+    free(buf);
+    return ret;
+}
+
 static int sc_direct(ctx_t *cx)
 {
     if (direct_skipped())
@@ -1312,7 +1396,7 @@ static int sc_direct(ctx_t *cx)
     }
     free(buf);
     free(want);
-    return ret;
+    return ret ? ret : check_collapse(cx);
 }
 
 /* One all_gather, gather or scatter in place, in torch's form: the input is
