@@ -1104,6 +1104,16 @@ def case_payload_slots(d, rng):
     still_serves(d, "payload_slots")
 
 
+def pp_pair(conns, members, inc, kind, count, other, seq, **kw):
+    """One collective of job "pp" (case_process_segment): rank 0's header as kw say,
+    rank 1's data `other` as frames. Both outcomes."""
+    return pw.in_threads([
+        lambda: pw.collective(conns[0], kind, count, job="pp", seq=seq, rank=0,
+                              incarnation=inc, rpc_timeout=CALL_DEADLINE_S, **kw),
+        lambda: members[1].collective(kind, count, other, seq=seq,
+                                      rpc_timeout=CALL_DEADLINE_S)], CALL_DEADLINE_S + 5)
+
+
 def case_process_segment(d, rng):
     """The process segment (ShmAttachRequest.process): the agent reads and
     writes the worker's own memory only after checking that the pid given
@@ -1166,12 +1176,7 @@ def case_process_segment(d, rng):
     other = pw.floats([1000.0 + i for i in range(count)])
 
     def all_reduce(seq, **kw):
-        """Rank 0's all_reduce as kw say, rank 1's as frames: both outcomes."""
-        return pw.in_threads([
-            lambda: pw.collective(conns[0], "ALL_REDUCE", count, job="pp", seq=seq, rank=0,
-                                  incarnation=inc, rpc_timeout=CALL_DEADLINE_S, **kw),
-            lambda: members[1].collective("ALL_REDUCE", count, other, seq=seq,
-                                          rpc_timeout=CALL_DEADLINE_S)], CALL_DEADLINE_S + 5)
+        return pp_pair(conns, members, inc, "ALL_REDUCE", count, other, seq, **kw)
 
     got = all_reduce(0, shm=name, shm_in_offset=at, shm_out_offset=at, shm_process=True)
     want = [float(i % 97) + 1000.0 + i for i in range(count)]
@@ -1268,11 +1273,7 @@ def block_lists(conns, members, inc, name, pay):
     src = ctypes.create_string_buffer(mine, len(mine))
 
     def all_gather(seq, **kw):
-        return pw.in_threads([
-            lambda: pw.collective(conns[0], "ALL_GATHER", count, job="pp", seq=seq, rank=0,
-                                  incarnation=inc, rpc_timeout=CALL_DEADLINE_S, **kw),
-            lambda: members[1].collective("ALL_GATHER", count, other, seq=seq,
-                                          rpc_timeout=CALL_DEADLINE_S)], CALL_DEADLINE_S + 5)
+        return pp_pair(conns, members, inc, "ALL_GATHER", count, other, seq, **kw)
 
     direct = dict(shm=name, shm_process=True, shm_in_offset=ctypes.addressof(src))
     got = all_gather(10, shm_out_blocks=at, **direct)
