@@ -387,29 +387,53 @@ static int direct_off(void)
 /*
  * Huge pages for the direct path: process_vm_readv/writev pin the caller's
  * pages on every call, and 2 MiB pages pin far faster than 4 KiB ones (the
- * direct path went 1.9-3.2x faster on them here: docs/PERFORMANCE.md, "Huge
- * pages"). So before the agent takes a buffer directly, the client asks the
- * kernel to back the buffer's whole 2 MiB pages with huge ones
- * (madvise(MADV_COLLAPSE), Linux 6.1 and later; the contents stay). The
- * first time costs a copy (about 25 ms per 64 MiB here); later calls find
- * them huge and return at once. A range the kernel would not collapse
- * (older kernel, THP off, no free huge page, not anonymous memory) is not
- * asked again while it stays among the last PS__COLLAPSE_FAILED such;
+ * direct path went 1.6-2.4x faster on them here: docs/PERFORMANCE.md, "Huge
+ * pages"). So when the agent takes a buffer directly for the second time
+ * (a training loop's buffers come back every step; a buffer used once, as a
+ * one-off broadcast of weights, would pay the collapse for nothing), the
+ * client asks the kernel to back the buffer's whole 2 MiB pages with huge
+ * ones (madvise(MADV_COLLAPSE), Linux 6.1 and later; the contents stay).
+ * That costs a copy once (about 25 ms per 64 MiB here); later calls find the
+ * pages huge and return at once, or collapse what could not be taken the
+ * time before (EAGAIN). A range the kernel would not collapse (older
+ * kernel, THP off, no free huge page, not anonymous memory) is not asked
+ * again while it stays among the last PS__COLLAPSE_FAILED such;
  * PARAMSYNC_SHM_COLLAPSE=0 turns it off.
  */
 #ifndef MADV_COLLAPSE
 #define MADV_COLLAPSE 25 /* Linux 6.1; glibc headers before 2.37 lack it */
 #endif
 #define PS__HUGE_PAGE       ((uintptr_t)2 << 20)
+#define PS__COLLAPSE_SEEN   64
 #define PS__COLLAPSE_FAILED 16
 
-static pthread_mutex_t collapse_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct {
+typedef struct {
     uintptr_t at, end;
-} collapse_failed[PS__COLLAPSE_FAILED];
-static unsigned collapse_next;
+} ps__range_t;
 
-/* Asks for huge pages under the 2 MiB pages wholly inside [buf, buf + len). */
+static pthread_mutex_t collapse_lock = PTHREAD_MUTEX_INITIALIZER;
+static ps__range_t collapse_seen[PS__COLLAPSE_SEEN], collapse_failed[PS__COLLAPSE_FAILED];
+static unsigned collapse_seen_next, collapse_failed_next;
+
+/* Whether [at, end) is among the n ranges of t. */
+static int range_among(const ps__range_t *t, unsigned n, uintptr_t at, uintptr_t end)
+{
+    for (unsigned i = 0; i < n; i++)
+        if (t[i].at == at && t[i].end == end)
+            return 1;
+    return 0;
+}
+
+/* Notes [at, end) in ring t of n ranges at *next (the oldest goes). */
+static void range_note(ps__range_t *t, unsigned n, unsigned *next, uintptr_t at, uintptr_t end)
+{
+    t[*next % n].at = at;
+    t[*next % n].end = end;
+    ++*next;
+}
+
+/* Asks for huge pages under the 2 MiB pages wholly inside [buf, buf + len),
+ * from the second time that range comes. */
 static void collapse(const void *buf, size_t len)
 {
     const char *env = getenv("PARAMSYNC_SHM_COLLAPSE");
@@ -417,17 +441,18 @@ static void collapse(const void *buf, size_t len)
     uintptr_t end = ((uintptr_t)buf + len) & ~(PS__HUGE_PAGE - 1);
     if ((env && strcmp(env, "0") == 0) || !buf || end <= at)
         return;
-    int tried = 0;
     pthread_mutex_lock(&collapse_lock);
-    for (unsigned i = 0; i < PS__COLLAPSE_FAILED && !tried; i++)
-        tried = collapse_failed[i].at == at && collapse_failed[i].end == end;
+    int again = range_among(collapse_seen, PS__COLLAPSE_SEEN, at, end);
+    int refused = range_among(collapse_failed, PS__COLLAPSE_FAILED, at, end);
+    if (!again)
+        range_note(collapse_seen, PS__COLLAPSE_SEEN, &collapse_seen_next, at, end);
     pthread_mutex_unlock(&collapse_lock);
-    if (tried || madvise((void *)at, end - at, MADV_COLLAPSE) == 0)
+    /* EAGAIN: some pages could not be taken just then (another CPU's
+     * batch of new pages holds them, say): the next call asks again. */
+    if (!again || refused || madvise((void *)at, end - at, MADV_COLLAPSE) == 0 || errno == EAGAIN)
         return;
     pthread_mutex_lock(&collapse_lock);
-    collapse_failed[collapse_next % PS__COLLAPSE_FAILED].at = at;
-    collapse_failed[collapse_next % PS__COLLAPSE_FAILED].end = end;
-    collapse_next++;
+    range_note(collapse_failed, PS__COLLAPSE_FAILED, &collapse_failed_next, at, end);
     pthread_mutex_unlock(&collapse_lock);
 }
 
@@ -472,7 +497,8 @@ static int direct_begin(ps_comm_t *comm, ps__coll_t *c, int own)
     c->hdr.shm_out_offset = c->out_bytes ? (uint64_t)(uintptr_t)c->out : 0;
     c->shm_out = c->out_bytes ? c->out : p->base; /* the output is where it belongs */
     collapse(c->in, c->in_bytes);
-    collapse(c->out, c->out_bytes);
+    if (c->out != c->in || c->out_bytes != c->in_bytes) /* all_reduce's one buffer: once */
+        collapse(c->out, c->out_bytes);
     return 1;
 }
 

@@ -359,30 +359,36 @@ def direct_enabled():
 
 _HUGE_PAGE = 2 << 20
 _MADV_COLLAPSE = 25  # Linux 6.1
+_collapse_seen = collections.deque(maxlen=64)  # ranges taken directly before
 _collapse_failed = collections.deque(maxlen=16)  # ranges the kernel would not collapse
 _collapse_lock = threading.Lock()
 _madvise = []  # libc's madvise, once looked up
 
 
 def collapse(addr, nbytes):
-    """client/shm.c's collapse(): before the agent takes a buffer directly, asks the kernel
-    for huge pages under its whole 2 MiB pages (madvise MADV_COLLAPSE; the contents stay),
-    which process_vm_readv/writev pin far faster. The first time costs a copy; a range the
-    kernel would not collapse is not asked again while among the last 16 such.
-    PARAMSYNC_SHM_COLLAPSE=0 turns it off."""
+    """client/shm.c's collapse(): when the agent takes a buffer directly for the second
+    time (not for a buffer used once), asks the kernel for huge pages under its whole
+    2 MiB pages (madvise MADV_COLLAPSE; the contents stay), which process_vm_readv/writev
+    pin far faster. That costs a copy once (what could not be taken just then, EAGAIN,
+    is asked again next time); a range the kernel would not collapse is not asked again
+    while among the last 16 such. PARAMSYNC_SHM_COLLAPSE=0 turns it off."""
     at = (addr + _HUGE_PAGE - 1) // _HUGE_PAGE * _HUGE_PAGE
     end = (addr + nbytes) // _HUGE_PAGE * _HUGE_PAGE
     if end <= at or os.environ.get("PARAMSYNC_SHM_COLLAPSE") == "0":
         return
     with _collapse_lock:
-        if (at, end) in _collapse_failed:
+        again = (at, end) in _collapse_seen
+        if not again:
+            _collapse_seen.append((at, end))
+        if not again or (at, end) in _collapse_failed:
             return
         if not _madvise:
             f = ctypes.CDLL(None, use_errno=True).madvise
             f.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
             f.restype = ctypes.c_int
             _madvise.append(f)
-    if _madvise[0](at, end - at, _MADV_COLLAPSE) != 0:
+    # EAGAIN: some pages could not be taken just then; the next call asks again.
+    if _madvise[0](at, end - at, _MADV_COLLAPSE) != 0 and ctypes.get_errno() != errno.EAGAIN:
         with _collapse_lock:
             _collapse_failed.append((at, end))
 
@@ -444,11 +450,13 @@ class Process:
                 return None
         if (own and not self.own_block) or (listed and not self.block_lists):
             return None
+        ranges = set()  # all_reduce's one buffer once
         for e in got:
             if e is not None:
                 ats = e[1] if isinstance(e[1], list) else [e[1]]
-                for a in ats:
-                    collapse(a, e[0] // len(ats))
+                ranges.update((a, e[0] // len(ats)) for a in ats)
+        for a, nbytes in ranges:
+            collapse(a, nbytes)
         with self._lock:
             self.used += 1
         return a_in, a_out
