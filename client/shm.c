@@ -395,9 +395,9 @@ static int direct_off(void)
  * ones (madvise(MADV_COLLAPSE), Linux 6.1 and later; the contents stay).
  * That costs a copy once (about 25 ms per 64 MiB here); later calls find the
  * pages huge and return at once, or collapse what could not be taken the
- * time before (EAGAIN). A range the kernel would not collapse (older
- * kernel, THP off, no free huge page, not anonymous memory) is not asked
- * again while it stays among the last PS__COLLAPSE_FAILED such;
+ * time before (one EAGAIN). A range the kernel would not collapse (older
+ * kernel, THP off, no free huge page, not anonymous memory, pinned) is not
+ * asked again while it stays among the last PS__COLLAPSE_FAILED such;
  * PARAMSYNC_SHM_COLLAPSE=0 turns it off.
  */
 #ifndef MADV_COLLAPSE
@@ -413,7 +413,8 @@ typedef struct {
 
 static pthread_mutex_t collapse_lock = PTHREAD_MUTEX_INITIALIZER;
 static ps__range_t collapse_seen[PS__COLLAPSE_SEEN], collapse_failed[PS__COLLAPSE_FAILED];
-static unsigned collapse_seen_next, collapse_failed_next;
+static ps__range_t collapse_eagain[PS__COLLAPSE_FAILED]; /* refused once, for now */
+static unsigned collapse_seen_next, collapse_failed_next, collapse_eagain_next;
 
 /* Whether [at, end) is among the n ranges of t. */
 static int range_among(const ps__range_t *t, unsigned n, uintptr_t at, uintptr_t end)
@@ -447,12 +448,18 @@ static void collapse(const void *buf, size_t len)
     if (!again)
         range_note(collapse_seen, PS__COLLAPSE_SEEN, &collapse_seen_next, at, end);
     pthread_mutex_unlock(&collapse_lock);
-    /* EAGAIN: some pages could not be taken just then (another CPU's
-     * batch of new pages holds them, say): the next call asks again. */
-    if (!again || refused || madvise((void *)at, end - at, MADV_COLLAPSE) == 0 || errno == EAGAIN)
+    if (!again || refused || madvise((void *)at, end - at, MADV_COLLAPSE) == 0)
         return;
+    /* EAGAIN: some pages could not be taken just then (another CPU's batch
+     * of new pages held them, say): the next call asks again, but a second
+     * EAGAIN for the range (pages pinned for good, as registered with a device)
+     * counts as a refusal. */
+    int now = errno == EAGAIN;
     pthread_mutex_lock(&collapse_lock);
-    range_note(collapse_failed, PS__COLLAPSE_FAILED, &collapse_failed_next, at, end);
+    if (now && !range_among(collapse_eagain, PS__COLLAPSE_FAILED, at, end))
+        range_note(collapse_eagain, PS__COLLAPSE_FAILED, &collapse_eagain_next, at, end);
+    else
+        range_note(collapse_failed, PS__COLLAPSE_FAILED, &collapse_failed_next, at, end);
     pthread_mutex_unlock(&collapse_lock);
 }
 

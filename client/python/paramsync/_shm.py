@@ -361,6 +361,7 @@ _HUGE_PAGE = 2 << 20
 _MADV_COLLAPSE = 25  # Linux 6.1
 _collapse_seen = collections.deque(maxlen=64)  # ranges taken directly before
 _collapse_failed = collections.deque(maxlen=16)  # ranges the kernel would not collapse
+_collapse_eagain = collections.deque(maxlen=16)  # ranges refused once with EAGAIN, for now
 _collapse_lock = threading.Lock()
 _madvise = []  # libc's madvise, once looked up
 
@@ -369,9 +370,9 @@ def collapse(addr, nbytes):
     """client/shm.c's collapse(): when the agent takes a buffer directly for the second
     time (not for a buffer used once), asks the kernel for huge pages under its whole
     2 MiB pages (madvise MADV_COLLAPSE; the contents stay), which process_vm_readv/writev
-    pin far faster. That costs a copy once (what could not be taken just then, EAGAIN,
-    is asked again next time); a range the kernel would not collapse is not asked again
-    while among the last 16 such. PARAMSYNC_SHM_COLLAPSE=0 turns it off."""
+    pin far faster. That costs a copy once (what could not be taken just then, one
+    EAGAIN, is asked again next time); a range the kernel would not collapse is not asked
+    again while among the last 16 such. PARAMSYNC_SHM_COLLAPSE=0 turns it off."""
     at = (addr + _HUGE_PAGE - 1) // _HUGE_PAGE * _HUGE_PAGE
     end = (addr + nbytes) // _HUGE_PAGE * _HUGE_PAGE
     if end <= at or os.environ.get("PARAMSYNC_SHM_COLLAPSE") == "0":
@@ -387,9 +388,15 @@ def collapse(addr, nbytes):
             f.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
             f.restype = ctypes.c_int
             _madvise.append(f)
-    # EAGAIN: some pages could not be taken just then; the next call asks again.
-    if _madvise[0](at, end - at, _MADV_COLLAPSE) != 0 and ctypes.get_errno() != errno.EAGAIN:
-        with _collapse_lock:
+    if _madvise[0](at, end - at, _MADV_COLLAPSE) == 0:
+        return
+    # EAGAIN: some pages could not be taken just then; the next call asks again, but a
+    # second EAGAIN for the range (pages pinned for good) counts as a refusal.
+    now = ctypes.get_errno() == errno.EAGAIN
+    with _collapse_lock:
+        if now and (at, end) not in _collapse_eagain:
+            _collapse_eagain.append((at, end))
+        else:
             _collapse_failed.append((at, end))
 
 
