@@ -33,8 +33,9 @@
 #define PS__SHM_ALIGN     4096u
 
 /*
- * Direct: a doorbell request of at least PS__DIRECT_MIN_BYTES (input and
- * output together) whose buffers lie outside any segment names the rank's
+ * Direct: a doorbell request whose buffers (input and output, counted once
+ * where they overlap) hold at least direct_min() bytes and lie outside any
+ * segment names the rank's
  * process segment instead (CollectiveHeader.shm_process), and the agent
  * reads the input from the caller's buffer and writes the output into it
  * (process_vm_readv/writev): no copy into a payload segment, none out of it.
@@ -51,7 +52,8 @@
  * Doorbell requests only, for that reason: a call, once cancelled, could
  * not tell.
  */
-#define PS__DIRECT_MIN_BYTES (32u << 20)
+#define PS__DIRECT_MIN_BYTES      (32u << 20) /* on small pages */
+#define PS__DIRECT_HUGE_MIN_BYTES (8u << 20)  /* where collapse() gives huge pages */
 
 struct ps__shm {
     char name[64];
@@ -463,6 +465,40 @@ static void collapse(const void *buf, size_t len)
     pthread_mutex_unlock(&collapse_lock);
 }
 
+/* Whether this kernel collapses memory on request (MADV_COLLAPSE, Linux
+ * 6.1; transparent huge pages not "never"): tried once on a scratch page. */
+static int collapse_probe(void)
+{
+    size_t len = 2 * PS__HUGE_PAGE; /* holds one aligned huge page */
+    uint8_t *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED)
+        return 0;
+    uint8_t *at = (uint8_t *)(((uintptr_t)m + PS__HUGE_PAGE - 1) & ~(PS__HUGE_PAGE - 1));
+    memset(at, 1, PS__HUGE_PAGE);
+    int ok = madvise(at, PS__HUGE_PAGE, MADV_COLLAPSE) == 0;
+    munmap(m, len);
+    return ok;
+}
+
+/* The fewest bytes of buffers a doorbell request takes directly. Pinning
+ * small pages costs so much that copying through the payload segment was
+ * faster up to 32 MiB here; on huge pages direct went ahead from about
+ * 8 MiB (docs/PERFORMANCE.md, "Huge pages"). So 8 MiB where collapse() can
+ * give them (collapse_probe, once), unless PARAMSYNC_SHM_COLLAPSE=0. */
+static size_t direct_min(void)
+{
+    static int works = -1;
+    const char *env = getenv("PARAMSYNC_SHM_COLLAPSE");
+    if (env && strcmp(env, "0") == 0)
+        return PS__DIRECT_MIN_BYTES;
+    pthread_mutex_lock(&collapse_lock);
+    if (works < 0)
+        works = collapse_probe();
+    int huge = works;
+    pthread_mutex_unlock(&collapse_lock);
+    return huge ? PS__DIRECT_HUGE_MIN_BYTES : PS__DIRECT_MIN_BYTES;
+}
+
 /* Takes c (a doorbell request) straight from and into the caller's buffers
  * through the rank's process segment, made and offered once: 1, or 0 (the
  * agent cannot reach this process's memory, or c in place (own:
@@ -473,8 +509,9 @@ static int direct_begin(ps_comm_t *comm, ps__coll_t *c, int own)
     /* Not the pinned buffers that stage device memory (device.c): the
      * driver maps them in ways the kernel may refuse to pin for another
      * process. */
-    if (c->in_bytes + c->out_bytes < PS__DIRECT_MIN_BYTES || c->stage_pinned ||
-        !(own || placed_apart(c)) || direct_off())
+    size_t span = own || c->in == c->out ? (c->in_bytes > c->out_bytes ? c->in_bytes : c->out_bytes)
+                                         : c->in_bytes + c->out_bytes;
+    if (span < direct_min() || c->stage_pinned || !(own || placed_apart(c)) || direct_off())
         return 0;
     pthread_mutex_lock(&comm->lock);
     struct ps__shm *p = comm->process;
@@ -722,7 +759,7 @@ static int doorbell_ring(ps_comm_t *comm, struct ps__doorbell *d, ps__coll_t *c,
         int broken = comm->broken, gone = comm->join_ended;
         char *why = broken && comm->broken_msg ? strdup(comm->broken_msg) : NULL;
         /* A direct request waits until the agent cannot write any more into
-         * the caller's buffers (see PS__DIRECT_MIN_BYTES). */
+         * the caller's buffers (see "Direct" above). */
         if (c->hdr.shm_process ? gone || (closed & PS_DOORBELL_STOPPED) : broken || gone || closed)
             d->disabled = 1; /* abandoned: the agent may still answer into it */
         pthread_mutex_unlock(&comm->lock);

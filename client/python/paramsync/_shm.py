@@ -349,7 +349,8 @@ def placed(in_place, send, recv, own=False, lists=False):
     return i, o
 
 
-DIRECT_MIN = 32 << 20  # input and output bytes together, as client/shm.c
+DIRECT_MIN = 32 << 20  # bytes of buffers (overlaps once), on small pages: client/shm.c
+DIRECT_HUGE_MIN = 8 << 20  # the same where collapse() gives huge pages
 
 
 def direct_enabled():
@@ -364,6 +365,44 @@ _collapse_failed = collections.deque(maxlen=16)  # ranges the kernel would not c
 _collapse_eagain = collections.deque(maxlen=16)  # ranges refused once with EAGAIN, for now
 _collapse_lock = threading.Lock()
 _madvise = []  # libc's madvise, once looked up
+_collapse_works = []  # whether the kernel collapses on request, once probed
+
+
+def _libc_madvise():
+    """libc's madvise, looked up once (call with _collapse_lock held)."""
+    if not _madvise:
+        f = ctypes.CDLL(None, use_errno=True).madvise
+        f.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+        f.restype = ctypes.c_int
+        _madvise.append(f)
+    return _madvise[0]
+
+
+def _collapse_probe():
+    """client/shm.c's collapse_probe(): whether this kernel collapses memory on request
+    (MADV_COLLAPSE, Linux 6.1; THP not "never"), tried on a scratch mapping."""
+    m = mmap.mmap(-1, 2 * _HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    anchor = ctypes.c_char.from_buffer(m)
+    try:
+        base = ctypes.addressof(anchor)
+        at = (base + _HUGE_PAGE - 1) // _HUGE_PAGE * _HUGE_PAGE
+        m[at - base:at - base + _HUGE_PAGE] = b"\1" * _HUGE_PAGE
+        return _libc_madvise()(at, _HUGE_PAGE, _MADV_COLLAPSE) == 0
+    finally:
+        del anchor
+        m.close()
+
+
+def direct_min():
+    """client/shm.c's direct_min(): the fewest bytes of buffers a request takes directly,
+    8 MiB where collapse() can give huge pages (probed once), else 32 MiB (and with
+    PARAMSYNC_SHM_COLLAPSE=0)."""
+    if os.environ.get("PARAMSYNC_SHM_COLLAPSE") == "0":
+        return DIRECT_MIN
+    with _collapse_lock:
+        if not _collapse_works:
+            _collapse_works.append(_collapse_probe())
+        return DIRECT_HUGE_MIN if _collapse_works[0] else DIRECT_MIN
 
 
 def collapse(addr, nbytes):
@@ -383,12 +422,8 @@ def collapse(addr, nbytes):
             _collapse_seen.append((at, end))
         if not again or (at, end) in _collapse_failed:
             return
-        if not _madvise:
-            f = ctypes.CDLL(None, use_errno=True).madvise
-            f.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-            f.restype = ctypes.c_int
-            _madvise.append(f)
-    if _madvise[0](at, end - at, _MADV_COLLAPSE) == 0:
+        madvise = _libc_madvise()
+    if madvise(at, end - at, _MADV_COLLAPSE) == 0:
         return
     # EAGAIN: some pages could not be taken just then; the next call asks again, but a
     # second EAGAIN for the range (pages pinned for good) counts as a refusal.
@@ -429,9 +464,14 @@ class Process:
         if not direct_enabled():
             return None
         got = placed(in_place, send, recv, own, lists=True)
-        if got is None or sum(e[0] for e in got if e is not None) < DIRECT_MIN:
+        if got is None:
             return None
         a_in, a_out = (e[1] if e is not None else 0 for e in got)
+        sizes = [e[0] for e in got if e is not None]
+        # Bytes of buffers, counted once where input and output overlap.
+        span = max(sizes, default=0) if own or (in_place and a_in == a_out) else sum(sizes)
+        if span < direct_min():
+            return None
         listed = isinstance(a_in, list) or isinstance(a_out, list)
         with self._lock:
             if self.disabled or self.making:
