@@ -35,10 +35,10 @@
 /*
  * Direct: a doorbell request whose buffers (input and output, counted once
  * where they overlap) hold at least direct_min() bytes and lie outside any
- * segment names the rank's
- * process segment instead (CollectiveHeader.shm_process), and the agent
- * reads the input from the caller's buffer and writes the output into it
- * (process_vm_readv/writev): no copy into a payload segment, none out of it.
+ * segment names the rank's process segment instead
+ * (CollectiveHeader.shm_process), and the agent reads the input from the
+ * caller's buffer and writes the output into it (process_vm_readv/writev):
+ * no copy into a payload segment, none out of it.
  * The agent checks at ShmAttach that it may (docs/ARCHITECTURE.md); where it
  * may not (another PID namespace, ptrace rules), or with
  * PARAMSYNC_SHM_DIRECT=0, the payload segments serve as before.
@@ -511,7 +511,7 @@ static int direct_begin(ps_comm_t *comm, ps__coll_t *c, int own)
      * process. */
     size_t span = own || c->in == c->out ? (c->in_bytes > c->out_bytes ? c->in_bytes : c->out_bytes)
                                          : c->in_bytes + c->out_bytes;
-    if (span < direct_min() || c->stage_pinned || !(own || placed_apart(c)) || direct_off())
+    if (c->stage_pinned || !(own || placed_apart(c)) || direct_off() || span < direct_min())
         return 0;
     pthread_mutex_lock(&comm->lock);
     struct ps__shm *p = comm->process;
