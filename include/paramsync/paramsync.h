@@ -145,8 +145,9 @@ PS_EXPORT int ps_mem_is_shared(ps_comm_t *comm, const void *ptr);
  * gather root's) input may be the caller's own block of the output, in ==
  * out + rank * count elements, and a scatter root's output its block of the
  * input, out == in + rank * count. With the agent on this host, and the
- * buffers from ps_mem_alloc or of 32 MiB and more, such a call copies nothing
- * of its own block.
+ * buffers from ps_mem_alloc or large enough to go direct (8 MiB, or 32 MiB
+ * where the kernel gives no huge pages on request: docs/C_API.md), such a
+ * call copies nothing of its own block.
  *
  * Buffers may be host memory or CUDA device (or managed) memory, in any mix
  * (cudaPointerGetAttributes tells them apart; libparamsync built without
