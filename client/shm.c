@@ -33,9 +33,8 @@
 #define PS__SHM_ALIGN     4096u
 
 /*
- * Direct: a doorbell request whose buffers (input and output, counted once
- * where they overlap) hold at least direct_min() bytes and lie outside any
- * segment names the rank's process segment instead
+ * Direct: a doorbell request whose buffers are large enough (direct_large)
+ * and lie outside any segment names the rank's process segment instead
  * (CollectiveHeader.shm_process), and the agent reads the input from the
  * caller's buffer and writes the output into it (process_vm_readv/writev):
  * no copy into a payload segment, none out of it.
@@ -499,6 +498,19 @@ static size_t direct_min(void)
     return huge ? PS__DIRECT_HUGE_MIN_BYTES : PS__DIRECT_MIN_BYTES;
 }
 
+/* Whether c is large enough to go direct: its buffers hold direct_min()
+ * bytes, counted once where input and output overlap (own: in place) on
+ * huge pages; on small pages, as measured when that floor was set, input
+ * and output bytes together. */
+static int direct_large(const ps__coll_t *c, int own)
+{
+    size_t min = direct_min(), both = c->in_bytes + c->out_bytes;
+    size_t once = c->in_bytes > c->out_bytes ? c->in_bytes : c->out_bytes;
+    if (min == PS__DIRECT_MIN_BYTES)
+        return both >= min;
+    return (own || c->in == c->out ? once : both) >= min;
+}
+
 /* Takes c (a doorbell request) straight from and into the caller's buffers
  * through the rank's process segment, made and offered once: 1, or 0 (the
  * agent cannot reach this process's memory, or c in place (own:
@@ -509,9 +521,7 @@ static int direct_begin(ps_comm_t *comm, ps__coll_t *c, int own)
     /* Not the pinned buffers that stage device memory (device.c): the
      * driver maps them in ways the kernel may refuse to pin for another
      * process. */
-    size_t span = own || c->in == c->out ? (c->in_bytes > c->out_bytes ? c->in_bytes : c->out_bytes)
-                                         : c->in_bytes + c->out_bytes;
-    if (c->stage_pinned || !(own || placed_apart(c)) || direct_off() || span < direct_min())
+    if (c->stage_pinned || !(own || placed_apart(c)) || direct_off() || !direct_large(c, own))
         return 0;
     pthread_mutex_lock(&comm->lock);
     struct ps__shm *p = comm->process;

@@ -467,10 +467,11 @@ class Process:
         if got is None:
             return None
         a_in, a_out = (e[1] if e is not None else 0 for e in got)
-        sizes = [e[0] for e in got if e is not None]
-        # Bytes of buffers, counted once where input and output overlap.
-        span = max(sizes, default=0) if own or (in_place and a_in == a_out) else sum(sizes)
-        if span < direct_min():
+        sizes, least = [e[0] for e in got if e is not None], direct_min()
+        # On huge pages bytes of buffers, counted once where input and output overlap; on
+        # small pages, as measured when that floor was set, input and output together.
+        once = least == DIRECT_HUGE_MIN and (own or (in_place and a_in == a_out))
+        if (max(sizes, default=0) if once else sum(sizes)) < least:
             return None
         listed = isinstance(a_in, list) or isinstance(a_out, list)
         with self._lock:
