@@ -224,6 +224,14 @@ static ps__shm_place_t shm_place(uint64_t at, const uint64_t *list, size_t n, ui
     return pl;
 }
 
+/* Where a member's `in` input and `out` output bytes are, as header hd says. */
+static void shm_places(const Paramsync__V1__CollectiveHeader *hd, uint64_t in, uint64_t out,
+                       ps__shm_place_t *pin, ps__shm_place_t *pout)
+{
+    *pin = shm_place(hd->shm_in_offset, hd->shm_in_blocks, hd->n_shm_in_blocks, in);
+    *pout = shm_place(hd->shm_out_offset, hd->shm_out_blocks, hd->n_shm_out_blocks, out);
+}
+
 /* The ranges of worker memory (at most max) that hold bytes [off, off + len)
  * of place pl in a process segment: how many (fewer than needed when max is
  * reached; 0 past the last part). */
@@ -4155,10 +4163,7 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
     if (m->shm) {
         const header_t *mh = m->first->header;
         m->by_file = shm_by_file(h, m->shm, c, mh);
-        m->shm_in =
-            shm_place(mh->shm_in_offset, mh->shm_in_blocks, mh->n_shm_in_blocks, m->in_total);
-        m->shm_out =
-            shm_place(mh->shm_out_offset, mh->shm_out_blocks, mh->n_shm_out_blocks, m->out_total);
+        shm_places(mh, m->in_total, m->out_total, &m->shm_in, &m->shm_out);
     }
     ps__task_t writer;
     int have_writer = 0;
@@ -4701,10 +4706,7 @@ int ps__hub_shm_io_open(ps__hub_t *h, const header_t *hd, ps__shm_io_t *io, char
             shm_ref(map);
             io->map = map;
             io->by_file = shm_by_file(h, map, &c, hd);
-            io->in =
-                shm_place(hd->shm_in_offset, hd->shm_in_blocks, hd->n_shm_in_blocks, io->in_total);
-            io->out = shm_place(hd->shm_out_offset, hd->shm_out_blocks, hd->n_shm_out_blocks,
-                                io->out_total);
+            shm_places(hd, io->in_total, io->out_total, &io->in, &io->out);
         }
     }
     if (j)
