@@ -295,6 +295,14 @@ def address(buf):
     return int(np.frombuffer(buf, np.uint8).ctypes.data) if len(buf) else 0
 
 
+def addresses(x):
+    """The addresses of the buffers of x (a _tensor.Segments), worked out once per
+    collective however many of own_in_place and placed ask."""
+    if x.addrs is None:
+        x.addrs = [address(mv) for mv in x.mvs]
+    return x.addrs
+
+
 def end_to_end(at, mvs):
     """Whether buffers mvs, at addresses at, lie end to end in memory (the chunks of one
     tensor, in order): one buffer to the agent."""
@@ -310,7 +318,7 @@ def own_in_place(scatters, rank, send, recv):
         return False
     ends = []
     for x in (send, recv):
-        at = [address(mv) for mv in x.mvs]
+        at = addresses(x)
         if not end_to_end(at, x.mvs):
             return False
         ends.append(at[0])
@@ -333,7 +341,7 @@ def placed(in_place, send, recv, own=False, lists=False):
     ends, spans = [], []
     for x in (send, recv):
         mvs = x.mvs if x is not None and x.total else []
-        at = [address(mv) for mv in mvs]
+        at = addresses(x) if mvs else []
         spans += [(a, len(mv)) for a, mv in zip(at, mvs)]
         if end_to_end(at, mvs):
             at = at[:1]
@@ -349,8 +357,8 @@ def placed(in_place, send, recv, own=False, lists=False):
     return i, o
 
 
-DIRECT_MIN = 32 << 20  # bytes of buffers (overlaps once), on small pages: client/shm.c
-DIRECT_HUGE_MIN = 8 << 20  # the same where collapse() gives huge pages
+DIRECT_MIN = 32 << 20  # input and output bytes together, on small pages: client/shm.c
+DIRECT_HUGE_MIN = 8 << 20  # bytes of buffers (overlaps once) where collapse() gives huge pages
 
 
 def direct_enabled():

@@ -137,7 +137,7 @@ def is_tensor(obj):
 
 class Segments:
     """A payload made of several buffers laid end to end (e.g. a list of tensors)."""
-    __slots__ = ("mvs", "starts", "total")
+    __slots__ = ("mvs", "starts", "total", "addrs")
 
     def __init__(self, bufs):
         self.mvs = [b.mv for b in bufs if b.nbytes]
@@ -147,6 +147,7 @@ class Segments:
             self.starts.append(pos)
             pos += len(mv)
         self.total = pos
+        self.addrs = None  # the buffers' addresses, once _shm.addresses worked them out
 
     def copy(self):
         """The same payload in memory of its own."""
