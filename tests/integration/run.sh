@@ -304,6 +304,11 @@ if [ $status -eq 1 ]; then
 elif [ $status -eq 77 ]; then
   say "$name: SKIPPED"
 else
+  # A check a worker skipped within a passing scenario (a kernel without
+  # something it needs, say) says so here too.
+  for log in "${worker_logs[@]}"; do
+    grep -h "SKIPPED" "$log.log" "$log.out" 2>/dev/null
+  done | sort -u >&2
   say "$name: passed"
 fi
 exit $status
