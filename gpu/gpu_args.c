@@ -43,3 +43,14 @@ int ps__gpu_check_reduce(ps_op_t op, ps_dtype_t dtype, const void *dst, const vo
     *bytes = total;
     return 0;
 }
+
+int ps__gpu_check_dsts(void *const *dsts, size_t ndst, size_t bytes)
+{
+    if (dsts == NULL || ndst == 0 || ndst > PS_GPU_MAX_SRCS)
+        return PS_EINVAL;
+    for (size_t i = 0; i < ndst; i++)
+        for (size_t k = 0; k < i; k++)
+            if (ranges_overlap(dsts[i], dsts[k], bytes))
+                return PS_EINVAL;
+    return 0;
+}

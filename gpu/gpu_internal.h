@@ -78,6 +78,11 @@ int ps__gpu_check_reduce(ps_op_t op, ps_dtype_t dtype, const void *dst, const vo
                          size_t nsrc, size_t max_srcs, size_t count, size_t align, int alias_any,
                          size_t *bytes);
 
+/* The destinations of ps_gpu_reduce_host_dsts: dsts non-NULL, 1 to
+ * PS_GPU_MAX_SRCS of them, no two sharing a byte of their first `bytes`
+ * (each passed ps__gpu_check_reduce). 0 or PS_EINVAL. */
+int ps__gpu_check_dsts(void *const *dsts, size_t ndst, size_t bytes);
+
 #ifdef __cplusplus
 }
 #endif

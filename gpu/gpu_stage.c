@@ -162,35 +162,58 @@ static int is_pinned(const void *p, int *is_device)
     return attr.type == cudaMemoryTypeHost;
 }
 
+/* Where a call's result goes: ndst buffers, direct[i] when dsts[i] is pinned
+ * (the DMA writes it), `staged` when any is not (one copy comes back into
+ * the slot's pinned buffer, and the CPU copies it into each such dst). */
+typedef struct dst_set {
+    void *const *dsts;
+    size_t ndst;
+    int direct[PS_GPU_MAX_SRCS];
+    int staged;
+} dst_set_t;
+
 /*
- * Waits for slot b's chunk and, unless its result was written straight into
- * a pinned dst, copies it from the slot's pinned buffer into dst.
+ * Waits for slot b's chunk and copies its result from the slot's pinned
+ * buffer into every dst that the DMA did not write itself.
  * Returns 0 or the chunk's error.
  */
-static int slot_drain(ps_gpu_stager_t *s, int b, unsigned char *dst, int dst_direct, pending_t *p)
+static int slot_drain(ps_gpu_stager_t *s, int b, const dst_set_t *d, pending_t *p)
 {
     if (!p->active)
         return 0;
     p->active = 0;
     int err = ps__gpu_result(cudaStreamSynchronize(s->streams[b]));
-    if (err == 0 && !dst_direct)
-        memcpy(dst + p->offset, s->pinned + (size_t)b * s->cap * s->chunk_bytes, p->bytes);
+    for (size_t i = 0; err == 0 && i < d->ndst; i++)
+        if (!d->direct[i])
+            memcpy((unsigned char *)d->dsts[i] + p->offset,
+                   s->pinned + (size_t)b * s->cap * s->chunk_bytes, p->bytes);
     return err;
 }
 
-int ps_gpu_reduce_host(ps_gpu_stager_t *stager, ps_op_t op, ps_dtype_t dtype, void *dst,
+/* Enqueues the copies of slot b's result (dev_out, nbytes) home: one DMA
+ * into each pinned dst at offset, one into the slot's pinned buffer when a
+ * dst is pageable. 0 or a mapped CUDA error. */
+static int result_home(ps_gpu_stager_t *s, int b, const dst_set_t *d, const void *dev_out,
+                       size_t offset, size_t nbytes)
+{
+    int err = 0;
+    for (size_t i = 0; err == 0 && i < d->ndst; i++)
+        if (d->direct[i])
+            err = ps__gpu_result(cudaMemcpyAsync((unsigned char *)d->dsts[i] + offset, dev_out,
+                                                 nbytes, cudaMemcpyDeviceToHost, s->streams[b]));
+    if (err == 0 && d->staged)
+        err =
+            ps__gpu_result(cudaMemcpyAsync(s->pinned + (size_t)b * s->cap * s->chunk_bytes, dev_out,
+                                           nbytes, cudaMemcpyDeviceToHost, s->streams[b]));
+    return err;
+}
+
+/* ps_gpu_reduce_host and ps_gpu_reduce_host_dsts, arguments checked, count > 0. */
+static int reduce_host(ps_gpu_stager_t *s, ps_op_t op, ps_dtype_t dtype, dst_set_t *d,
                        const void *const *srcs, size_t nsrc, size_t count)
 {
-    if (stager == NULL)
-        return PS_EINVAL;
-    ps_gpu_stager_t *s = stager;
-    size_t bytes;
-    int err = ps__gpu_check_reduce(op, dtype, dst, srcs, nsrc, s->max_srcs, count, 1, 0, &bytes);
-    if (err != 0 || count == 0)
-        return err;
-
     int prev;
-    err = ps__gpu_result(cudaGetDevice(&prev));
+    int err = ps__gpu_result(cudaGetDevice(&prev));
     if (err != 0)
         return err;
     err = ps__gpu_result(cudaSetDevice(s->device));
@@ -199,8 +222,12 @@ int ps_gpu_reduce_host(ps_gpu_stager_t *stager, ps_op_t op, ps_dtype_t dtype, vo
 
     int direct[PS_GPU_MAX_SRCS];
     int device_memory = 0;
-    int dst_direct = is_pinned(dst, &device_memory);
-    int staging = !dst_direct;
+    d->staged = 0;
+    for (size_t i = 0; i < d->ndst; i++) {
+        d->direct[i] = is_pinned(d->dsts[i], &device_memory);
+        d->staged |= !d->direct[i];
+    }
+    int staging = d->staged;
     for (size_t j = 0; j < nsrc; j++) {
         direct[j] = is_pinned(srcs[j], &device_memory);
         staging |= !direct[j];
@@ -220,12 +247,11 @@ int ps_gpu_reduce_host(ps_gpu_stager_t *stager, ps_op_t op, ps_dtype_t dtype, vo
     size_t chunk_elems = s->chunk_bytes / size;
     uint64_t divisor = op == PS_AVG ? (uint64_t)nsrc : 1;
     pending_t pend[2] = {{0, 0, 0}, {0, 0, 0}};
-    unsigned char *out = dst;
 
     for (size_t first = 0, k = 0; first < count && err == 0; first += chunk_elems, k++) {
         int b = (int)(k & 1);
         /* Slot b last held chunk k - 2: its buffers are free once its result is home. */
-        err = slot_drain(s, b, out, dst_direct, &pend[b]);
+        err = slot_drain(s, b, d, &pend[b]);
         if (err != 0)
             break;
         size_t n = count - first < chunk_elems ? count - first : chunk_elems;
@@ -248,21 +274,51 @@ int ps_gpu_reduce_host(ps_gpu_stager_t *stager, ps_op_t op, ps_dtype_t dtype, vo
         err = ps__gpu_enqueue(op, dtype, dev_out, dev_srcs, nsrc, n, divisor, s->streams[b]);
         if (err != 0)
             break;
-        void *home = dst_direct ? (void *)(out + offset)
-                                : (void *)(s->pinned + (size_t)b * s->cap * s->chunk_bytes);
-        err = ps__gpu_result(
-            cudaMemcpyAsync(home, dev_out, nbytes, cudaMemcpyDeviceToHost, s->streams[b]));
+        err = result_home(s, b, d, dev_out, offset, nbytes);
         pend[b].active = err == 0;
         pend[b].offset = offset;
         pend[b].bytes = nbytes;
     }
     /* The last two chunks; after an error, only wait, so that no copy outlives the call. */
     for (int b = 0; b < 2; b++) {
-        int drained = err == 0 ? slot_drain(s, b, out, dst_direct, &pend[b])
+        int drained = err == 0 ? slot_drain(s, b, d, &pend[b])
                                : ps__gpu_result(cudaStreamSynchronize(s->streams[b]));
         if (err == 0)
             err = drained;
     }
     (void)ps__gpu_result(cudaSetDevice(prev));
     return err;
+}
+
+int ps_gpu_reduce_host(ps_gpu_stager_t *stager, ps_op_t op, ps_dtype_t dtype, void *dst,
+                       const void *const *srcs, size_t nsrc, size_t count)
+{
+    if (stager == NULL)
+        return PS_EINVAL;
+    size_t bytes;
+    int err =
+        ps__gpu_check_reduce(op, dtype, dst, srcs, nsrc, stager->max_srcs, count, 1, 0, &bytes);
+    if (err != 0 || count == 0)
+        return err;
+    dst_set_t d = {.dsts = &dst, .ndst = 1};
+    return reduce_host(stager, op, dtype, &d, srcs, nsrc, count);
+}
+
+int ps_gpu_reduce_host_dsts(ps_gpu_stager_t *stager, ps_op_t op, ps_dtype_t dtype,
+                            void *const *dsts, size_t ndst, const void *const *srcs, size_t nsrc,
+                            size_t count)
+{
+    if (stager == NULL)
+        return PS_EINVAL;
+    size_t bytes = 0;
+    int err = dsts == NULL || ndst == 0 || ndst > PS_GPU_MAX_SRCS ? PS_EINVAL : 0;
+    for (size_t i = 0; err == 0 && i < ndst; i++)
+        err = ps__gpu_check_reduce(op, dtype, dsts[i], srcs, nsrc, stager->max_srcs, count, 1, 1,
+                                   &bytes);
+    if (err == 0)
+        err = ps__gpu_check_dsts(dsts, ndst, bytes);
+    if (err != 0 || count == 0)
+        return err;
+    dst_set_t d = {.dsts = dsts, .ndst = ndst};
+    return reduce_host(stager, op, dtype, &d, srcs, nsrc, count);
 }

@@ -141,3 +141,12 @@ int ps_gpu_reduce_host(ps_gpu_stager_t *stager, ps_op_t op, ps_dtype_t dtype, vo
     (void)stager, (void)op, (void)dtype, (void)dst, (void)srcs, (void)nsrc, (void)count;
     return PS_EINVAL;
 }
+
+int ps_gpu_reduce_host_dsts(ps_gpu_stager_t *stager, ps_op_t op, ps_dtype_t dtype,
+                            void *const *dsts, size_t ndst, const void *const *srcs, size_t nsrc,
+                            size_t count)
+{
+    (void)stager, (void)op, (void)dtype, (void)dsts, (void)ndst, (void)srcs, (void)nsrc;
+    (void)count;
+    return PS_EINVAL;
+}

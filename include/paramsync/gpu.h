@@ -261,6 +261,25 @@ PS_EXPORT void ps_gpu_stager_destroy(ps_gpu_stager_t *stager);
 PS_EXPORT int ps_gpu_reduce_host(ps_gpu_stager_t *stager, ps_op_t op, ps_dtype_t dtype, void *dst,
                                  const void *const *srcs, size_t nsrc, size_t count);
 
+/**
+ * ps_gpu_reduce_host with the result written into each of ndst host buffers
+ * (1 to PS_GPU_MAX_SRCS): the DMA writes every pinned one straight from the
+ * device, pageable ones get a CPU copy from the stager's pinned buffer. So
+ * a result that several pinned buffers want costs no CPU copy at all (the
+ * agent writes one step's result into every worker's segment this way).
+ * A dst may be one of srcs exactly (in place; any of them, since each chunk is
+ * read from every input before it is written anywhere); dsts must not overlap
+ * each other, nor overlap srcs otherwise.
+ *
+ * Returns as ps_gpu_reduce_host; PS_EINVAL also for NULL dsts, ndst of 0 or
+ * above PS_GPU_MAX_SRCS, or overlapping dsts. The argument checks come
+ * before anything is enqueued; after a CUDA error any dst may be partly
+ * written, an input that is also a dst among them.
+ */
+PS_EXPORT int ps_gpu_reduce_host_dsts(ps_gpu_stager_t *stager, ps_op_t op, ps_dtype_t dtype,
+                                      void *const *dsts, size_t ndst, const void *const *srcs,
+                                      size_t nsrc, size_t count);
+
 #ifdef __cplusplus
 }
 #endif

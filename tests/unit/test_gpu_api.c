@@ -125,6 +125,9 @@ static void test_other_argument_checks(void **state)
     const void *srcs[2] = {FAKE(0x1000), FAKE(0x2000)};
     assert_int_equal(ps_gpu_reduce_host(NULL, PS_SUM, PS_FLOAT32, FAKE(0x3000), srcs, 2, 4),
                      PS_EINVAL);
+    void *dsts[2] = {FAKE(0x3000), FAKE(0x4000)};
+    assert_int_equal(ps_gpu_reduce_host_dsts(NULL, PS_SUM, PS_FLOAT32, dsts, 2, srcs, 2, 4),
+                     PS_EINVAL);
     /* Every free and destroy accepts NULL. */
     ps_gpu_host_free(NULL);
     ps_gpu_free(NULL);

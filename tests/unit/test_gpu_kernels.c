@@ -477,6 +477,106 @@ static void test_reduce_host_registered(void **state)
     }
 }
 
+/*
+ * ps_gpu_reduce_host_dsts: one result into several host buffers at once,
+ * pinned (the DMA writes them), pageable (copied from the stager's pinned
+ * buffer), in a registered shm mapping, and in place over inputs other than
+ * the first (pageable and registered), across chunk boundaries, against
+ * ps_reduce_multi; and the refusals, with nothing written: dsts that
+ * overlap, a dst that overlaps an input other than exactly, none, too many.
+ */
+static void test_reduce_host_dsts(void **state)
+{
+    (void)state;
+    gpu_test_seed("reduce_host_dsts");
+    int dev;
+    assert_int_equal(ps_gpu_get_device(&dev), 0);
+    const size_t count = 100003;
+    const ps_dtype_t dtypes[] = {PS_FLOAT32, PS_BFLOAT16, PS_INT8, PS_FLOAT64};
+    char name[64];
+    snprintf(name, sizeof name, "/ps-gpu-test-dsts-%d", (int)getpid());
+    ps_gpu_stager_t *st;
+    assert_int_equal(ps_gpu_stager_create(&st, dev, MAX_SRCS, 65536 + 256), 0);
+    for (size_t t = 0; t < sizeof dtypes / sizeof dtypes[0]; t++) {
+        ps_dtype_t dt = dtypes[t];
+        size_t bytes = count * ps_dtype_size(dt);
+        size_t stride = (bytes + 4095) & ~(size_t)4095;
+        int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+        assert_true(fd >= 0);
+        shm_unlink(name);
+        assert_int_equal(ftruncate(fd, (off_t)(2 * stride)), 0);
+        unsigned char *seg = mmap(NULL, 2 * stride, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        assert_true(seg != MAP_FAILED);
+        close(fd);
+        assert_int_equal(ps_gpu_host_register(seg, 2 * stride), 0);
+        void *orig[3], *want = malloc(bytes), *pageable_in = malloc(bytes);
+        void *pageable_out = malloc(bytes), *pinned_in, *pinned_out;
+        assert_true(want != NULL && pageable_in != NULL && pageable_out != NULL);
+        assert_int_equal(ps_gpu_host_alloc(&pinned_in, bytes), 0);
+        assert_int_equal(ps_gpu_host_alloc(&pinned_out, bytes), 0);
+        for (int k = 0; k < 3; k++) {
+            orig[k] = malloc(bytes);
+            assert_non_null(orig[k]);
+            gpu_test_fill(dt, orig[k], k > 0 ? orig[0] : NULL, count);
+        }
+        unsigned char *shm_in = seg, *shm_out = seg + stride;
+        const void *srcs[3] = {pinned_in, pageable_in, shm_in};
+        for (size_t o = 0; o < N_OPS; o++) {
+            ps_op_t op = all_ops[o];
+            if (ps_op_check(op, dt) != 0)
+                continue;
+            memcpy(pinned_in, orig[0], bytes);
+            memcpy(pageable_in, orig[1], bytes);
+            memcpy(shm_in, orig[2], bytes);
+            assert_int_equal(ps_reduce_multi(op, dt, want, (const void *const *)orig, 3, count), 0);
+            memset(pinned_out, 0x5A, bytes);
+            memset(pageable_out, 0x5A, bytes);
+            memset(shm_out, 0x5A, bytes);
+            void *dsts[5] = {pinned_out, pageable_out, shm_out, pageable_in, shm_in};
+            assert_int_equal(ps_gpu_reduce_host_dsts(st, op, dt, dsts, 5, srcs, 3, count), 0);
+            static const char *const what[5] = {
+                "dsts: pinned", "dsts: pageable", "dsts: registered shm",
+                "dsts: in place, pageable input 1", "dsts: in place, registered input 2"};
+            for (int i = 0; i < 5; i++)
+                assert_true(gpu_test_same(dsts[i], want, count, dt, what[i]));
+        }
+        /* Refused before anything is written. */
+        memset(pinned_out, 0x5A, bytes);
+        memset(pageable_out, 0x5A, bytes);
+        unsigned char *po = pinned_out;
+        void *overlapping[2] = {po, po + ps_dtype_size(dt)};
+        assert_int_equal(ps_gpu_reduce_host_dsts(st, PS_SUM, dt, overlapping, 2, srcs, 3, count),
+                         PS_EINVAL);
+        void *twice[2] = {pageable_out, pageable_out};
+        assert_int_equal(ps_gpu_reduce_host_dsts(st, PS_SUM, dt, twice, 2, srcs, 3, count),
+                         PS_EINVAL);
+        void *on_input[2] = {pageable_out, shm_in + 64};
+        assert_int_equal(ps_gpu_reduce_host_dsts(st, PS_SUM, dt, on_input, 2, srcs, 3, count),
+                         PS_EINVAL);
+        void *one[1] = {pageable_out};
+        assert_int_equal(ps_gpu_reduce_host_dsts(st, PS_SUM, dt, one, 0, srcs, 3, count),
+                         PS_EINVAL);
+        assert_int_equal(ps_gpu_reduce_host_dsts(st, PS_SUM, dt, NULL, 1, srcs, 3, count),
+                         PS_EINVAL);
+        assert_int_equal(
+            ps_gpu_reduce_host_dsts(st, PS_SUM, dt, one, PS_GPU_MAX_SRCS + 1, srcs, 3, count),
+            PS_EINVAL);
+        for (size_t i = 0; i < bytes; i++)
+            if (po[i] != 0x5A || ((unsigned char *)pageable_out)[i] != 0x5A)
+                fail_msg("dsts: a refused call wrote byte %zu", i);
+        assert_int_equal(ps_gpu_host_unregister(seg), 0);
+        munmap(seg, 2 * stride);
+        for (int k = 0; k < 3; k++)
+            free(orig[k]);
+        free(want);
+        free(pageable_in);
+        free(pageable_out);
+        ps_gpu_host_free(pinned_in);
+        ps_gpu_host_free(pinned_out);
+    }
+    ps_gpu_stager_destroy(st);
+}
+
 int main(void)
 {
     int n;
@@ -495,6 +595,7 @@ int main(void)
         cmocka_unit_test(test_multi_grid),          cmocka_unit_test(test_scale),
         cmocka_unit_test(test_half_exhaustive),     cmocka_unit_test(test_streams),
         cmocka_unit_test(test_reduce_host),         cmocka_unit_test(test_reduce_host_registered),
+        cmocka_unit_test(test_reduce_host_dsts),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
