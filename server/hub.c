@@ -519,10 +519,12 @@ typedef struct slot {
     int need, have; /* contributions */
     int recv_need, recv_done;
     int computed;
-    int partial; /* ring: the local ranks' reduction is in `out` */
-    int rounds;  /* ring: pieces received from the previous agent */
-    int sent;    /* ring: pieces sent to the next agent */
-    blob_t **in; /* per member */
+    int partial;     /* ring: the local ranks' reduction is in `out` */
+    int rounds;      /* ring: pieces received from the previous agent */
+    int sent;        /* ring: pieces sent to the next agent */
+    blob_t **in;     /* per member */
+    uint8_t *placed; /* per member: the device wrote its part of `out` into its segment
+                      * itself (step_places), and out may not hold it */
     blob_t *out;
 } slot_t;
 
@@ -1597,6 +1599,7 @@ static void slot_clear(slot_t *s, int n)
             blob_unref(s->in[i]);
         free(s->in);
     }
+    free(s->placed);
     blob_unref(s->out);
     memset(s, 0, sizeof(*s));
     s->step = -1;
@@ -1739,7 +1742,12 @@ static int slot_take(coll_t *c, int64_t s)
     step_plan_t p;
     plan_step(c, s, &p);
     sl->in = calloc((size_t)c->n, sizeof(blob_t *));
-    if (!sl->in) {
+    sl->placed = calloc((size_t)c->n, 1);
+    if (!sl->in || !sl->placed) {
+        free(sl->in);
+        free(sl->placed);
+        sl->in = NULL;
+        sl->placed = NULL;
         coll_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", kind_name(c->kind));
         return -1;
     }
@@ -1902,18 +1910,34 @@ static int step_cuda(const coll_t *c, size_t len)
     return c->cuda && len >= c->cuda_min;
 }
 
-/* Reduces one step on the device the agent was told to use; a collective
- * wider than the CUDA path takes, or a CUDA failure, falls back to the CPU
- * engine (same bits by construction). */
-static int hub_reduce(coll_t *c, void *dst, const void **srcs, size_t nsrc, size_t len)
+/* Whether [a, a + len) and [b, b + len) share a byte. */
+static int bytes_overlap(const void *a, const void *b, size_t len)
+{
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return len && x < y + len && y < x + len;
+}
+
+/* Reduces one step on the device the agent was told to use, into dsts[0]
+ * ... dsts[ndst - 1] (on CUDA each by DMA where it is pinned), where the
+ * first nplaced are members' segments (step_places) and the last, if any
+ * more, is the step's output blob. A collective wider than the CUDA path
+ * takes, or a CUDA failure, falls back to the CPU engine into the output
+ * blob alone (same bits by construction): *placed is then 0, and the
+ * output blob must be among dsts. After a CUDA failure that may have
+ * written part of a segment that is also an input (in place), nothing is
+ * left to reduce from: PS_EINTERNAL. */
+static int hub_reduce(coll_t *c, void *const *dsts, size_t ndst, size_t nplaced, const void **srcs,
+                      size_t nsrc, size_t len, int *placed)
 {
     ps_op_t op = hub_op(c);
     ps_dtype_t dt = (ps_dtype_t)c->dtype;
     size_t count = len / ps_dtype_size(dt);
     uint64_t bytes = (uint64_t)len * nsrc;
+    *placed = 0;
     if (step_cuda(c, len) && nsrc <= PS_GPU_MAX_SRCS) {
         stager_node_t *st = stager_get();
-        int rc = st ? ps_gpu_reduce_host(st->stager, op, dt, dst, srcs, nsrc, count) : PS_ENOMEM;
+        int rc = st ? ps_gpu_reduce_host_dsts(st->stager, op, dt, dsts, ndst, srcs, nsrc, count)
+                    : PS_ENOMEM;
         if (st)
             stager_put(st);
         if (rc == 0) {
@@ -1921,12 +1945,64 @@ static int hub_reduce(coll_t *c, void *dst, const void **srcs, size_t nsrc, size
              * looked at through their files before anyone is answered. */
             atomic_store(&c->device_read, 1);
             ps__metrics_reduced(PS_M_DEV_CUDA, bytes);
+            *placed = nplaced > 0;
             return 0;
         }
+        for (size_t i = 0; i < nplaced && st; i++)
+            for (size_t j = 0; j < nsrc; j++)
+                if (dsts[i] == srcs[j]) {
+                    ps__log(PS_LOG_ERROR,
+                            "%s (group %u, seq %" PRIu64 "): reducing a step on CUDA failed "
+                            "(%s) after it may have written a rank's input in place",
+                            kind_name(c->kind), c->group, c->seq, ps_strerror(rc));
+                    return PS_EINTERNAL;
+                }
     }
-    int rc = ps_reduce_multi(op, dt, dst, srcs, nsrc, count);
+    if (ndst == nplaced)
+        return PS_EINTERNAL; /* no output blob to fall back on: the caller's mistake */
+    int rc = ps_reduce_multi(op, dt, dsts[ndst - 1], srcs, nsrc, count);
     ps__metrics_reduced(PS_M_DEV_CPU, bytes);
     return rc;
+}
+
+/* The receivers of step s whose part of the result the device writes
+ * straight into their segments, so that no CPU copies it there
+ * (member_write): members whose segment is mapped here and pinned, in the
+ * reductions whose receivers each take the whole step at the same offset
+ * of their outputs (all_reduce, reduce, reduce_scatter; not packed, not
+ * round a ring), on CUDA. dsts[k] is where the k-th goes, placed[i] marks
+ * member i; a place that overlaps another, or an input other than exactly
+ * (in place), is left to the CPU. Sets *all when every receiver is placed
+ * (no output blob needed). Returns how many, at most PS_GPU_MAX_SRCS - 1
+ * (room for the blob). */
+static size_t step_places(const coll_t *c, int64_t s, const step_plan_t *p, const void **srcs,
+                          size_t nsrc, void **dsts, uint8_t *placed, int *all)
+{
+    *all = 0;
+    if (c->packed || c->ring || !step_cuda(c, p->len) || nsrc > PS_GPU_MAX_SRCS)
+        return 0;
+    size_t n = 0, receivers = 0;
+    uint64_t off = (uint64_t)s % c->chunks * c->step_bytes;
+    for (int i = 0; i < c->n; i++) {
+        if (!step_receives(c, p, i))
+            continue;
+        receivers++;
+        member_t *m = c->members[i];
+        if (!m || !m->shm || m->by_file || !m->shm->pinned || n == PS_GPU_MAX_SRCS - 1)
+            continue;
+        uint8_t *d = m->shm->base + m->shm_out.at + off;
+        int ok = 1;
+        for (size_t k = 0; k < n && ok; k++)
+            ok = !bytes_overlap(d, dsts[k], p->len);
+        for (size_t j = 0; j < nsrc && ok; j++)
+            ok = d == srcs[j] || !bytes_overlap(d, srcs[j], p->len);
+        if (ok) {
+            dsts[n++] = d;
+            placed[i] = 1;
+        }
+    }
+    *all = n == receivers;
+    return n;
 }
 
 /* Where a reduction has got to in one input: its pieces (one for a whole
@@ -2005,8 +2081,10 @@ static void in_cursor_whole(in_cursor_t *q, const void *data, size_t len)
 /* Reduces a step's inputs in[i] (NULL where member i gave none), len bytes
  * each, in member order into dst; inputs held in pieces (blob_pieces) are
  * read where they lie (reduce_runs). 0 or a negative code. */
-static int reduce_step(coll_t *c, uint8_t *dst, blob_t *const *in, size_t len)
+static int reduce_step(coll_t *c, slot_t *sl, int64_t s, const step_plan_t *p, uint8_t *dst)
 {
+    blob_t *const *in = sl->in;
+    size_t len = p->len;
     size_t n = 0;
     int pieces = 0;
     for (int i = 0; i < c->n; i++)
@@ -2022,7 +2100,15 @@ static int reduce_step(coll_t *c, uint8_t *dst, blob_t *const *in, size_t len)
         for (int i = 0; i < c->n; i++)
             if (in[i])
                 srcs[k++] = in[i]->data;
-        int rc = hub_reduce(c, dst, srcs, n, len);
+        void *dsts[PS_GPU_MAX_SRCS];
+        int all, placed;
+        size_t nplaced = step_places(c, s, p, srcs, n, dsts, sl->placed, &all);
+        size_t ndst = nplaced;
+        if (!all)
+            dsts[ndst++] = dst;
+        int rc = hub_reduce(c, dsts, ndst, nplaced, srcs, n, len, &placed);
+        if (!placed)
+            memset(sl->placed, 0, (size_t)c->n);
         free(srcs);
         return rc;
     }
@@ -2156,14 +2242,15 @@ static void member_deposit(member_t *m)
                     packed_combine(c, out->data, sl->in);
                     rc = 0;
                 } else if (out) {
-                    rc = reduce_step(c, out->data, sl->in, p.len);
+                    rc = reduce_step(c, sl, s, &p, out->data);
                 }
                 pthread_mutex_lock(c->lock);
                 if (rc < 0) {
                     blob_unref(out);
                     coll_fail(c,
-                              rc == PS_ENOMEM ? GRPC_STATUS_RESOURCE_EXHAUSTED
-                                              : GRPC_STATUS_INVALID_ARGUMENT,
+                              rc == PS_ENOMEM      ? GRPC_STATUS_RESOURCE_EXHAUSTED
+                              : rc == PS_EINTERNAL ? GRPC_STATUS_INTERNAL
+                                                   : GRPC_STATUS_INVALID_ARGUMENT,
                               "%s: reduction failed: %s", kind_name(c->kind), ps_strerror(rc));
                     pthread_mutex_unlock(c->lock);
                     return;
@@ -2288,12 +2375,16 @@ static int member_write(member_t *m, int finish)
         }
         blob_t *out = sl->out;
         blob_ref(out);
+        int placed = sl->placed[m->index];
         pthread_mutex_unlock(c->lock);
         size_t soff = step_slice(&p, m->index), len = p.slice;
         uint8_t *src = out->data + soff;
         int rc = 0;
         if (step_own_placed(m, &p)) {
             /* in place: the block holds the member's input already */
+        } else if (placed) {
+            /* the device wrote it there (step_places) */
+            ps__metrics_shm_bytes(PS_M_TX, PS_M_SHM_DEVICE, len);
         } else if (m->shm) { /* the result frame follows the data, below */
             if (m->by_file) {
                 rc = seg_io(m->shm, 1, src, len, &m->shm_out, off);

@@ -89,7 +89,7 @@ static _Atomic uint64_t g_bytes[2][2]; /* [dir][link] */
 static _Atomic uint64_t g_reduced[2];  /* [device] */
 static _Atomic int64_t g_pinned[2];    /* [PS_M_PIN_*] */
 static _Atomic uint64_t g_relayed;
-static _Atomic uint64_t g_shm[2][3]; /* [dir][access] */
+static _Atomic uint64_t g_shm[2][PS_M_SHM_ACCESSES]; /* [dir][access] */
 static _Atomic uint64_t g_events[PS_M_EV_COUNT];
 static _Atomic int64_t g_inflight;
 
@@ -189,7 +189,7 @@ void ps__metrics_bytes(int dir, int link, uint64_t bytes)
 
 void ps__metrics_shm_bytes(int dir, int access, uint64_t bytes)
 {
-    if (dir >= 0 && dir < 2 && access >= 0 && access < 3)
+    if (dir >= 0 && dir < 2 && access >= 0 && access < PS_M_SHM_ACCESSES)
         add(&g_shm[dir][access], bytes);
 }
 
@@ -429,14 +429,16 @@ static void render_traffic(strbuf_t *b)
         for (int l = 0; l < 2; l++)
             sb_printf(b, "paramsync_payload_bytes_total{direction=\"%s\",link=\"%s\"} %llu\n",
                       dir_names[d], link_names[l], (unsigned long long)get(&g_bytes[d][l]));
-    static const char *const access_names[3] = {"mapped", "file", "process"};
+    static const char *const access_names[PS_M_SHM_ACCESSES] = {"mapped", "file", "process",
+                                                                "device"};
     sb_family(b, "paramsync_shm_bytes_total", "counter",
               "Tensor payload bytes read from (received) and written into (sent) workers' "
               "shared-memory segments, by access: mapped (in place), file (pread/pwrite, "
-              "collectives over --shm-resident-bytes) or process (straight from and into the "
-              "worker's own buffers, process_vm_readv/writev).");
+              "collectives over --shm-resident-bytes), process (straight from and into the "
+              "worker's own buffers, process_vm_readv/writev) or device (results the CUDA "
+              "device wrote into pinned segments itself, --reduce-device).");
     for (int d = 0; d < 2; d++)
-        for (int a = 0; a < 3; a++)
+        for (int a = 0; a < PS_M_SHM_ACCESSES; a++)
             sb_printf(b, "paramsync_shm_bytes_total{direction=\"%s\",access=\"%s\"} %llu\n",
                       dir_names[d], access_names[a], (unsigned long long)get(&g_shm[d][a]));
     sb_family(b, "paramsync_reduced_bytes_total", "counter",

@@ -17,7 +17,15 @@
 enum ps__m_link { PS_M_LINK_WORKER = 0, PS_M_LINK_AGENT = 1 };
 enum ps__m_dir { PS_M_RX = 0, PS_M_TX = 1 };
 enum ps__m_device { PS_M_DEV_CPU = 0, PS_M_DEV_CUDA = 1 };
-enum ps__m_access { PS_M_SHM_MAPPED = 0, PS_M_SHM_FILE = 1, PS_M_SHM_PROCESS = 2 };
+/* How the bytes reached the segment: the agent's mapping, its file, the worker's process, or
+ * (sent only) the CUDA device's DMA into a pinned segment. */
+enum ps__m_access {
+    PS_M_SHM_MAPPED = 0,
+    PS_M_SHM_FILE = 1,
+    PS_M_SHM_PROCESS = 2,
+    PS_M_SHM_DEVICE = 3,
+    PS_M_SHM_ACCESSES
+};
 enum ps__m_event {
     PS_M_EV_TIMEOUT = 0,  /* a collective or rendezvous hit its deadline */
     PS_M_EV_MISMATCH,     /* ranks disagreed on a collective */

@@ -8,14 +8,16 @@
  *   cudaHostRegister does (PS_EINVAL); unregistering anything but a registered range's start
  *   fails; unregistering a range that is no longer mapped (unmapped before it was unpinned)
  *   aborts the daemon, which the tests see;
- * - ps_gpu_reduce_host: the CPU engine's result, after basic argument checks, and
- *   a count of the buffers that were pinned (the DMA would read or write them in place) and of
- *   those that were not (the real stager would copy them through its own pinned buffers);
+ * - ps_gpu_reduce_host and ps_gpu_reduce_host_dsts: the CPU engine's result, after basic
+ *   argument checks (dsts that overlap each other, or a src other than exactly, fail as the real
+ *   stager's checks do), and a count of the buffers that were pinned (the DMA would read or
+ *   write them in place) and of those that were not (the real stager would copy them through
+ *   its own pinned buffers); and of the calls with more than one dst and their dsts;
  * - stagers are not thread-safe: two threads in one stager at once abort.
  *
  * PS_FAKEGPU_REPORT=FILE: at exit, one line "reduce_host CALLS pinned PINNED staged STAGED
- * registered REG unregistered UNREG stagers N" goes to FILE. PS_FAKEGPU_REGISTER=fail makes
- * every ps_gpu_host_register fail (a locked-memory limit).
+ * registered REG unregistered UNREG stagers N multi MCALLS dsts MDSTS" goes to FILE.
+ * PS_FAKEGPU_REGISTER=fail makes every ps_gpu_host_register fail (a locked-memory limit).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -41,7 +43,8 @@ typedef struct range {
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static range_t ranges[MAX_RANGES];
 static int nranges;
-static atomic_ulong calls, pinned_bufs, staged_bufs, registered, unregistered, stagers;
+static atomic_ulong calls, pinned_bufs, staged_bufs, registered, unregistered, stagers, multi_calls,
+    multi_dsts;
 
 struct ps_gpu_stager {
     atomic_int busy;
@@ -54,9 +57,11 @@ static void report(void)
     if (!f)
         return;
     fprintf(f,
-            "reduce_host %lu pinned %lu staged %lu registered %lu unregistered %lu stagers %lu\n",
+            "reduce_host %lu pinned %lu staged %lu registered %lu unregistered %lu stagers %lu "
+            "multi %lu dsts %lu\n",
             atomic_load(&calls), atomic_load(&pinned_bufs), atomic_load(&staged_bufs),
-            atomic_load(&registered), atomic_load(&unregistered), atomic_load(&stagers));
+            atomic_load(&registered), atomic_load(&unregistered), atomic_load(&stagers),
+            atomic_load(&multi_calls), atomic_load(&multi_dsts));
     fclose(f);
 }
 
@@ -212,6 +217,54 @@ int ps_gpu_reduce_host(ps_gpu_stager_t *stager, ps_op_t op, ps_dtype_t dtype, vo
     for (size_t j = 0; j < nsrc; j++)
         count_buffer(srcs[j], bytes);
     int rc = ps_reduce_multi(op, dtype, dst, srcs, nsrc, count);
+    atomic_store(&stager->busy, 0);
+    return rc;
+}
+
+/* Whether [a, a + n) and [b, b + n) share a byte. */
+static int overlap(const void *a, const void *b, size_t n)
+{
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return n && x < y + n && y < x + n;
+}
+
+int ps_gpu_reduce_host_dsts(ps_gpu_stager_t *stager, ps_op_t op, ps_dtype_t dtype,
+                            void *const *dsts, size_t ndst, const void *const *srcs, size_t nsrc,
+                            size_t count)
+{
+    if (stager == NULL || dsts == NULL || ndst == 0 || ndst > PS_GPU_MAX_SRCS || srcs == NULL ||
+        nsrc == 0 || nsrc > PS_GPU_MAX_SRCS || ps_op_check(op, dtype) != 0)
+        return PS_EINVAL;
+    size_t bytes = count * ps_dtype_size(dtype);
+    for (size_t i = 0; i < ndst; i++) {
+        if (dsts[i] == NULL)
+            return PS_EINVAL;
+        for (size_t k = 0; k < i; k++)
+            if (overlap(dsts[i], dsts[k], bytes))
+                return PS_EINVAL;
+        for (size_t j = 0; j < nsrc; j++)
+            if (dsts[i] != srcs[j] && overlap(dsts[i], srcs[j], bytes))
+                return PS_EINVAL;
+    }
+    if (atomic_exchange(&stager->busy, 1)) {
+        fprintf(stderr, "fake_gpu: a stager used by two threads at once\n");
+        abort();
+    }
+    atomic_fetch_add(&calls, 1);
+    if (ndst > 1) {
+        atomic_fetch_add(&multi_calls, 1);
+        atomic_fetch_add(&multi_dsts, ndst);
+    }
+    for (size_t i = 0; i < ndst; i++)
+        count_buffer(dsts[i], bytes);
+    for (size_t j = 0; j < nsrc; j++)
+        count_buffer(srcs[j], bytes);
+    /* Every input is read before any dst is written: a dst may be an input. */
+    void *tmp = malloc(bytes ? bytes : 1);
+    int rc = tmp ? ps_reduce_multi(op, dtype, tmp, srcs, nsrc, count) : PS_ENOMEM;
+    for (size_t i = 0; rc == 0 && i < ndst; i++)
+        memcpy(dsts[i], tmp, bytes);
+    free(tmp);
     atomic_store(&stager->busy, 0);
     return rc;
 }

@@ -4,9 +4,12 @@
 #   auto: 4 KiB steps reduce on the CPU, 1 MiB ones on the device, shared-memory, malloc and
 #         gRPC buffers alike, every result right; every buffer the device path met was pinned
 #         (segments registered at attach, pinned blobs for the rest), segments unpinned while
-#         still mapped, the daemon exits cleanly;
+#         still mapped, the daemon exits cleanly; the device wrote each step's result into
+#         every shared-memory rank's segment itself (one call, a dst per rank, no blob), and
+#         into a pinned blob for the gRPC ranks;
 #   cuda: every step on the device;
-#   cuda with pinning refused: one warning, the segments staged, results still right.
+#   cuda with pinning refused: one warning, the segments staged and written by the CPU,
+#         results still right.
 # usage: fake_gpu.sh PARAMSYNCD-FAKEGPU PARAMSYNC-BENCH
 set -u
 daemon=$1 bench=$2
@@ -33,7 +36,8 @@ stop() {
   dpid=
   [ $rc = 0 ] || fail "paramsyncd-fakegpu exited $rc"
   [ -s "$work/report" ] || fail "no report from fake_gpu (did the device path run?)"
-  read -r _ calls _ pinned _ staged _ registered _ unregistered _ stagers < "$work/report"
+  read -r _ calls _ pinned _ staged _ registered _ unregistered _ stagers _ multi _ dsts \
+    < "$work/report"
 }
 
 # ranks P JOB VAR=VALUE... -- BENCH-ARGS: P ranks of paramsync-bench, every result checked.
@@ -62,6 +66,8 @@ series() {
 }
 # reduced DEVICE: the daemon's paramsync_reduced_bytes_total for DEVICE.
 reduced() { series paramsync_reduced_bytes_total "device=\"$1\""; }
+# written_by_device: result bytes the device wrote into workers' segments itself.
+written_by_device() { series paramsync_shm_bytes_total 'direction="sent",access="device"'; }
 
 # auto: 4 KiB and 4 MiB all_reduces of 3 ranks, through shared memory, malloc buffers (the
 # payload segment) and gRPC frames.
@@ -72,7 +78,7 @@ for how in "shared PARAMSYNC_SHM=1" "malloc PARAMSYNC_SHM=1" "malloc PARAMSYNC_S
   read -r mem var <<< "$how"
   ranks 3 "auto-$mem-${var#*=}" "$var" -- -m "$mem" -b 4K -e 4M -f 1024 -n 3 -w 1
 done
-cpu=$(reduced cpu) cuda=$(reduced cuda)
+cpu=$(reduced cpu) cuda=$(reduced cuda) by_device=$(written_by_device)
 step=$((3 << 20)) # a 1 MiB step of 3 inputs
 echo "auto: reduced on the cpu $cpu bytes, on the device $cuda"
 [ -n "$cpu" ] && [ "$cpu" -gt 0 ] && [ "$cpu" -lt $((1 << 20)) ] ||
@@ -98,7 +104,15 @@ echo "auto: fake_gpu: $calls reductions, $pinned buffers pinned, $staged staged,
   "$registered segments registered ($pins logged), $unregistered unregistered, $stagers stagers"
 [ "$calls" = $((cuda / step)) ] || fail "auto: $calls device reductions, the metrics say $((cuda / step))"
 [ "$staged" = 0 ] || fail "auto: $staged buffers were not pinned (the device path would copy them)"
-[ "$pinned" = $((calls * 4)) ] || fail "auto: $pinned pinned buffers, want 4 per reduction"
+# Two runs of three in shared memory: each step's result into the 3 ranks' segments, no blob;
+# the gRPC run: into one blob.
+echo "auto: $multi reductions wrote $dsts segments, $by_device bytes by the device"
+[ $((multi * 3)) = $((calls * 2)) ] && [ "$dsts" = $((multi * 3)) ] ||
+  fail "auto: $multi of $calls reductions wrote $dsts segments; want 2 in 3, 3 each"
+[ "$by_device" = $((dsts << 20)) ] ||
+  fail "auto: $by_device bytes written by the device, want $dsts 1 MiB steps"
+[ "$pinned" = $((calls * 3 + dsts + calls - multi)) ] ||
+  fail "auto: $pinned pinned buffers, want 3 inputs and every dst per reduction"
 [ "$registered" -ge 3 ] && [ "$registered" = "$pins" ] ||
   fail "auto: $registered segments registered, $pins logged; want one per rank at least"
 [ "$unregistered" -le "$registered" ] || fail "auto: more segments unregistered than registered"
@@ -128,7 +142,10 @@ start cuda PS_FAKEGPU_REGISTER=fail
 ranks 2 nopin-a PARAMSYNC_SHM=1 -- -m shared -b 1M -e 1M -n 3 -w 1
 ranks 2 nopin-b PARAMSYNC_SHM=1 -- -m shared -b 1M -e 1M -n 3 -w 1
 warned=$(grep -c "pinning .* for CUDA failed" "$work/daemon.log")
+by_device=$(written_by_device)
 stop
+[ "$by_device" = 0 ] && [ "$multi" = 0 ] ||
+  fail "pinning refused: $by_device bytes written by the device into $dsts segments, want 0"
 echo "pinning refused: $warned warning(s), $staged buffers staged, $pinned pinned"
 [ "$warned" = 1 ] || fail "pinning refused: $warned warnings, want one"
 [ "$registered" = 0 ] && [ "$staged" -gt 0 ] ||
