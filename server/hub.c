@@ -1970,16 +1970,25 @@ static int hub_reduce(coll_t *c, void *const *dsts, size_t ndst, size_t nplaced,
  * (member_write): members whose segment is mapped here and pinned, in the
  * reductions whose receivers each take the whole step at the same offset
  * of their outputs (all_reduce, reduce, reduce_scatter; not packed, not
- * round a ring), on CUDA. dsts[k] is where the k-th goes, placed[i] marks
- * member i; a place that overlaps another, or an input other than exactly
- * (in place), is left to the CPU. Sets *all when every receiver is placed
- * (no output blob needed). Returns how many, at most PS_GPU_MAX_SRCS - 1
- * (room for the blob). */
+ * round a ring), on CUDA, in the collective's last step: its copies come
+ * after the device's last work, so the worker waits for them (a one-step
+ * all_reduce of 1 MiB took 1.3-1.7x less time on an H200 so). An earlier
+ * step's copies overlap the device's work on later steps, and writing every
+ * receiver by DMA moves p times the bytes back over the bus: done for every
+ * step, 16 and 64 MiB all_reduces of 8 ranks were 1.13-1.24x slower, and
+ * for the last window of 4 steps, 4 MiB ones 1.04-1.13x (docs/GPU.md,
+ * "Results written by the device").
+ * dsts[k] is where the k-th goes, placed[i] marks member i; a place that
+ * overlaps another, or an input other than exactly (in place), is left to
+ * the CPU. Sets *all when every receiver is placed (no output blob
+ * needed). Returns how many, at most PS_GPU_MAX_SRCS - 1 (room for the
+ * blob). */
 static size_t step_places(const coll_t *c, int64_t s, const step_plan_t *p, const void **srcs,
                           size_t nsrc, void **dsts, uint8_t *placed, int *all)
 {
     *all = 0;
-    if (c->packed || c->ring || !step_cuda(c, p->len) || nsrc > PS_GPU_MAX_SRCS)
+    if (c->packed || c->ring || !step_cuda(c, p->len) || nsrc > PS_GPU_MAX_SRCS ||
+        s + 1 < c->nsteps)
         return 0;
     size_t n = 0, receivers = 0;
     uint64_t off = (uint64_t)s % c->chunks * c->step_bytes;

@@ -5,8 +5,8 @@
 #         gRPC buffers alike, every result right; every buffer the device path met was pinned
 #         (segments registered at attach, pinned blobs for the rest), segments unpinned while
 #         still mapped, the daemon exits cleanly; the device wrote each step's result into
-#         every shared-memory rank's segment itself (one call, a dst per rank, no blob), and
-#         into a pinned blob for the gRPC ranks;
+#         every shared-memory rank's segment itself in each all_reduce's last step (one
+#         call, a dst per rank, no blob), and into a pinned blob for the rest;
 #   cuda: every step on the device;
 #   cuda with pinning refused: one warning, the segments staged and written by the CPU,
 #         results still right.
@@ -104,11 +104,11 @@ echo "auto: fake_gpu: $calls reductions, $pinned buffers pinned, $staged staged,
   "$registered segments registered ($pins logged), $unregistered unregistered, $stagers stagers"
 [ "$calls" = $((cuda / step)) ] || fail "auto: $calls device reductions, the metrics say $((cuda / step))"
 [ "$staged" = 0 ] || fail "auto: $staged buffers were not pinned (the device path would copy them)"
-# Two runs of three in shared memory: each step's result into the 3 ranks' segments, no blob;
-# the gRPC run: into one blob.
+# Two runs of three in shared memory: the last of each 4 MiB all_reduce's 4 steps into the 3
+# ranks' segments, no blob; the other steps, and the gRPC run's, into one blob.
 echo "auto: $multi reductions wrote $dsts segments, $by_device bytes by the device"
-[ $((multi * 3)) = $((calls * 2)) ] && [ "$dsts" = $((multi * 3)) ] ||
-  fail "auto: $multi of $calls reductions wrote $dsts segments; want 2 in 3, 3 each"
+[ $((multi * 6)) = "$calls" ] && [ "$dsts" = $((multi * 3)) ] ||
+  fail "auto: $multi of $calls reductions wrote $dsts segments; want 1 in 6, 3 each"
 [ "$by_device" = $((dsts << 20)) ] ||
   fail "auto: $by_device bytes written by the device, want $dsts 1 MiB steps"
 [ "$pinned" = $((calls * 3 + dsts + calls - multi)) ] ||
@@ -117,6 +117,19 @@ echo "auto: $multi reductions wrote $dsts segments, $by_device bytes by the devi
   fail "auto: $registered segments registered, $pins logged; want one per rank at least"
 [ "$unregistered" -le "$registered" ] || fail "auto: more segments unregistered than registered"
 [ "$stagers" -ge 1 ] && [ "$stagers" -le "$calls" ] || fail "auto: $stagers stagers for $calls reductions"
+
+# 16 MiB from 2 ranks in shared memory: 16 steps, of which the device writes the segments of the
+# last itself; the CPU copies the 15 before, overlapping the device's later work.
+start auto
+ranks 2 window PARAMSYNC_SHM=1 -- -m shared -b 16M -e 16M -n 2 -w 1
+cuda=$(reduced cuda) by_device=$(written_by_device)
+stop
+echo "16 MiB: $calls reductions on the device, $multi wrote $dsts segments, $by_device bytes"
+[ "$calls" = $((cuda / (2 << 20))) ] && [ "$calls" -ge 48 ] ||
+  fail "16 MiB: $calls device reductions for $cuda bytes, want 1 MiB steps of 2, 16 per call"
+[ $((multi * 16)) = "$calls" ] && [ "$dsts" = $((multi * 2)) ] ||
+  fail "16 MiB: $multi of $calls reductions wrote $dsts segments; want 1 in 16, both ranks"
+[ "$by_device" = $((dsts << 20)) ] || fail "16 MiB: $by_device bytes by the device, want $dsts MiB"
 
 # cuda: every step on the device, small ones too.
 start cuda
