@@ -23,6 +23,7 @@
 #include <strings.h>
 #include <time.h>
 
+#include <paramsync/gpu.h>
 #include <paramsync/paramsync.h>
 
 #include "huge.h"
@@ -54,7 +55,10 @@ static const char usage[] =
     "  -m, --mem KIND        malloc (default): buffers from malloc; huge: on 2 MiB\n"
     "                        transparent huge pages (aligned, madvise MADV_HUGEPAGE),\n"
     "                        which the agent's direct path copies much faster; shared:\n"
-    "                        from ps_mem_alloc, which the agent reads and writes in place\n"
+    "                        from ps_mem_alloc, which the agent reads and writes in place;\n"
+    "                        device: CUDA device memory (ps_gpu_malloc), which the client\n"
+    "                        stages through pinned host memory (a GPU needed; not with\n"
+    "                        --inflight)\n"
     "  -a, --inflight K      each timed call starts K nonblocking calls at once (each\n"
     "                        on a buffer of its own) and waits for them all; time is per\n"
     "                        call (default 1: blocking calls). all_reduce and barrier\n"
@@ -128,6 +132,7 @@ typedef struct options {
     const char *init, *csv, *label;
     int shared_mem; /* --mem shared */
     int huge_mem;   /* --mem huge */
+    int device_mem; /* --mem device */
     int inflight;   /* --inflight */
     int in_place;   /* --in-place */
 } options_t;
@@ -307,7 +312,8 @@ static int parse_options(int argc, char **argv, options_t *o)
         else if (!strcmp(a, "-m") || !strcmp(a, "--mem")) {
             o->shared_mem = !strcmp(v, "shared");
             o->huge_mem = !strcmp(v, "huge");
-            bad = !o->shared_mem && !o->huge_mem && strcmp(v, "malloc") != 0;
+            o->device_mem = !strcmp(v, "device");
+            bad = !o->shared_mem && !o->huge_mem && !o->device_mem && strcmp(v, "malloc") != 0;
         } else {
             fprintf(stderr, "paramsync-bench: unknown option %s\n%s", a, usage);
             return -1;
@@ -325,6 +331,11 @@ static int parse_options(int argc, char **argv, options_t *o)
              o->dtype == PS_BFLOAT16;
     if (o->op == PS_AVG && !fp) {
         fprintf(stderr, "paramsync-bench: avg needs a floating dtype\n");
+        return -1;
+    }
+    if (o->inflight > 1 && o->device_mem) {
+        fprintf(stderr, "paramsync-bench: --mem device takes blocking calls only, not "
+                        "--inflight\n");
         return -1;
     }
     for (int c = 0; c < C_COUNT && o->inflight > 1; c++)
@@ -582,7 +593,8 @@ typedef struct bench {
     ps_comm_t *comm;
     int rank, p;
     size_t es;
-    void *in, *out;                /* buffers of the largest size */
+    void *in, *out;                /* buffers of the largest size (--mem device: host copies) */
+    uint8_t *dev_in, *dev_out;     /* --mem device: the buffers the collectives get */
     void *outs[PS_BENCH_INFLIGHT]; /* --inflight: one all_reduce buffer per call (outs[0] = out) */
     size_t cap;                    /* bytes in each */
     double *times;                 /* per-call times of one size */
@@ -594,6 +606,27 @@ static void die_rc(const bench_t *b, const char *what, int rc)
     fprintf(stderr, "paramsync-bench: rank %d: %s failed: %s (%d)\n", b->rank, what,
             ps_strerror(rc), rc);
     exit(1);
+}
+
+/* The buffer a collective gets for p, a pointer into b->in or b->out: p
+ * itself, or with --mem device the same place in the device buffers. */
+static void *dev(const bench_t *b, void *p)
+{
+    if (!b->dev_in || !p)
+        return p;
+    uint8_t *q = p, *in = b->in;
+    return q >= in && q < in + b->cap ? b->dev_in + (q - in) : b->dev_out + (q - (uint8_t *)b->out);
+}
+
+/* --mem device: copies n bytes between host and device and waits; any
+ * failure ends the run. */
+static void dev_copy(const bench_t *b, void *dst, const void *src, size_t n)
+{
+    int rc = ps_gpu_memcpy_async(dst, src, n, NULL);
+    if (rc == 0)
+        rc = ps_gpu_stream_synchronize(NULL);
+    if (rc < 0)
+        die_rc(b, "copying between host and device", rc);
 }
 
 /* An all_gather's or gather's input of n elements: b->in, or with
@@ -609,23 +642,24 @@ static int run_one(bench_t *b, int c, size_t n)
     const options_t *o = b->o;
     switch (c) {
     case C_ALL_REDUCE:
-        return ps_all_reduce(b->comm, b->out, n, o->dtype, o->op, NULL);
+        return ps_all_reduce(b->comm, dev(b, b->out), n, o->dtype, o->op, NULL);
     case C_BROADCAST:
-        return ps_broadcast(b->comm, b->out, n, o->dtype, o->root, NULL);
+        return ps_broadcast(b->comm, dev(b, b->out), n, o->dtype, o->root, NULL);
     case C_REDUCE:
-        return ps_reduce_to(b->comm, b->out, n, o->dtype, o->op, o->root, NULL);
+        return ps_reduce_to(b->comm, dev(b, b->out), n, o->dtype, o->op, o->root, NULL);
     case C_ALL_GATHER:
-        return ps_all_gather(b->comm, b->out, gather_input(b, n), n, o->dtype, NULL);
+        return ps_all_gather(b->comm, dev(b, b->out), dev(b, gather_input(b, n)), n, o->dtype,
+                             NULL);
     case C_GATHER:
-        return ps_gather(b->comm, b->rank == o->root ? b->out : NULL, gather_input(b, n), n,
-                         o->dtype, o->root, NULL);
+        return ps_gather(b->comm, b->rank == o->root ? dev(b, b->out) : NULL,
+                         dev(b, gather_input(b, n)), n, o->dtype, o->root, NULL);
     case C_SCATTER:
-        return ps_scatter(b->comm, b->out, b->rank == o->root ? b->in : NULL, n, o->dtype, o->root,
-                          NULL);
+        return ps_scatter(b->comm, dev(b, b->out), b->rank == o->root ? dev(b, b->in) : NULL, n,
+                          o->dtype, o->root, NULL);
     case C_REDUCE_SCATTER:
-        return ps_reduce_scatter(b->comm, b->out, b->in, n, o->dtype, o->op, NULL);
+        return ps_reduce_scatter(b->comm, dev(b, b->out), dev(b, b->in), n, o->dtype, o->op, NULL);
     case C_ALL_TO_ALL:
-        return ps_all_to_all(b->comm, b->out, b->in, n, o->dtype, NULL);
+        return ps_all_to_all(b->comm, dev(b, b->out), dev(b, b->in), n, o->dtype, NULL);
     default:
         return ps_barrier(b->comm, NULL);
     }
@@ -695,6 +729,10 @@ static void prepare(bench_t *b, int c, size_t n)
     default:
         break;
     }
+    if (b->dev_in) {
+        dev_copy(b, b->dev_in, b->in, b->cap);
+        dev_copy(b, b->dev_out, b->out, b->cap);
+    }
 }
 
 /* Wrong elements on this rank after a call prepared by prepare(). */
@@ -704,6 +742,8 @@ static int64_t verify(bench_t *b, int c, size_t n)
     pattern_t pt;
     size_t es = b->es;
     int64_t wrong = 0;
+    if (b->dev_out)
+        dev_copy(b, b->out, b->dev_out, b->cap);
     switch (c) {
     case C_ALL_REDUCE:
         pattern_reduced(&pt, o->dtype, o->op, b->p, 0);
@@ -780,6 +820,8 @@ static void print_header(const bench_t *b)
         printf(", %d nonblocking calls in flight at once", o->inflight);
     if (o->in_place)
         printf(", all_gather and gather in place");
+    if (o->device_mem)
+        printf(", buffers in CUDA device memory");
     printf(", check %s\n", o->check ? "on" : "off");
     printf("# time: mean per call of the slowest rank; algbw = size/time; busbw per "
            "nccl-tests; #wrong over all ranks (-1: not checked)\n");
@@ -935,6 +977,24 @@ int main(int argc, char **argv)
     memset(b.in, 0, b.cap);
     memset(b.out, 0, b.cap);
     b.outs[0] = b.out;
+    if (o.device_mem) {
+        void *di = NULL, *dout = NULL;
+        rc = ps_gpu_malloc(&di, b.cap);
+        if (rc == 0)
+            rc = ps_gpu_malloc(&dout, b.cap);
+        if (rc < 0) {
+            fprintf(stderr, "paramsync-bench: rank %d: --mem device: %s\n", b.rank,
+                    rc == PS_EUNAVAIL ? "no usable CUDA device (or a build without CUDA)"
+                                      : ps_strerror(rc));
+            ps_gpu_free(di);
+            ps_finalize(b.comm);
+            return rc == PS_EUNAVAIL ? 77 : 1;
+        }
+        b.dev_in = di;
+        b.dev_out = dout;
+        dev_copy(&b, b.dev_in, b.in, b.cap);
+        dev_copy(&b, b.dev_out, b.out, b.cap);
+    }
     for (int k = 1; k < o.inflight && o.want[C_ALL_REDUCE]; k++) {
         b.outs[k] = o.shared_mem ? ps_mem_alloc(b.comm, b.cap) : host_alloc(&o, b.cap, &advised);
         if (!b.outs[k]) {
@@ -978,6 +1038,8 @@ int main(int argc, char **argv)
         free(b.in);
         free(b.out);
     }
+    ps_gpu_free(b.dev_in);
+    ps_gpu_free(b.dev_out);
     rc = ps_finalize(b.comm);
     free(b.times);
     if (rc < 0) {

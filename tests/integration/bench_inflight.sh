@@ -3,7 +3,8 @@
 # nonblocking all_reduces and barriers at once, every result checked (the
 # bench counts wrong elements), each through a doorbell of its own when the
 # agent is on this host; and --inflight with a collective it does not take,
-# or past its limit, is a clear usage error.
+# past its limit, or with --mem device, is a clear usage error; --mem device
+# without a usable CUDA device exits 77 with the reason.
 # usage: bench_inflight.sh PARAMSYNCD PARAMSYNC-BENCH
 set -u
 daemon=$1 bench=$2
@@ -40,5 +41,23 @@ out=$(RANK=0 WORLD_SIZE=1 PARAMSYNC_ADDR=$addr "$bench" -t barrier -a 65 2>&1)
 rc=$?
 [ $rc -eq 2 ] && grep -q "bad value '65' for -a" <<< "$out" ||
   fail "--inflight 65: exit $rc, said: $out"
+out=$(RANK=0 WORLD_SIZE=1 PARAMSYNC_ADDR=$addr "$bench" -t all_reduce -a 2 -m device 2>&1)
+rc=$?
+[ $rc -eq 2 ] && grep -q "mem device takes blocking calls only" <<< "$out" ||
+  fail "--inflight with --mem device: exit $rc, said: $out"
 echo "usage errors: clear"
+# --mem device where no CUDA device is usable (here, or a build without CUDA): the skip code and
+# a reason, from every rank; on a GPU host it runs, results checked.
+out=$(RANK=0 WORLD_SIZE=1 PARAMSYNC_ADDR=$addr PARAMSYNC_JOB=device "$bench" -t all_reduce \
+  -b 4K -e 4K -n 2 -w 1 -m device 2>&1)
+rc=$?
+if [ $rc -eq 77 ]; then
+  grep -q "rank 0: --mem device: no usable CUDA device" <<< "$out" ||
+    fail "--mem device without a device: said: $out"
+  echo "SKIPPED: --mem device: no CUDA device here (exit 77, reason given)"
+else
+  [ $rc -eq 0 ] && grep -q "buffers in CUDA device memory" <<< "$out" &&
+    grep -q "^# OK: 0 wrong elements in all" <<< "$out" || fail "--mem device: exit $rc, said: $out"
+  echo "--mem device: 0 wrong"
+fi
 echo PASS
