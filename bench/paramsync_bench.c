@@ -987,6 +987,9 @@ int main(int argc, char **argv)
                     rc == PS_EUNAVAIL ? "no usable CUDA device (or a build without CUDA)"
                                       : ps_strerror(rc));
             ps_gpu_free(di);
+            free(b.in);
+            free(b.out);
+            free(b.times);
             ps_finalize(b.comm);
             return rc == PS_EUNAVAIL ? 77 : 1;
         }
