@@ -58,6 +58,7 @@ typedef struct ps__coll {
      * stage_dev_out once the call has succeeded. */
     void *stage_pinned;
     size_t stage_bytes;
+    int stage_mapped; /* stage_pinned is our own huge-page mapping, pinned (device.c) */
     void *stage_dev_out;
     int stage_device; /* the caller's current CUDA device, for the copy back */
     int source;       /* RECV: the sender's group rank, once done */
@@ -124,6 +125,7 @@ struct ps_comm {
      * guarded by lock): page-locking memory costs far more than the copy. */
     void *stage_cache;
     size_t stage_cache_bytes;
+    int stage_cache_mapped;
 };
 
 /* ---- device buffers (device.c) ---- */

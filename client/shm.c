@@ -518,10 +518,12 @@ static int direct_large(const ps__coll_t *c, int own)
  * is off). */
 static int direct_begin(ps_comm_t *comm, ps__coll_t *c, int own)
 {
-    /* Not the pinned buffers that stage device memory (device.c): the
-     * driver maps them in ways the kernel may refuse to pin for another
-     * process. */
-    if (c->stage_pinned || !(own || placed_apart(c)) || direct_off() || !direct_large(c, own))
+    /* Not the driver's pinned buffers that stage small device buffers
+     * (device.c): it maps them in ways the kernel may refuse to pin for
+     * another process; the huge-page mappings it stages large ones in are
+     * ordinary memory. */
+    if ((c->stage_pinned && !c->stage_mapped) || !(own || placed_apart(c)) || direct_off() ||
+        !direct_large(c, own))
         return 0;
     pthread_mutex_lock(&comm->lock);
     struct ps__shm *p = comm->process;
