@@ -139,7 +139,9 @@ static void pinned_free(pinned_t b)
  * small ones, and pinned memory cannot be collapsed into huge pages later.
  * The driver's own pinned memory (ps_gpu_host_alloc, the fallback and the
  * choice below 2 MiB) is mapped in a way the kernel may refuse to pin for
- * another process, so it never goes direct.
+ * another process, so it never goes direct. Children forked later do not
+ * inherit the mapping (MADV_DONTFORK): a data loader's fork does not copy
+ * pinned pages.
  */
 static int pinned_alloc(size_t bytes, pinned_t *out)
 {
@@ -154,6 +156,7 @@ static int pinned_alloc(size_t bytes, pinned_t *out)
             if (m + HUGE_PAGE > p)
                 munmap(p + size, (size_t)(m + HUGE_PAGE - p));
             (void)madvise(p, size, MADV_HUGEPAGE);
+            (void)madvise(p, size, MADV_DONTFORK);
             memset(p, 0, size);
             if (ps_gpu_host_register(p, size) == 0) {
                 *out = (pinned_t){p, size, 1};
