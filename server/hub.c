@@ -1965,6 +1965,16 @@ static int hub_reduce(coll_t *c, void *const *dsts, size_t ndst, size_t nplaced,
     return rc;
 }
 
+/* Where member m's output of step s of a reduction that step_places or
+ * step_out_view serve lies in its segment as the agent maps it, or NULL
+ * where it is not mapped here (gRPC, by file, a worker's process segment). */
+static uint8_t *step_out_at(const coll_t *c, const member_t *m, int64_t s)
+{
+    if (!m || !m->shm || m->by_file)
+        return NULL;
+    return m->shm->base + m->shm_out.at + (uint64_t)s % c->chunks * c->step_bytes;
+}
+
 /* The receivers of step s whose part of the result the device writes
  * straight into their segments, so that no CPU copies it there
  * (member_write): members whose segment is mapped here and pinned, in the
@@ -1991,15 +2001,14 @@ static size_t step_places(const coll_t *c, int64_t s, const step_plan_t *p, cons
         s + 1 < c->nsteps)
         return 0;
     size_t n = 0, receivers = 0;
-    uint64_t off = (uint64_t)s % c->chunks * c->step_bytes;
     for (int i = 0; i < c->n; i++) {
         if (!step_receives(c, p, i))
             continue;
         receivers++;
         member_t *m = c->members[i];
-        if (!m || !m->shm || m->by_file || !m->shm->pinned || n == PS_GPU_MAX_SRCS - 1)
+        uint8_t *d = step_out_at(c, m, s);
+        if (!d || !m->shm->pinned || n == PS_GPU_MAX_SRCS - 1)
             continue;
-        uint8_t *d = m->shm->base + m->shm_out.at + off;
         int ok = 1;
         for (size_t k = 0; k < n && ok; k++)
             ok = !bytes_overlap(d, dsts[k], p->len);
@@ -2012,6 +2021,43 @@ static size_t step_places(const coll_t *c, int64_t s, const step_plan_t *p, cons
     }
     *all = n == receivers;
     return n;
+}
+
+/* A step reduced on the CPU goes straight into the output of its first
+ * receiver whose segment is mapped here and that view is the step's
+ * output: that receiver copies nothing (member_write: reduced in place)
+ * and the others copy from its segment, one copy fewer than through a blob
+ * of the agent's, and none at all where the step has one receiver (reduce,
+ * reduce_scatter). The reductions of step_places (all_reduce, reduce,
+ * reduce_scatter; not packed, not round a ring), and only when every
+ * receiver is a worker of this agent's segments (a gRPC receiver's frames
+ * would hold the view until sent, and with it that receiver's answer). The
+ * place must be the first input exactly (in place) or share no byte with
+ * any input, as ps_reduce_multi wants. NULL when none qualifies (or out of
+ * memory): the step's output is a blob. */
+static blob_t *step_out_view(const coll_t *c, const slot_t *sl, int64_t s, const step_plan_t *p)
+{
+    if (c->packed || c->ring || step_cuda(c, p->len))
+        return NULL;
+    for (int i = 0; i < c->n; i++)
+        if (step_receives(c, p, i) && (!c->members[i] || !c->members[i]->shm))
+            return NULL;
+    for (int i = 0; i < c->n; i++) {
+        uint8_t *d = step_receives(c, p, i) ? step_out_at(c, c->members[i], s) : NULL;
+        if (!d)
+            continue;
+        int ok = 1, first = 1;
+        for (int j = 0; j < c->n && ok; j++) {
+            const blob_t *b = sl->in[j];
+            if (!b)
+                continue;
+            ok = (first && d == b->data) || !b->data || !bytes_overlap(d, b->data, p->len);
+            first = 0;
+        }
+        if (ok)
+            return blob_view(c->members[i]->shm, d, p->len);
+    }
+    return NULL;
 }
 
 /* Where a reduction has got to in one input: its pieces (one for a whole
@@ -2245,7 +2291,9 @@ static void member_deposit(member_t *m)
                  * blocks together), outside the lock, in rank order so
                  * every run gives the same bits. */
                 pthread_mutex_unlock(c->lock);
-                blob_t *out = gpu ? blob_new_pinned(p.out_len) : blob_new(p.out_len);
+                blob_t *out = reduces ? step_out_view(c, sl, s, &p) : NULL;
+                if (!out)
+                    out = gpu ? blob_new_pinned(p.out_len) : blob_new(p.out_len);
                 int rc = PS_ENOMEM;
                 if (out && !reduces) {
                     packed_combine(c, out->data, sl->in);
