@@ -523,8 +523,8 @@ typedef struct slot {
     int rounds;      /* ring: pieces received from the previous agent */
     int sent;        /* ring: pieces sent to the next agent */
     blob_t **in;     /* per member */
-    uint8_t *placed; /* per member: the device wrote its part of `out` into its segment
-                      * itself (step_places), and out may not hold it */
+    uint8_t *placed; /* per member, on CUDA (else NULL): the device wrote its part of `out`
+                      * into its segment itself (step_places), and out may not hold it */
     blob_t *out;
 } slot_t;
 
@@ -1742,8 +1742,8 @@ static int slot_take(coll_t *c, int64_t s)
     step_plan_t p;
     plan_step(c, s, &p);
     sl->in = calloc((size_t)c->n, sizeof(blob_t *));
-    sl->placed = calloc((size_t)c->n, 1);
-    if (!sl->in || !sl->placed) {
+    sl->placed = c->cuda ? calloc((size_t)c->n, 1) : NULL;
+    if (!sl->in || (c->cuda && !sl->placed)) {
         free(sl->in);
         free(sl->placed);
         sl->in = NULL;
@@ -2162,7 +2162,7 @@ static int reduce_step(coll_t *c, slot_t *sl, int64_t s, const step_plan_t *p, u
         if (!all)
             dsts[ndst++] = dst;
         int rc = hub_reduce(c, dsts, ndst, nplaced, srcs, n, len, &placed);
-        if (!placed)
+        if (!placed && nplaced)
             memset(sl->placed, 0, (size_t)c->n);
         free(srcs);
         return rc;
@@ -2432,7 +2432,7 @@ static int member_write(member_t *m, int finish)
         }
         blob_t *out = sl->out;
         blob_ref(out);
-        int placed = sl->placed[m->index];
+        int placed = sl->placed && sl->placed[m->index];
         pthread_mutex_unlock(c->lock);
         size_t soff = step_slice(&p, m->index), len = p.slice;
         uint8_t *src = out->data + soff;
