@@ -1917,6 +1917,25 @@ static int bytes_overlap(const void *a, const void *b, size_t len)
     return len && x < y + len && y < x + len;
 }
 
+/* Whether a step's result may be written at d (len bytes) while its inputs
+ * in[0..n) (NULL where a member gave none) are read: d shares no byte with
+ * any input (one held in pieces is frames of the hub's), or is exactly an
+ * input, in place: the first only for the CPU engine (ps_reduce_multi), any
+ * with alias_any (the stager reads every input of a chunk before writing). */
+static int place_apart(const uint8_t *d, size_t len, blob_t *const *in, int n, int alias_any)
+{
+    int first = 1;
+    for (int j = 0; j < n; j++) {
+        if (!in[j])
+            continue;
+        const uint8_t *x = in[j]->data;
+        if (x && !(x == d && (first || alias_any)) && bytes_overlap(d, x, len))
+            return 0;
+        first = 0;
+    }
+    return 1;
+}
+
 /* Reduces one step on the device the agent was told to use, into dsts[0]
  * ... dsts[ndst - 1] (on CUDA each by DMA where it is pinned), where the
  * first nplaced are members' segments (step_places) and the last, if any
@@ -1988,13 +2007,13 @@ static uint8_t *step_out_at(const coll_t *c, const member_t *m, int64_t s)
  * step, 16 and 64 MiB all_reduces of 8 ranks were 1.13-1.24x slower, and
  * for the last window of 4 steps, 4 MiB ones 1.04-1.13x (docs/GPU.md,
  * "Results written by the device").
- * dsts[k] is where the k-th goes, placed[i] marks member i; a place that
- * overlaps another, or an input other than exactly (in place), is left to
- * the CPU. Sets *all when every receiver is placed (no output blob
+ * dsts[k] is where the k-th goes, sl->placed[i] marks member i; a place
+ * that overlaps another, or an input other than exactly (place_apart), is
+ * left to the CPU. Sets *all when every receiver is placed (no output blob
  * needed). Returns how many, at most PS_GPU_MAX_SRCS - 1 (room for the
  * blob). */
-static size_t step_places(const coll_t *c, int64_t s, const step_plan_t *p, const void **srcs,
-                          size_t nsrc, void **dsts, uint8_t *placed, int *all)
+static size_t step_places(const coll_t *c, const slot_t *sl, int64_t s, const step_plan_t *p,
+                          size_t nsrc, void **dsts, int *all)
 {
     *all = 0;
     if (c->packed || c->ring || !step_cuda(c, p->len) || nsrc > PS_GPU_MAX_SRCS ||
@@ -2009,14 +2028,12 @@ static size_t step_places(const coll_t *c, int64_t s, const step_plan_t *p, cons
         uint8_t *d = step_out_at(c, m, s);
         if (!d || !m->shm->pinned || n == PS_GPU_MAX_SRCS - 1)
             continue;
-        int ok = 1;
+        int ok = place_apart(d, p->len, sl->in, c->n, 1);
         for (size_t k = 0; k < n && ok; k++)
             ok = !bytes_overlap(d, dsts[k], p->len);
-        for (size_t j = 0; j < nsrc && ok; j++)
-            ok = d == srcs[j] || !bytes_overlap(d, srcs[j], p->len);
         if (ok) {
             dsts[n++] = d;
-            placed[i] = 1;
+            sl->placed[i] = 1;
         }
     }
     *all = n == receivers;
@@ -2032,9 +2049,9 @@ static size_t step_places(const coll_t *c, int64_t s, const step_plan_t *p, cons
  * reduce_scatter; not packed, not round a ring), and only when every
  * receiver is a worker of this agent's segments (a gRPC receiver's frames
  * would hold the view until sent, and with it that receiver's answer). The
- * place must be the first input exactly (in place) or share no byte with
- * any input, as ps_reduce_multi wants. NULL when none qualifies (or out of
- * memory): the step's output is a blob. */
+ * place must be apart from the inputs as ps_reduce_multi wants
+ * (place_apart). NULL when none qualifies (or out of memory): the step's
+ * output is a blob. */
 static blob_t *step_out_view(const coll_t *c, const slot_t *sl, int64_t s, const step_plan_t *p)
 {
     if (c->packed || c->ring || step_cuda(c, p->len))
@@ -2044,17 +2061,7 @@ static blob_t *step_out_view(const coll_t *c, const slot_t *sl, int64_t s, const
             return NULL;
     for (int i = 0; i < c->n; i++) {
         uint8_t *d = step_receives(c, p, i) ? step_out_at(c, c->members[i], s) : NULL;
-        if (!d)
-            continue;
-        int ok = 1, first = 1;
-        for (int j = 0; j < c->n && ok; j++) {
-            const blob_t *b = sl->in[j];
-            if (!b)
-                continue;
-            ok = (first && d == b->data) || !b->data || !bytes_overlap(d, b->data, p->len);
-            first = 0;
-        }
-        if (ok)
+        if (d && place_apart(d, p->len, sl->in, c->n, 0))
             return blob_view(c->members[i]->shm, d, p->len);
     }
     return NULL;
@@ -2157,7 +2164,7 @@ static int reduce_step(coll_t *c, slot_t *sl, int64_t s, const step_plan_t *p, u
                 srcs[k++] = in[i]->data;
         void *dsts[PS_GPU_MAX_SRCS];
         int all, placed;
-        size_t nplaced = step_places(c, s, p, srcs, n, dsts, sl->placed, &all);
+        size_t nplaced = step_places(c, sl, s, p, n, dsts, &all);
         size_t ndst = nplaced;
         if (!all)
             dsts[ndst++] = dst;
