@@ -109,8 +109,6 @@ int ps__stage_classify(const ps__coll_t *c, int *in_dev, int *out_dev)
     return 0;
 }
 
-#define HUGE_PAGE ((size_t)2 << 20)
-
 /* A pinned staging buffer of `size` bytes at `p`: our own mapping on huge
  * pages, pinned with ps_gpu_host_register (`mapped`), or ps_gpu_host_alloc's. */
 typedef struct pinned {
@@ -145,17 +143,10 @@ static void pinned_free(pinned_t b)
  */
 static int pinned_alloc(size_t bytes, pinned_t *out)
 {
-    if (bytes >= HUGE_PAGE && bytes <= SIZE_MAX - 2 * HUGE_PAGE) {
-        size_t size = (bytes + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
-        uint8_t *m = mmap(NULL, size + HUGE_PAGE, PROT_READ | PROT_WRITE,
-                          MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (m != MAP_FAILED) {
-            uint8_t *p = (uint8_t *)(((uintptr_t)m + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
-            if (p > m)
-                munmap(m, (size_t)(p - m));
-            if (m + HUGE_PAGE > p)
-                munmap(p + size, (size_t)(m + HUGE_PAGE - p));
-            (void)madvise(p, size, MADV_HUGEPAGE);
+    if (bytes >= PS__HUGE_PAGE && bytes <= SIZE_MAX - 2 * PS__HUGE_PAGE) {
+        size_t size = (bytes + PS__HUGE_PAGE - 1) & ~(PS__HUGE_PAGE - 1);
+        uint8_t *p = ps__huge_map(size);
+        if (p) {
             (void)madvise(p, size, MADV_DONTFORK);
             memset(p, 0, size);
             if (ps_gpu_host_register(p, size) == 0) {

@@ -175,6 +175,14 @@ int ps__doorbell_run(ps_comm_t *comm, ps__coll_t *c, int *rc, char **msg);
 /** Unmaps the comm's segments (finalize). */
 void ps__shm_free(ps_comm_t *comm);
 
+#define PS__HUGE_PAGE ((size_t)2 << 20)
+
+/** An anonymous private mapping of `size` bytes (a multiple of
+ * PS__HUGE_PAGE) aligned to a huge page and advised to be on huge ones
+ * (MADV_HUGEPAGE), untouched; NULL when it cannot be mapped. munmap frees
+ * it. */
+void *ps__huge_map(size_t size);
+
 /* ---- errors (comm.c) ---- */
 
 /** Formats "<what>: <message>" and hands it to comm's error handler (or to

@@ -404,7 +404,6 @@ static int direct_off(void)
 #ifndef MADV_COLLAPSE
 #define MADV_COLLAPSE 25 /* Linux 6.1; glibc headers before 2.37 lack it */
 #endif
-#define PS__HUGE_PAGE       ((uintptr_t)2 << 20)
 #define PS__COLLAPSE_SEEN   64
 #define PS__COLLAPSE_FAILED 16
 
@@ -434,14 +433,35 @@ static void range_note(ps__range_t *t, unsigned n, unsigned *next, uintptr_t at,
     ++*next;
 }
 
+/* PARAMSYNC_SHM_COLLAPSE=0: no collapse(), and direct_min() as on small pages. */
+static int collapse_off(void)
+{
+    const char *env = getenv("PARAMSYNC_SHM_COLLAPSE");
+    return env && strcmp(env, "0") == 0;
+}
+
+void *ps__huge_map(size_t size)
+{
+    uint8_t *m = mmap(NULL, size + PS__HUGE_PAGE, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED)
+        return NULL;
+    uint8_t *p = (uint8_t *)(((uintptr_t)m + PS__HUGE_PAGE - 1) & ~(uintptr_t)(PS__HUGE_PAGE - 1));
+    if (p > m)
+        munmap(m, (size_t)(p - m));
+    if (m + PS__HUGE_PAGE > p)
+        munmap(p + size, (size_t)(m + PS__HUGE_PAGE - p));
+    (void)madvise(p, size, MADV_HUGEPAGE);
+    return p;
+}
+
 /* Asks for huge pages under the 2 MiB pages wholly inside [buf, buf + len),
  * from the second time that range comes. */
 static void collapse(const void *buf, size_t len)
 {
-    const char *env = getenv("PARAMSYNC_SHM_COLLAPSE");
     uintptr_t at = ((uintptr_t)buf + PS__HUGE_PAGE - 1) & ~(PS__HUGE_PAGE - 1);
     uintptr_t end = ((uintptr_t)buf + len) & ~(PS__HUGE_PAGE - 1);
-    if ((env && strcmp(env, "0") == 0) || !buf || end <= at)
+    if (collapse_off() || !buf || end <= at)
         return;
     pthread_mutex_lock(&collapse_lock);
     int again = range_among(collapse_seen, PS__COLLAPSE_SEEN, at, end);
@@ -468,14 +488,12 @@ static void collapse(const void *buf, size_t len)
  * 6.1; transparent huge pages not "never"): tried once on a scratch page. */
 static int collapse_probe(void)
 {
-    size_t len = 2 * PS__HUGE_PAGE; /* holds one aligned huge page */
-    uint8_t *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (m == MAP_FAILED)
+    uint8_t *at = ps__huge_map(PS__HUGE_PAGE);
+    if (!at)
         return 0;
-    uint8_t *at = (uint8_t *)(((uintptr_t)m + PS__HUGE_PAGE - 1) & ~(PS__HUGE_PAGE - 1));
     memset(at, 1, PS__HUGE_PAGE);
     int ok = madvise(at, PS__HUGE_PAGE, MADV_COLLAPSE) == 0;
-    munmap(m, len);
+    munmap(at, PS__HUGE_PAGE);
     return ok;
 }
 
@@ -487,8 +505,7 @@ static int collapse_probe(void)
 static size_t direct_min(void)
 {
     static int works = -1;
-    const char *env = getenv("PARAMSYNC_SHM_COLLAPSE");
-    if (env && strcmp(env, "0") == 0)
+    if (collapse_off())
         return PS__DIRECT_MIN_BYTES;
     pthread_mutex_lock(&collapse_lock);
     if (works < 0)
@@ -552,9 +569,11 @@ static int direct_begin(ps_comm_t *comm, ps__coll_t *c, int own)
     c->hdr.shm_in_offset = c->in_bytes ? (uint64_t)(uintptr_t)c->in : 0;
     c->hdr.shm_out_offset = c->out_bytes ? (uint64_t)(uintptr_t)c->out : 0;
     c->shm_out = c->out_bytes ? c->out : p->base; /* the output is where it belongs */
-    collapse(c->in, c->in_bytes);
-    if (c->out != c->in || c->out_bytes != c->in_bytes) /* all_reduce's one buffer: once */
-        collapse(c->out, c->out_bytes);
+    if (!c->stage_mapped) { /* device.c made that one of huge pages, and pinned it */
+        collapse(c->in, c->in_bytes);
+        if (c->out != c->in || c->out_bytes != c->in_bytes) /* all_reduce's one buffer: once */
+            collapse(c->out, c->out_bytes);
+    }
     return 1;
 }
 

@@ -376,6 +376,11 @@ _madvise = []  # libc's madvise, once looked up
 _collapse_works = []  # whether the kernel collapses on request, once probed
 
 
+def _collapse_off():
+    """PARAMSYNC_SHM_COLLAPSE=0: no collapse(), and direct_min() as on small pages."""
+    return os.environ.get("PARAMSYNC_SHM_COLLAPSE") == "0"
+
+
 def _libc_madvise():
     """libc's madvise, looked up once (call with _collapse_lock held)."""
     if not _madvise:
@@ -405,7 +410,7 @@ def direct_min():
     """client/shm.c's direct_min(): the fewest bytes of buffers a request takes directly,
     8 MiB where collapse() can give huge pages (probed once), else 32 MiB (and with
     PARAMSYNC_SHM_COLLAPSE=0)."""
-    if os.environ.get("PARAMSYNC_SHM_COLLAPSE") == "0":
+    if _collapse_off():
         return DIRECT_MIN
     with _collapse_lock:
         if not _collapse_works:
@@ -422,7 +427,7 @@ def collapse(addr, nbytes):
     again while among the last 16 such. PARAMSYNC_SHM_COLLAPSE=0 turns it off."""
     at = (addr + _HUGE_PAGE - 1) // _HUGE_PAGE * _HUGE_PAGE
     end = (addr + nbytes) // _HUGE_PAGE * _HUGE_PAGE
-    if end <= at or os.environ.get("PARAMSYNC_SHM_COLLAPSE") == "0":
+    if end <= at or _collapse_off():
         return
     with _collapse_lock:
         again = (at, end) in _collapse_seen
