@@ -8,11 +8,12 @@
  *   cudaHostRegister does (PS_EINVAL); unregistering anything but a registered range's start
  *   fails; unregistering a range that is no longer mapped (unmapped before it was unpinned)
  *   aborts the daemon, which the tests see;
- * - ps_gpu_reduce_host and ps_gpu_reduce_host_dsts: the CPU engine's result, after basic
- *   argument checks (dsts that overlap each other, or a src other than exactly, fail as the real
- *   stager's checks do), and a count of the buffers that were pinned (the DMA would read or
- *   write them in place) and of those that were not (the real stager would copy them through
- *   its own pinned buffers); and of the calls with more than one dst and their dsts;
+ * - ps_gpu_reduce_host_dsts (the agent's one reduction call): the CPU engine's result, after
+ *   basic argument checks (dsts that overlap each other, or a src other than exactly, fail as
+ *   the real stager's checks do), and a count of the buffers that were pinned (the DMA
+ *   would read or write them in place) and of those that were not (the real stager would
+ *   copy them through its own pinned buffers); and of the calls with more than one dst and
+ *   their dsts;
  * - stagers are not thread-safe: two threads in one stager at once abort.
  *
  * PS_FAKEGPU_REPORT=FILE: at exit, one line "reduce_host CALLS pinned PINNED staged STAGED
@@ -199,26 +200,6 @@ static void count_buffer(const void *p, size_t len)
     int pinned = find_holding((uintptr_t)p, len) >= 0;
     pthread_mutex_unlock(&lock);
     atomic_fetch_add(pinned ? &pinned_bufs : &staged_bufs, 1);
-}
-
-int ps_gpu_reduce_host(ps_gpu_stager_t *stager, ps_op_t op, ps_dtype_t dtype, void *dst,
-                       const void *const *srcs, size_t nsrc, size_t count)
-{
-    if (stager == NULL || dst == NULL || srcs == NULL || nsrc == 0 || nsrc > PS_GPU_MAX_SRCS ||
-        ps_op_check(op, dtype) != 0)
-        return PS_EINVAL;
-    if (atomic_exchange(&stager->busy, 1)) {
-        fprintf(stderr, "fake_gpu: a stager used by two threads at once\n");
-        abort();
-    }
-    size_t bytes = count * ps_dtype_size(dtype);
-    atomic_fetch_add(&calls, 1);
-    count_buffer(dst, bytes);
-    for (size_t j = 0; j < nsrc; j++)
-        count_buffer(srcs[j], bytes);
-    int rc = ps_reduce_multi(op, dtype, dst, srcs, nsrc, count);
-    atomic_store(&stager->busy, 0);
-    return rc;
 }
 
 /* Whether [a, a + n) and [b, b + n) share a byte. */
