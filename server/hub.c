@@ -1939,14 +1939,14 @@ static int place_apart(const uint8_t *d, size_t len, blob_t *const *in, int n, i
 /* Reduces one step on the device the agent was told to use, into dsts[0]
  * ... dsts[ndst - 1] (on CUDA each by DMA where it is pinned), where the
  * first nplaced are members' segments (step_places) and the last, if any
- * more, is the step's output blob. A collective wider than the CUDA path
- * takes, or a CUDA failure, falls back to the CPU engine into the output
- * blob alone (same bits by construction): *placed is then 0, and the
- * output blob must be among dsts. After a CUDA failure that may have
- * written part of a segment that is also an input (in place), nothing is
- * left to reduce from: PS_EINTERNAL. */
-static int hub_reduce(coll_t *c, void *const *dsts, size_t ndst, size_t nplaced, const void **srcs,
-                      size_t nsrc, size_t len, int *placed)
+ * more, is the step's output `out`. A collective wider than the CUDA path
+ * takes, or a CUDA failure, falls back to the CPU engine into `out` alone
+ * (same bits by construction): *placed is then 0, and every receiver takes
+ * the result from there. After a CUDA failure that may have written part of
+ * a segment that is also an input (in place), nothing is left to reduce
+ * from: PS_EINTERNAL. */
+static int hub_reduce(coll_t *c, void *out, void *const *dsts, size_t ndst, size_t nplaced,
+                      const void **srcs, size_t nsrc, size_t len, int *placed)
 {
     ps_op_t op = hub_op(c);
     ps_dtype_t dt = (ps_dtype_t)c->dtype;
@@ -1977,9 +1977,7 @@ static int hub_reduce(coll_t *c, void *const *dsts, size_t ndst, size_t nplaced,
                     return PS_EINTERNAL;
                 }
     }
-    if (ndst == nplaced)
-        return PS_EINTERNAL; /* no output blob to fall back on: the caller's mistake */
-    int rc = ps_reduce_multi(op, dt, dsts[ndst - 1], srcs, nsrc, count);
+    int rc = ps_reduce_multi(op, dt, out, srcs, nsrc, count);
     ps__metrics_reduced(PS_M_DEV_CPU, bytes);
     return rc;
 }
@@ -2168,7 +2166,7 @@ static int reduce_step(coll_t *c, slot_t *sl, int64_t s, const step_plan_t *p, u
         size_t ndst = nplaced;
         if (!all)
             dsts[ndst++] = dst;
-        int rc = hub_reduce(c, dsts, ndst, nplaced, srcs, n, len, &placed);
+        int rc = hub_reduce(c, dst, dsts, ndst, nplaced, srcs, n, len, &placed);
         if (!placed && nplaced)
             memset(sl->placed, 0, (size_t)c->n);
         free(srcs);

@@ -18,7 +18,9 @@
  *
  * PS_FAKEGPU_REPORT=FILE: at exit, one line "reduce_host CALLS pinned PINNED staged STAGED
  * registered REG unregistered UNREG stagers N multi MCALLS dsts MDSTS" goes to FILE.
- * PS_FAKEGPU_REGISTER=fail makes every ps_gpu_host_register fail (a locked-memory limit).
+ * PS_FAKEGPU_REGISTER=fail makes every ps_gpu_host_register fail (a locked-memory limit);
+ * PS_FAKEGPU_REDUCE=fail every reduction after its checks, nothing written (a device in
+ * trouble).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -227,6 +229,9 @@ int ps_gpu_reduce_host_dsts(ps_gpu_stager_t *stager, ps_op_t op, ps_dtype_t dtyp
             if (dsts[i] != srcs[j] && overlap(dsts[i], srcs[j], bytes))
                 return PS_EINVAL;
     }
+    const char *mode = getenv("PS_FAKEGPU_REDUCE");
+    if (mode && strcmp(mode, "fail") == 0)
+        return PS_EINTERNAL;
     if (atomic_exchange(&stager->busy, 1)) {
         fprintf(stderr, "fake_gpu: a stager used by two threads at once\n");
         abort();

@@ -9,7 +9,11 @@
 #         call, a dst per rank, no blob), and into a pinned blob for the rest;
 #   cuda: every step on the device;
 #   cuda with pinning refused: one warning, the segments staged and written by the CPU,
-#         results still right.
+#         results still right;
+#   cuda with the device failing: the CPU reduces instead, results right, also in a step
+#         whose one receiver's segment the device was to write; but where a segment the
+#         device was to write is an input too (in place), INTERNAL, not a reduction of what
+#         it may have half-written.
 # usage: fake_gpu.sh PARAMSYNCD-FAKEGPU PARAMSYNC-BENCH
 set -u
 daemon=$1 bench=$2
@@ -163,4 +167,29 @@ echo "pinning refused: $warned warning(s), $staged buffers staged, $pinned pinne
 [ "$warned" = 1 ] || fail "pinning refused: $warned warnings, want one"
 [ "$registered" = 0 ] && [ "$staged" -gt 0 ] ||
   fail "pinning refused: $registered registered, $staged staged; want the inputs staged"
+
+# The device fails every reduction. A reduce_scatter of 2 ranks, 4 MiB each from its segment
+# into another place of it: the last step's one receiver is placed (no blob written), and
+# the CPU reduces it into the step's buffer instead.
+start cuda PS_FAKEGPU_REDUCE=fail
+ranks 2 fail-rs PARAMSYNC_SHM=1 -- -t reduce_scatter -m shared -b 8M -e 8M -n 2 -w 1
+cpu=$(reduced cpu) cuda=$(reduced cuda)
+echo "device failing: reduce_scatter reduced on the cpu $cpu bytes, on the device $cuda"
+[ "$cuda" = 0 ] && [ "$cpu" -gt 0 ] || fail "device failing: $cpu bytes on the CPU, $cuda on it"
+# An all_reduce in place: each rank's placed output is its input.
+pids=()
+for r in 0 1; do
+  RANK=$r WORLD_SIZE=2 PARAMSYNC_ADDR=$addr PARAMSYNC_JOB=fail-ar PARAMSYNC_SHM=1 \
+    "$bench" -t all_reduce -m shared -b 1M -e 1M -n 1 -w 0 > "$work/fail-ar.$r.log" 2>&1 &
+  pids+=($!)
+done
+for r in 0 1; do
+  wait "${pids[$r]}" && fail "device failing: the in-place all_reduce of rank $r succeeded"
+done
+grep -q "all_reduce failed: .*internal" "$work/fail-ar.0.log" ||
+  fail "device failing: rank 0 did not fail with INTERNAL: $(cat "$work/fail-ar.0.log")"
+grep -q "after it may have written a rank's input in place" "$work/daemon.log" ||
+  fail "device failing: the daemon did not say why"
+stop
+echo "device failing: the in-place all_reduce failed with INTERNAL, as it must"
 echo PASS
