@@ -163,6 +163,7 @@ static int prepare(ps_comm_t *comm, const request_t *r, ps__coll_t *c)
     c->hdr.chunk_bytes = (uint32_t)comm->chunk_bytes;
     c->hdr.incarnation = comm->incarnation;
     c->comm = comm;
+    c->group = g;
     c->name = r->name;
     c->in = in;
     c->in_bytes = in_bytes;
@@ -198,35 +199,73 @@ static int submit(ps_comm_t *comm, const request_t *r, ps_work_t **work, int *so
     rc = ps__stage_begin(&c);
     if (rc < 0)
         return rc;
-    ps_group_t *g = r->group ? r->group : &comm->world;
+    c.peer = ps__peer_takes(&c);
+    rc = c.peer ? ps__peer_prepare(&c) : 0;
+    if (rc == 0 && !work)
+        rc = ps__coll_init(&c);
+    if (rc < 0) {
+        ps__report(comm, rc, r->name, "out of memory");
+        free(c.peer_descs);
+        ps__stage_end(&c, rc);
+        return rc;
+    }
+    /* Peer copies hold three numbers (peer.c). */
+    uint64_t seqs = c.peer ? 3 : 1;
+    ps_group_t *g = c.group;
     if (work) {
         pthread_mutex_lock(&comm->lock);
         uint64_t *seq = seq_counter(&c, g);
-        c.hdr.seq = (*seq)++;
+        c.hdr.seq = *seq;
+        *seq += seqs;
         rc = ps__work_start(&c, work);
         if (rc < 0)
-            (*seq)--; /* nothing was sent: the number is still free */
+            *seq -= seqs; /* nothing was sent: the numbers are still free */
         pthread_mutex_unlock(&comm->lock);
         if (rc < 0) {
             ps__report(comm, rc, r->name, "cannot start a thread for the operation");
+            free(c.peer_descs);
             ps__stage_end(&c, rc);
         }
         return rc;
     }
-    rc = ps__coll_init(&c);
-    if (rc < 0) {
-        ps__report(comm, rc, r->name, "out of memory");
-        ps__stage_end(&c, rc);
-        return rc;
-    }
     pthread_mutex_lock(&comm->lock);
     uint64_t *seq = seq_counter(&c, g);
-    c.hdr.seq = (*seq)++;
+    c.hdr.seq = *seq;
+    *seq += seqs;
     ps__inflight_link(comm, &c);
     pthread_mutex_unlock(&comm->lock);
     rc = ps__coll_run(&c);
     if (rc == 0 && source)
         *source = c.source;
+    ps__coll_destroy(&c);
+    return rc;
+}
+
+int ps__coll_sub(const ps__coll_t *parent, const char *name, Paramsync__V1__CollectiveKind kind,
+                 ps_op_t op, ps_dtype_t dtype, size_t count, const void *in, void *out,
+                 uint64_t seq)
+{
+    ps_comm_t *comm = parent->comm;
+    request_t r = {.name = name,
+                   .kind = kind,
+                   .reduces = kind == K(ALL_REDUCE),
+                   .op = op,
+                   .dtype = dtype,
+                   .count = count,
+                   .in = in,
+                   .out = out,
+                   .group = parent->group};
+    ps__coll_t c;
+    int rc = prepare(comm, &r, &c);
+    if (rc == 0 && (rc = ps__coll_init(&c)) < 0)
+        ps__report(comm, rc, name, "out of memory");
+    if (rc < 0)
+        return rc;
+    c.hdr.seq = seq;
+    pthread_mutex_lock(&comm->lock);
+    ps__inflight_link(comm, &c);
+    pthread_mutex_unlock(&comm->lock);
+    rc = ps__coll_run(&c);
     ps__coll_destroy(&c);
     return rc;
 }

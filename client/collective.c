@@ -206,6 +206,12 @@ int ps__coll_run(ps__coll_t *c)
     int rc;
     memset(&st, 0, sizeof(st));
 
+    /* Its steps report their own failures. */
+    if (c->peer && ps__peer_run(c, &rc)) {
+        rc = ps__stage_end(c, rc);
+        ps__inflight_remove(comm, c);
+        return rc;
+    }
     if (ps__doorbell_run(comm, c, &rc, &msg))
         goto done;
     rc = ps__rpc_call_start(comm->channel, PS__METHOD_COLLECTIVE,

@@ -6,7 +6,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
+#include <unistd.h>
 
 /* How long ps_finalize waits for the agent to end the Join stream after
  * Leave before it cancels the stream itself. */
@@ -166,6 +168,17 @@ static char *join_event(ps_comm_t *comm, const Paramsync__V1__JoinEvent *ev, int
         }
         comm->rank = ev->rank;
         comm->incarnation = ev->incarnation;
+        if (ev->n_peer_sets == (size_t)ev->world_size) {
+            /* Without memory for it, no collective takes peer copies. */
+            comm->peer_sets = malloc(ev->n_peer_sets * sizeof(*comm->peer_sets));
+            if (comm->peer_sets)
+                memcpy(comm->peer_sets, ev->peer_sets, ev->n_peer_sets * sizeof(*ev->peer_sets));
+            /* Peers check it to know they read this process (peer.c). */
+            if (getrandom(&comm->peer_nonce, sizeof(comm->peer_nonce), 0) !=
+                (ssize_t)sizeof(comm->peer_nonce))
+                comm->peer_nonce =
+                    (uint64_t)ps__now_ms() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)comm;
+        }
         comm->ready = 1;
         comm->world.rank = ev->rank;
         pthread_cond_broadcast(&comm->cond);
@@ -198,6 +211,7 @@ static void *join_main(void *arg)
     req.rank = comm->requested_rank;
     req.timeout_ms =
         comm->join_timeout_ms > UINT32_MAX ? UINT32_MAX : (uint32_t)comm->join_timeout_ms;
+    req.peer_copies = ps__peer_wanted(&req.pid_namespace);
     /* Failures to send show in the status below. The request side stays
      * open: the agent learns that this rank died when the stream breaks, and
      * that it left when ps_finalize half-closes it. */
@@ -279,6 +293,7 @@ static void comm_free(ps_comm_t *comm, int rpc_acquired)
     free(comm->groups);
     group_free(&comm->world);
     free(comm->job);
+    free(comm->peer_sets);
     free(comm->target);
     free(comm->broken_msg);
     free(comm->join_msg);

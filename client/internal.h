@@ -62,6 +62,11 @@ typedef struct ps__coll {
     void *stage_dev_out;
     int stage_device; /* the caller's current CUDA device, for the copy back */
     int source;       /* RECV: the sender's group rank, once done */
+    struct ps_group *group;
+    /* Peer copies (peer.c): this call holds seqs hdr.seq .. hdr.seq + 2, and
+     * room for every rank's descriptor. */
+    int peer;
+    void *peer_descs;
 
     /* While the call is in flight it is on comm's list, so that a lost member
      * can cancel it (the list and `call` are guarded by comm->lock). */
@@ -91,6 +96,8 @@ struct ps_comm {
     size_t chunk_bytes;
 
     ps_group_t world;
+    uint32_t *peer_sets; /* JoinEvent.peer_sets by job rank (peer.c), or NULL */
+    uint64_t peer_nonce; /* random; peers read it to know they read this process */
     ps_group_t **groups; /* groups[i] has id i + 1 */
     uint32_t ngroups;
 
@@ -165,6 +172,11 @@ int ps__shm_begin(ps_comm_t *comm, ps__coll_t *c, int rung);
 
 /** Releases the segment after c (no-op when c did not use it). */
 void ps__shm_end(ps_comm_t *comm, ps__coll_t *c);
+
+/** Asks for huge pages under c's buffers from the second time they come
+ * (shm.c, collapse()): another process copies them faster, with
+ * process_vm_readv/writev, on huge pages. */
+void ps__collapse_buffers(const ps__coll_t *c);
 
 /** Runs c through the doorbell segment when it can (the agent is on this host,
  * the doorbell is free, and input and output fit in it or in the payload
@@ -253,6 +265,32 @@ int ps__env_int(const char *name, int64_t min, int64_t max, int64_t *out);
  * through the comm's handler. Does not return before gRPC has released
  * every reference to coll->in. */
 int ps__coll_run(ps__coll_t *coll);
+
+/** Runs a collective of its own for a step of parent's call (peer.c): on
+ * parent's group, with sequence number seq, reported under name. */
+int ps__coll_sub(const ps__coll_t *parent, const char *name, Paramsync__V1__CollectiveKind kind,
+                 ps_op_t op, ps_dtype_t dtype, size_t count, const void *in, void *out,
+                 uint64_t seq);
+
+/* ---- peer copies (peer.c) ---- */
+
+/** Whether this process asks for peer copies at Join, with the inode of its
+ * PID namespace in *pidns: not with PARAMSYNC_PEER_COPY=0, nor with
+ * PARAMSYNC_SHM=0 (payloads over gRPC only), nor where the kernel lets no
+ * process read its peers (Yama ptrace_scope 1 or more). */
+int ps__peer_wanted(uint64_t *pidns);
+
+/** Whether c takes peer copies: decided alike on every rank of its group,
+ * before it takes a sequence number. */
+int ps__peer_takes(const ps__coll_t *c);
+
+/** Makes room for the ranks' descriptors: 0 or PS_ENOMEM (c->peer_descs). */
+int ps__peer_prepare(ps__coll_t *c);
+
+/** Runs c's peer copies (frees c->peer_descs). Returns 1 when c is
+ * finished, with its result in *rc; 0 when it is to go through the agent,
+ * with c->hdr.seq set to the number it now goes under. */
+int ps__peer_run(ps__coll_t *c, int *rc);
 
 /** Initialises coll's lock where coll will live while it runs (once, before
  * ps__coll_run). 0 or PS_ENOMEM. */

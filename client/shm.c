@@ -484,6 +484,15 @@ static void collapse(const void *buf, size_t len)
     pthread_mutex_unlock(&collapse_lock);
 }
 
+void ps__collapse_buffers(const ps__coll_t *c)
+{
+    if (c->stage_mapped) /* device.c made that one of huge pages, and pinned it */
+        return;
+    collapse(c->in, c->in_bytes);
+    if (c->out != c->in || c->out_bytes != c->in_bytes) /* all_reduce's one buffer: once */
+        collapse(c->out, c->out_bytes);
+}
+
 /* Whether this kernel collapses memory on request (MADV_COLLAPSE, Linux
  * 6.1; transparent huge pages not "never"): tried once on a scratch page. */
 static int collapse_probe(void)
@@ -569,11 +578,7 @@ static int direct_begin(ps_comm_t *comm, ps__coll_t *c, int own)
     c->hdr.shm_in_offset = c->in_bytes ? (uint64_t)(uintptr_t)c->in : 0;
     c->hdr.shm_out_offset = c->out_bytes ? (uint64_t)(uintptr_t)c->out : 0;
     c->shm_out = c->out_bytes ? c->out : p->base; /* the output is where it belongs */
-    if (!c->stage_mapped) { /* device.c made that one of huge pages, and pinned it */
-        collapse(c->in, c->in_bytes);
-        if (c->out != c->in || c->out_bytes != c->in_bytes) /* all_reduce's one buffer: once */
-            collapse(c->out, c->out_bytes);
-    }
+    ps__collapse_buffers(c);
     return 1;
 }
 

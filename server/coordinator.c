@@ -32,6 +32,8 @@ typedef struct member {
     char *agent;
     char *machine; /* of its agent ("" unknown) */
     char *peer;
+    int peer_copies;        /* JoinRequest.peer_copies */
+    uint64_t pid_namespace; /* JoinRequest.pid_namespace */
     event_t *events, **events_tail;
 } member_t;
 
@@ -170,16 +172,40 @@ static void *join_watch_main(void *arg)
 }
 
 static int send_event(ps__rpc_call_t *call, Paramsync__V1__JoinEvent__Kind kind, int rank,
-                      int world, const char *hub, uint64_t inc, const char *msg)
+                      int world, const char *hub, uint64_t inc, const char *msg, uint32_t *sets)
 {
     Paramsync__V1__JoinEvent ev = PARAMSYNC__V1__JOIN_EVENT__INIT;
     ev.kind = kind;
+    ev.peer_sets = sets;
+    ev.n_peer_sets = sets ? (size_t)world : 0;
     ev.rank = rank;
     ev.world_size = world;
     ev.hub = (char *)(hub ? hub : "");
     ev.incarnation = inc;
     ev.message = (char *)(msg ? msg : "");
     return ps__rpc_send_msg(call, &ev.base);
+}
+
+/* JoinEvent.peer_sets for a job whose ranks have all joined (lock held):
+ * ranks that asked for peer copies through the same agent from the same PID
+ * namespace share a number, one more than the first such rank; the others
+ * have 0. NULL: no memory (then READY goes without, and no rank takes peer
+ * copies). */
+static uint32_t *peer_sets(const job_t *j)
+{
+    uint32_t *sets = calloc((size_t)j->world_size, sizeof(*sets));
+    for (int r = 0; sets && r < j->world_size; r++) {
+        const member_t *m = &j->members[r];
+        if (!m->peer_copies || !m->pid_namespace || !m->agent || !*m->agent)
+            continue;
+        int first = 0;
+        while (!(j->members[first].peer_copies &&
+                 j->members[first].pid_namespace == m->pid_namespace && j->members[first].agent &&
+                 strcmp(j->members[first].agent, m->agent) == 0))
+            first++;
+        sets[r] = (uint32_t)first + 1;
+    }
+    return sets;
 }
 
 /* Registers the joiner; returns the rank or a negative code with msg set. */
@@ -277,6 +303,8 @@ static int join_register(ps__coordinator_t *c, const Paramsync__V1__JoinRequest 
     m->agent = strdup(req->agent ? req->agent : "");
     m->machine = strdup(req->agent_machine ? req->agent_machine : "");
     m->peer = strdup(peer);
+    m->peer_copies = req->peer_copies;
+    m->pid_namespace = req->pid_namespace;
     j->njoined++;
     if (j->njoined == j->world_size) {
         j->ready = 1;
@@ -352,9 +380,12 @@ static void coord_join(ps__rpc_call_t *call, void *arg)
             uint64_t inc = j->incarnation;
             int world = j->world_size;
             char *hub = strdup(j->members[0].agent);
+            uint32_t *sets = peer_sets(j);
             pthread_mutex_unlock(&c->lock);
-            send_event(call, PARAMSYNC__V1__JOIN_EVENT__KIND__READY, rank, world, hub, inc, NULL);
+            send_event(call, PARAMSYNC__V1__JOIN_EVENT__KIND__READY, rank, world, hub, inc, NULL,
+                       sets);
             free(hub);
+            free(sets);
             pthread_mutex_lock(&c->lock);
             sent_ready = 1;
             continue;
@@ -362,7 +393,7 @@ static void coord_join(ps__rpc_call_t *call, void *arg)
         event_t *e = sent_ready ? pop_event(m) : NULL;
         if (e) {
             pthread_mutex_unlock(&c->lock);
-            send_event(call, e->kind, e->rank, 0, NULL, 0, e->message);
+            send_event(call, e->kind, e->rank, 0, NULL, 0, e->message, NULL);
             free(e->message);
             free(e);
             pthread_mutex_lock(&c->lock);

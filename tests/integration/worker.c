@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -1526,6 +1527,53 @@ static int sc_own_block(ctx_t *cx)
     return rc;
 }
 
+/* Makes this rank one the others may not read with process_vm_readv: as
+ * root, another user (which the others, root, may read, but which may not
+ * read them); else not dumpable. 0, or -1 with the reason. */
+static int peer_unreadable(void)
+{
+    if (geteuid() == 0)
+        return setresgid(65534, 65534, 65534) == 0 && setresuid(65534, 65534, 65534) == 0 ? 0 : -1;
+    return prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+}
+
+/* The `peer` scenario: all_to_all and all_gather of 1 MiB and more, which
+ * ranks that share an agent copy rank to rank (client/peer.c): odd blocks,
+ * out of place and all_gather in place, blocking and async, in the world
+ * and in a group of the ranks in reverse, each result checked whole; and
+ * one below that size, through the agent. The harness's --metric checks
+ * which way they went. PS_TEST_PEER_UNREADABLE=1: rank 1 first makes itself
+ * unreadable (peer_unreadable), so that every call falls back to the agent
+ * with the same results. PS_TEST_SHARED=1: buffers from ps_mem_alloc. */
+static int sc_peer(ctx_t *cx)
+{
+    if (cx->size < 2) {
+        note("SKIPPED: needs two ranks");
+        return SKIP;
+    }
+    ps_comm_t *comm = cx->comm;
+    arena_from_env(cx);
+    if (env_int("PS_TEST_PEER_UNREADABLE", 0) && cx->rank == 1 && peer_unreadable() != 0)
+        return fail("cannot make rank 1 unreadable: %s", strerror(errno));
+    int rev[64], n = cx->size < 64 ? cx->size : 64;
+    for (int i = 0; i < n; i++)
+        rev[i] = n - 1 - i;
+    ps_group_t *grev;
+    CHECK_OK(ps_new_group(comm, rev, n, &grev));
+    const size_t big = (3u << 18) / (size_t)n + 7; /* int32: 3 MiB and some in all */
+    for (int async = 0; async < 2; async++) {
+        TRY(run_case(cx, K_ALL_TO_ALL, PS_INT32, PS_SUM, big, 0, NULL, async));
+        TRY(run_case(cx, K_ALL_GATHER, PS_INT32, PS_SUM, big, 0, NULL, async));
+        TRY(run_case(cx, K_ALL_TO_ALL, PS_INT8, PS_SUM, 4 * big + 1, 0, grev, async));
+        TRY(run_case(cx, K_ALL_GATHER, PS_FLOAT64, PS_SUM, big / 2 + 1, 0, grev, async));
+        TRY(run_in_place(cx, K_ALL_GATHER, big, async));
+    }
+    /* Below the floor (1 MiB of output): through the agent. */
+    TRY(run_case(cx, K_ALL_GATHER, PS_INT32, PS_SUM, 1000, 0, NULL, 0));
+    g_arena_comm = NULL;
+    return 0;
+}
+
 /* One all_reduce of >= 256 MiB: streams far past any gRPC message limit. */
 static int sc_big(ctx_t *cx)
 {
@@ -2477,6 +2525,7 @@ static const scenario_t scenarios[] = {
     {"reduce_scatter", sc_reduce_scatter, 1, 0},
     {"all_to_all", sc_all_to_all, 1, 0},
     {"all_to_all_large", sc_all_to_all_large, 1, 0},
+    {"peer", sc_peer, 1, 0},
     {"barrier", sc_barrier, 1, 0},
     {"send_recv", sc_send_recv, 1, 0},
     {"doorbell", sc_doorbell, 1, 0},
