@@ -37,9 +37,12 @@
 
 #define K(x) PARAMSYNC__V1__COLLECTIVE_KIND__##x
 
-/* Outputs below this go through the agent: the two small collectives cost
- * more than the copy they save. */
-#define PEER_MIN_BYTES ((size_t)1 << 20)
+/* Outputs below these go through the agent: there the two small
+ * collectives cost more than the copy they save (measured here with 2 and
+ * 4 ranks: level at 1 MiB, all_to_all ahead from 2 MiB, all_gather from 4;
+ * docs/PERFORMANCE.md, "Peer copies"). */
+#define PEER_MIN_ALL_TO_ALL ((size_t)2 << 20)
+#define PEER_MIN_ALL_GATHER ((size_t)4 << 20)
 
 #define PEER_MAGIC UINT64_C(0x3170656572737370) /* "pssreep1" */
 
@@ -81,8 +84,10 @@ int ps__peer_takes(const ps__coll_t *c)
 {
     const ps_comm_t *comm = c->comm;
     const ps_group_t *g = c->group;
-    if ((c->hdr.kind != K(ALL_TO_ALL) && c->hdr.kind != K(ALL_GATHER)) ||
-        c->out_bytes < PEER_MIN_BYTES || !comm->peer_sets || !g || g->size < 2)
+    size_t min = c->hdr.kind == K(ALL_TO_ALL)   ? PEER_MIN_ALL_TO_ALL
+                 : c->hdr.kind == K(ALL_GATHER) ? PEER_MIN_ALL_GATHER
+                                                : SIZE_MAX;
+    if (c->out_bytes < min || !comm->peer_sets || !g || g->size < 2)
         return 0;
     uint32_t set = comm->peer_sets[comm->rank];
     for (int i = 0; set && i < g->size; i++)

@@ -1537,7 +1537,7 @@ static int peer_unreadable(void)
     return prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
 }
 
-/* The `peer` scenario: all_to_all and all_gather of 1 MiB and more, which
+/* The `peer` scenario: all_to_all and all_gather of 4 MiB and more, which
  * ranks that share an agent copy rank to rank (client/peer.c): odd blocks,
  * out of place and all_gather in place, blocking and async, in the world
  * and in a group of the ranks in reverse, each result checked whole; and
@@ -1560,7 +1560,7 @@ static int sc_peer(ctx_t *cx)
         rev[i] = n - 1 - i;
     ps_group_t *grev;
     CHECK_OK(ps_new_group(comm, rev, n, &grev));
-    const size_t big = (3u << 18) / (size_t)n + 7; /* int32: 3 MiB and some in all */
+    const size_t big = (5u << 18) / (size_t)n + 7; /* int32: 5 MiB and some in all */
     for (int async = 0; async < 2; async++) {
         TRY(run_case(cx, K_ALL_TO_ALL, PS_INT32, PS_SUM, big, 0, NULL, async));
         TRY(run_case(cx, K_ALL_GATHER, PS_INT32, PS_SUM, big, 0, NULL, async));
@@ -1568,8 +1568,10 @@ static int sc_peer(ctx_t *cx)
         TRY(run_case(cx, K_ALL_GATHER, PS_FLOAT64, PS_SUM, big / 2 + 1, 0, grev, async));
         TRY(run_in_place(cx, K_ALL_GATHER, big, async));
     }
-    /* Below the floor (1 MiB of output): through the agent. */
-    TRY(run_case(cx, K_ALL_GATHER, PS_INT32, PS_SUM, 1000, 0, NULL, 0));
+    /* Below the floors (2 MiB of output for all_to_all, 4 for all_gather):
+     * through the agent. */
+    TRY(run_case(cx, K_ALL_GATHER, PS_INT32, PS_SUM, (3u << 18) / (size_t)n, 0, NULL, 0));
+    TRY(run_case(cx, K_ALL_TO_ALL, PS_INT32, PS_SUM, 1000, 0, NULL, 0));
     g_arena_comm = NULL;
     return 0;
 }
