@@ -9,7 +9,7 @@
  * into its output, one copy, the ranks side by side:
  *
  *   1. an all_gather of each rank's descriptor (its pid, PID namespace,
- *      the address of its input and of its nonce): seq s;
+ *      where its input's blocks and its nonce are): seq s;
  *   2. if every rank may be read (same PID namespace, buffers that fit),
  *      each reads its blocks from the others, checking in the same system
  *      call that the process it reads holds that rank's nonce (a random
@@ -44,17 +44,32 @@
 #define PEER_MIN_ALL_TO_ALL ((size_t)2 << 20)
 #define PEER_MIN_ALL_GATHER ((size_t)4 << 20)
 
+/* An all_to_all's descriptors name every block: n^2 words in all. Past this
+ * many ranks (on one host) they would outweigh the blocks. */
+#define PEER_MAX_ALL_TO_ALL_RANKS 64
+
 #define PEER_MAGIC UINT64_C(0x3170656572737370) /* "pssreep1" */
 
-/* What each rank tells the others (step 1); all ranks run on one machine. */
-typedef struct peer_desc {
-    uint64_t magic;
-    uint64_t pidns_dev, pidns_ino; /* its PID namespace */
-    uint64_t nonce_addr, nonce;
-    uint64_t in; /* address of its input */
-    int32_t pid;
-    uint32_t fits; /* its buffers suit peer copies (no overlap but the own block) */
-} peer_desc_t;
+/*
+ * What each rank tells the others (step 1), as 64-bit words in this host's
+ * byte order (all ranks run on one machine); the Python client writes the
+ * same (paramsync/_peer.py):
+ *
+ *   0 PEER_MAGIC      1 the device and 2 the inode of its PID namespace
+ *   3 the address of its nonce and 4 the nonce
+ *   5 its pid (low 32 bits) and whether its buffers suit peer copies (bit 32:
+ *     no overlap between input and output, but an all_gather's own block)
+ *   6.. where its input's blocks are: an all_to_all's block for rank j in
+ *     word 6 + j (a list of buffers need not lie end to end), an
+ *     all_gather's one block in word 6
+ */
+enum { W_MAGIC, W_PIDNS_DEV, W_PIDNS_INO, W_NONCE_ADDR, W_NONCE, W_PID_FITS, W_BLOCKS };
+
+/* Words of one rank's descriptor for c. */
+static size_t desc_words(const ps__coll_t *c)
+{
+    return W_BLOCKS + (c->hdr.kind == K(ALL_TO_ALL) ? (size_t)c->group->size : 1);
+}
 
 int ps__peer_wanted(uint64_t *pidns)
 {
@@ -87,7 +102,8 @@ int ps__peer_takes(const ps__coll_t *c)
     size_t min = c->hdr.kind == K(ALL_TO_ALL)   ? PEER_MIN_ALL_TO_ALL
                  : c->hdr.kind == K(ALL_GATHER) ? PEER_MIN_ALL_GATHER
                                                 : SIZE_MAX;
-    if (c->out_bytes < min || !comm->peer_sets || !g || g->size < 2)
+    if (c->out_bytes < min || !comm->peer_sets || !g || g->size < 2 ||
+        (c->hdr.kind == K(ALL_TO_ALL) && g->size > PEER_MAX_ALL_TO_ALL_RANKS))
         return 0;
     uint32_t set = comm->peer_sets[comm->rank];
     for (int i = 0; set && i < g->size; i++)
@@ -102,58 +118,63 @@ static int overlap(const void *a, size_t alen, const void *b, size_t blen)
     return alen && blen && x < y + blen && y < x + alen;
 }
 
-/* This rank's descriptor. */
-static void describe(const ps__coll_t *c, size_t block, peer_desc_t *d)
+/* This rank's descriptor, into d (desc_words). */
+static void describe(const ps__coll_t *c, size_t block, uint64_t *d)
 {
     const ps_comm_t *comm = c->comm;
     struct stat st;
-    memset(d, 0, sizeof(*d));
-    d->magic = PEER_MAGIC;
+    size_t nb = desc_words(c) - W_BLOCKS;
+    memset(d, 0, desc_words(c) * sizeof(*d));
+    d[W_MAGIC] = PEER_MAGIC;
     if (stat("/proc/self/ns/pid", &st) == 0) {
-        d->pidns_dev = (uint64_t)st.st_dev;
-        d->pidns_ino = (uint64_t)st.st_ino;
+        d[W_PIDNS_DEV] = (uint64_t)st.st_dev;
+        d[W_PIDNS_INO] = (uint64_t)st.st_ino;
     }
-    d->nonce_addr = (uint64_t)(uintptr_t)&comm->peer_nonce;
-    d->nonce = comm->peer_nonce;
-    d->in = (uint64_t)(uintptr_t)c->in;
-    d->pid = (int32_t)getpid();
+    d[W_NONCE_ADDR] = (uint64_t)(uintptr_t)&comm->peer_nonce;
+    d[W_NONCE] = comm->peer_nonce;
     /* An all_gather may be torch's in-place form, the input its own block of
      * the output; any other overlap would have ranks read what another
      * already wrote. */
     const char *own = (const char *)c->out + (size_t)c->hdr.rank * block;
     int in_place = c->hdr.kind == K(ALL_GATHER) && (const char *)c->in == own;
-    d->fits = in_place || !overlap(c->in, c->in_bytes, c->out, c->out_bytes);
+    uint64_t fits = in_place || !overlap(c->in, c->in_bytes, c->out, c->out_bytes);
+    d[W_PID_FITS] = (uint64_t)(uint32_t)getpid() | fits << 32;
+    for (size_t j = 0; j < nb; j++)
+        d[W_BLOCKS + j] = (uint64_t)(uintptr_t)((const char *)c->in + j * block);
 }
 
-/* Whether every rank can be read by every other. */
-static int all_fit(const peer_desc_t *d, int n)
+/* Whether every rank of the n descriptors at d (w words each) can be read
+ * by every other. */
+static int all_fit(const uint64_t *d, int n, size_t w)
 {
-    for (int i = 0; i < n; i++)
-        if (d[i].magic != PEER_MAGIC || !d[i].fits || !d[i].pid || !d[i].pidns_ino ||
-            d[i].pidns_dev != d[0].pidns_dev || d[i].pidns_ino != d[0].pidns_ino)
+    for (int i = 0; i < n; i++) {
+        const uint64_t *x = d + (size_t)i * w;
+        if (x[W_MAGIC] != PEER_MAGIC || !(x[W_PID_FITS] >> 32) || !(uint32_t)x[W_PID_FITS] ||
+            !x[W_PIDNS_INO] || x[W_PIDNS_DEV] != d[W_PIDNS_DEV] || x[W_PIDNS_INO] != d[W_PIDNS_INO])
             return 0;
+    }
     return 1;
 }
 
 /* Reads this rank's blocks from the others: 0, or -1 if any could not be
  * read whole from the process that holds its rank's nonce. */
-static int pull(const ps__coll_t *c, const peer_desc_t *d, int n, size_t block)
+static int pull(const ps__coll_t *c, const uint64_t *d, int n, size_t block)
 {
     int me = (int)c->hdr.rank;
+    size_t w = desc_words(c), mine = c->hdr.kind == K(ALL_TO_ALL) ? (size_t)me : 0;
     char *out = c->out;
     for (int k = 1; k < n; k++) {
         int i = (me + k) % n; /* not every rank at rank 0 first */
+        const uint64_t *x = d + (size_t)i * w;
         uint64_t seen = 0;
-        size_t at = c->hdr.kind == K(ALL_TO_ALL) ? (size_t)me * block : 0;
         struct iovec local[2] = {{&seen, sizeof(seen)}, {out + (size_t)i * block, block}};
-        struct iovec remote[2] = {{(void *)(uintptr_t)d[i].nonce_addr, sizeof(seen)},
-                                  {(void *)(uintptr_t)(d[i].in + at), block}};
-        ssize_t got = process_vm_readv((pid_t)d[i].pid, local, 2, remote, 2, 0);
-        if (got != (ssize_t)(sizeof(seen) + block) || seen != d[i].nonce)
+        struct iovec remote[2] = {{(void *)(uintptr_t)x[W_NONCE_ADDR], sizeof(seen)},
+                                  {(void *)(uintptr_t)x[W_BLOCKS + mine], block}};
+        ssize_t got = process_vm_readv((pid_t)(uint32_t)x[W_PID_FITS], local, 2, remote, 2, 0);
+        if (got != (ssize_t)(sizeof(seen) + block) || seen != x[W_NONCE])
             return -1;
     }
-    const char *from =
-        (const char *)c->in + (c->hdr.kind == K(ALL_TO_ALL) ? (size_t)me * block : 0);
+    const char *from = (const char *)c->in + mine * block;
     if (out + (size_t)me * block != from)
         memcpy(out + (size_t)me * block, from, block);
     return 0;
@@ -161,7 +182,8 @@ static int pull(const ps__coll_t *c, const peer_desc_t *d, int n, size_t block)
 
 int ps__peer_prepare(ps__coll_t *c)
 {
-    c->peer_descs = calloc((size_t)c->group->size, sizeof(peer_desc_t));
+    /* Every rank's, then this rank's own. */
+    c->peer_descs = calloc(((size_t)c->group->size + 1) * desc_words(c), sizeof(uint64_t));
     return c->peer_descs ? 0 : PS_ENOMEM;
 }
 
@@ -176,14 +198,13 @@ static const char *step_name(const ps__coll_t *c, int step)
 int ps__peer_run(ps__coll_t *c, int *rc)
 {
     int n = c->group->size;
-    size_t block = c->out_bytes / (size_t)n;
-    uint64_t seq = c->hdr.seq;
-    peer_desc_t mine, *all = c->peer_descs;
+    size_t block = c->out_bytes / (size_t)n, w = desc_words(c);
+    uint64_t seq = c->hdr.seq, *all = c->peer_descs, *mine = all + (size_t)n * w;
     c->peer_descs = NULL;
-    describe(c, block, &mine);
-    *rc = ps__coll_sub(c, step_name(c, 0), K(ALL_GATHER), PS_SUM, PS_UINT8, sizeof(mine), &mine,
+    describe(c, block, mine);
+    *rc = ps__coll_sub(c, step_name(c, 0), K(ALL_GATHER), PS_SUM, PS_UINT8, w * sizeof(*mine), mine,
                        all, seq);
-    int fit = *rc == 0 && all_fit(all, n);
+    int fit = *rc == 0 && all_fit(all, n, w);
     if (fit)
         ps__collapse_buffers(c);
     int32_t failed = fit && pull(c, all, n, block) < 0;
