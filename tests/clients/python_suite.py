@@ -5,7 +5,7 @@
 
 Scenarios (each its own ctest test): collectives, groups, async, p2p, torch, registered, doorbell,
 local_errors, daemon_errors, timeout, member_lost, init_methods, launcher,
-shm_reuse, shm_paths. With --transport the workers run with PARAMSYNC_SHM=0 (grpc) or
+shm_reuse, shm_paths, peer, peer_unreadable. With --transport the workers run with PARAMSYNC_SHM=0 (grpc) or
 shared memory on (shm) and check, from the daemon's /metrics, that their big
 payloads went that way; the driver checks that no segment name of theirs is
 left in /dev/shm.
@@ -1339,19 +1339,111 @@ def list_forms(dist, np, r, n, b, k):
     assert whole[n * b] == -7, "all_gather into chunks wrote past them"
 
 
+def w_peer():
+    """Large all_to_all and all_gather (client/peer.c, _peer): ranks on one agent copy
+    rank to rank. Every form torch has, each element checked with the element past each
+    output buffer: all_to_all_single, all_to_all of separate arrays, all_gather into
+    separate arrays and into a tensor (also in place), async, and in a group of the ranks
+    in reverse; the calls taken by peer copies counted (World.peer_used: all of them with
+    shared memory on, none with PARAMSYNC_SHM=0 or PARAMSYNC_PEER_COPY=0); one below the
+    floor. SUITE_PEER_UNREADABLE=1: rank 1 first becomes a process the others may not
+    read (another user as root, else not dumpable), so every call goes through the agent
+    after the ranks find out, with the same results."""
+    import ctypes
+    import numpy as np
+    dist = _w_init()
+    r, n = dist.get_rank(), dist.get_world_size()
+    w = dist._get_world()
+    unreadable = os.environ.get("SUITE_PEER_UNREADABLE") == "1"
+    if unreadable and r == 1:
+        if os.geteuid() == 0:
+            os.setresgid(65534, 65534, 65534)
+            os.setresuid(65534, 65534, 65534)
+        else:
+            assert ctypes.CDLL(None).prctl(4, 0, 0, 0, 0) == 0  # PR_SET_DUMPABLE 0
+    rev = dist.new_group(list(range(n - 1, -1, -1)))
+    gr = dist.get_rank(rev)
+    b = (5 << 18) // n + 7  # int32: 5 MiB and some in all
+    before = w.peer_used
+
+    def with_guard(total, dtype=np.int32):
+        a = np.full(total + 1, -7, dtype)
+        return a, a[:total]
+
+    for k in range(2):
+        asy = k == 1
+        # all_to_all_single: block j of this rank's input goes to rank j.
+        x = np.concatenate([np.full(b, 1000 * r + j + k, np.int32) for j in range(n)])
+        whole, o = with_guard(n * b)
+        h = dist.all_to_all_single(o, x, async_op=asy)
+        if h is not None:
+            h.wait()
+        expect_eq(o, np.repeat(np.arange(n, dtype=np.int32) * 1000 + r + k, b),
+                  "all_to_all_single %d" % k)
+        assert whole[-1] == -7, "all_to_all_single wrote past its output"
+        # all_to_all of separate arrays, in the reversed group (group ranks).
+        ins = [np.full(b, 100 * gr + j + k, np.int32) for j in range(n)]
+        guarded = [with_guard(b) for _ in range(n)]
+        h = dist.all_to_all([g[1] for g in guarded], ins, group=rev, async_op=asy)
+        if h is not None:
+            h.wait()
+        for q, (a, v) in enumerate(guarded):
+            expect_eq(v, np.full(b, 100 * q + gr + k, np.int32), "all_to_all lists [%d] %d"
+                      % (q, k))
+            assert a[-1] == -7, "all_to_all lists wrote past an output"
+        # all_gather into separate arrays.
+        guarded = [with_guard(b) for _ in range(n)]
+        h = dist.all_gather([g[1] for g in guarded], np.full(b, 7 * r + k, np.int32),
+                            async_op=asy)
+        if h is not None:
+            h.wait()
+        for q, (a, v) in enumerate(guarded):
+            expect_eq(v, np.full(b, 7 * q + k, np.int32), "all_gather list [%d] %d" % (q, k))
+            assert a[-1] == -7, "all_gather list wrote past an output"
+        # all_gather into a tensor, apart and in place (the input its own block).
+        whole, o = with_guard(n * b, np.float64)
+        dist.all_gather_into_tensor(o, np.full(b, 3 * r + k, np.float64), group=rev)
+        expect_eq(o, np.repeat(np.arange(n - 1, -1, -1, dtype=np.float64) * 3 + k, b),
+                  "all_gather_into_tensor %d" % k)
+        o[:] = 0
+        own = o[gr * b:(gr + 1) * b]
+        own[:] = 5 * r + k
+        dist.all_gather_into_tensor(o, own, group=rev)
+        expect_eq(o, np.repeat(np.arange(n - 1, -1, -1, dtype=np.float64) * 5 + k, b),
+                  "all_gather_into_tensor in place %d" % k)
+        assert whole[-1] == -7, "all_gather_into_tensor wrote past its output"
+    # Below the floor (4 MiB of output for all_gather): through the agent.
+    o = np.zeros(n * 1000, np.int32)
+    dist.all_gather_into_tensor(o, np.full(1000, r, np.int32))
+    expect_eq(o, np.repeat(np.arange(n, dtype=np.int32), 1000), "all_gather of 4 KB")
+    went = w.peer_used - before
+    want = 0 if unreadable or os.environ.get("PARAMSYNC_SHM") == "0" else 10
+    assert went == want, "%d of %d calls by peer copies" % (went, want)
+    dist.destroy_process_group()
+    print("rank %d: 11 all_to_all and all_gather checked, %d by peer copies" % (r, went))
+
+
 WORKERS = {
     "doorbell": w_doorbell,
     "registered": w_registered,
     "collectives": w_collectives, "groups": w_groups, "async": w_async, "p2p": w_p2p,
     "torch": w_torch, "local_errors": w_local_errors, "daemon_errors": w_daemon_errors,
     "timeout": w_timeout, "member_lost": w_member_lost, "init_methods": w_init_methods,
-    "shm_reuse": w_shm_reuse, "shm_paths": w_shm_paths,
+    "shm_reuse": w_shm_reuse, "shm_paths": w_shm_paths, "peer": w_peer,
+    "peer_unreadable": w_peer,
 }
 
 # ---------------------------------------------------------------------------------- driver
 
 NPROC = {"doorbell": 3, "registered": 3, "collectives": 3, "groups": 4, "async": 3, "p2p": 3, "torch": 3, "local_errors": 2,
-         "daemon_errors": 3, "timeout": 2, "member_lost": 2, "shm_reuse": 3}
+         "daemon_errors": 3, "timeout": 2, "member_lost": 2, "shm_reuse": 3, "peer": 3,
+         "peer_unreadable": 3}
+
+
+# Scenarios that count what the agent's own paths took: large all_gather and all_to_all
+# calls of ranks on one agent would go by peer copies (_peer) instead, which the peer
+# scenario tests.
+AGENT_PATHS = ("doorbell", "shm_paths")
 
 
 def report(results, what):
@@ -1373,6 +1465,10 @@ def run_job(py, daemon, scenario, n, expect_rc=None, transport=None):
         # The workers check which way their bytes go from the daemon's /metrics.
         extra = dict(SUITE_TRANSPORT=transport, SUITE_METRICS=daemon.metrics_url,
                      PARAMSYNC_SHM="0" if transport == "grpc" else "1")
+    if scenario in AGENT_PATHS:
+        extra["PARAMSYNC_PEER_COPY"] = "0"
+    if scenario == "peer_unreadable":
+        extra["SUITE_PEER_UNREADABLE"] = "1"
     env = [H.clean_env(PARAMSYNC_ADDR=daemon.addr, PARAMSYNC_JOB="suite-" + scenario,
                        WORLD_SIZE=n, RANK=r, **extra) for r in range(n)]
     cmds = [[py, os.path.abspath(__file__), "--worker", scenario]] * n
@@ -1489,7 +1585,8 @@ def shm_paths(a):
     def job(addrs, name, transport=None, metrics=None):
         extra = dict(SUITE_TRANSPORT=transport, SUITE_METRICS=metrics) if transport else {}
         envs = [H.clean_env(PARAMSYNC_ADDR=addrs[r], PARAMSYNC_JOB="paths-" + name,
-                            WORLD_SIZE=2, RANK=r, PARAMSYNC_SHM="1", **extra) for r in range(2)]
+                            WORLD_SIZE=2, RANK=r, PARAMSYNC_SHM="1", PARAMSYNC_PEER_COPY="0",
+                            **extra) for r in range(2)]
         pids = []
         good = report(H.run_workers([[py, me, "--worker", "shm_paths"]] * 2, envs, 120, pids),
                       name)

@@ -3,7 +3,9 @@
 (several ops and dtypes, and a multi-frame tensor), broadcast, all_gather,
 gather, scatter and barrier together, each checking exact results
 (xlang_worker.c, xlang_worker.py, xlang_worker.js). Three runs rotate the
-languages over ranks 0, 1 and 2, so that each language is a root.
+languages over ranks 0, 1 and 2, so that each language is a root. Then C and
+Python ranks of one agent take a large all_to_all and all_gather together by
+peer copies (peer_jobs).
 
     xlang.py --paramsyncd BIN --c-worker BIN --python VENV_PY [--node NODE]
 """
@@ -43,7 +45,7 @@ def main():
     }
     orders = [["C", "Python", "Node"], ["Node", "C", "Python"], ["Python", "Node", "C"]]
     ok = True
-    with H.Daemon(a.paramsyncd) as d:
+    with H.Daemon(a.paramsyncd, metrics=True) as d:
         for k, order in enumerate(orders):
             job = "xlang-%d" % k
             envs = [H.clean_env(PARAMSYNC_ADDR=d.addr, PARAMSYNC_JOB=job, WORLD_SIZE=3, RANK=r)
@@ -61,11 +63,46 @@ def main():
                     print(out.rstrip())
                     print(err.rstrip()[-3000:])
                 ok = ok and good
+        ok = ok and peer_jobs(d, workers)
         if not ok:
             print("--- daemon log (tail)\n" + "\n".join(d.read_log().splitlines()[-30:]))
     if not ok:
         H.fail("a worker failed")
-    print("PASS: C, Python and Node.js workers agree on every result, in every rank order")
+    print("PASS: C, Python and Node.js workers agree on every result, in every rank order; "
+          "C and Python ranks take peer copies together")
+
+
+def peer_jobs(d, workers):
+    """C and Python ranks on one agent take a large all_to_all and all_gather by peer
+    copies together (XLANG_PEER=1: the workers' peer_steps), in two rank orders: every
+    result checked, and no all_to_all reaches the agent."""
+    def a2a():
+        return H.scrape(d.metrics_url).get(
+            'paramsync_collectives_total{kind="all_to_all",code="OK"}', 0)
+    before = a2a()
+    ok = True
+    for k, order in enumerate([["C", "Python", "C"], ["Python", "C", "Python"]]):
+        job = "xlang-peer-%d" % k
+        envs = [H.clean_env(PARAMSYNC_ADDR=d.addr, PARAMSYNC_JOB=job, WORLD_SIZE=3, RANK=r,
+                            XLANG_PEER=1) for r in range(3)]
+        res = H.run_workers([workers[lang] for lang in order], envs, timeout=120)
+        print("=== job %s (peer copies): ranks %s" % (job, ", ".join(
+            "%d=%s" % (r, lang) for r, lang in enumerate(order))))
+        for r, (rc, out, err) in enumerate(res):
+            n_ok = sum(1 for line in out.splitlines() if line.endswith(" ok"))
+            good = rc == 0 and n_ok == 2
+            print("--- rank %d (%s): exit %s, %d checks passed%s" % (
+                r, order[r], rc, n_ok, "" if good else " (expected exit 0 and 2)"))
+            if not good:
+                print(out.rstrip())
+                print(err.rstrip()[-3000:])
+            ok = ok and good
+    went = a2a() - before
+    if ok and went:
+        print("FAIL: %d all_to_all calls reached the agent; peer copies should have taken them"
+              % went)
+        ok = False
+    return ok
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
  * other ranks are Python and Node.js workers running the same steps
  * (xlang_worker.py, xlang_worker.js). Joins from the environment (env://:
  * PARAMSYNC_ADDR, PARAMSYNC_JOB, WORLD_SIZE = 3, RANK), checks every result
- * exactly, prints one line per step and exits 1 on the first mismatch. */
+ * exactly, prints one line per step and exits 1 on the first mismatch.
+ * XLANG_PEER=1: only peer_steps. */
 #include <inttypes.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -32,6 +33,36 @@ static void expect(bool ok, const char *what)
 
 #define EQ(a, b, n) (memcmp((a), (b), sizeof((a)[0]) * (n)) == 0)
 
+/* XLANG_PEER=1: an all_to_all and an all_gather of 8 MiB of output, which the
+ * C and Python ranks of one agent take by peer copies together. */
+enum { PEER_B = 700001 };
+
+static void peer_steps(ps_comm_t *comm, int r)
+{
+    int32_t *in = malloc(3 * PEER_B * sizeof(*in)), *out = malloc(3 * PEER_B * sizeof(*out));
+    float *fin = malloc(PEER_B * sizeof(*fin)), *fout = malloc(3 * PEER_B * sizeof(*fout));
+    if (!in || !out || !fin || !fout)
+        exit(1);
+    for (size_t k = 0; k < 3 * (size_t)PEER_B; k++)
+        in[k] = 1000 * r + 10 * (int32_t)(k / PEER_B) + (int32_t)(k % PEER_B % 7);
+    check_rc(ps_all_to_all(comm, out, in, PEER_B, PS_INT32, NULL), "all_to_all");
+    bool ok = true;
+    for (size_t k = 0; k < 3 * (size_t)PEER_B; k++)
+        ok = ok && out[k] == 1000 * (int32_t)(k / PEER_B) + 10 * r + (int32_t)(k % PEER_B % 7);
+    expect(ok, "all_to_all int32 of 8 MiB");
+    for (size_t k = 0; k < PEER_B; k++)
+        fin[k] = (float)r + (float)(k % 3) * 0.5f;
+    check_rc(ps_all_gather(comm, fout, fin, PEER_B, PS_FLOAT32, NULL), "all_gather");
+    ok = true;
+    for (size_t k = 0; k < 3 * (size_t)PEER_B; k++)
+        ok = ok && fout[k] == (float)(k / PEER_B) + (float)(k % PEER_B % 3) * 0.5f;
+    expect(ok, "all_gather float32 of 8 MiB");
+    free(in);
+    free(out);
+    free(fin);
+    free(fout);
+}
+
 int main(void)
 {
     ps_comm_t *comm = NULL;
@@ -45,6 +76,12 @@ int main(void)
         return 1;
     }
     int r = rank;
+    const char *peer = getenv("XLANG_PEER");
+    if (peer && strcmp(peer, "1") == 0) {
+        peer_steps(comm, r);
+        check_rc(ps_finalize(comm), "finalize");
+        return 0;
+    }
 
     float f[3] = {(float)r + 1, ((float)r + 1) * 0.5f, (float)-r};
     check_rc(ps_all_reduce(comm, f, 3, PS_FLOAT32, PS_SUM, NULL), "all_reduce float32 SUM");

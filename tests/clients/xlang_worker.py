@@ -1,5 +1,7 @@
 """The Python worker of the cross-language test (xlang.py): the steps of
-xlang_worker.c, with paramsync.distributed on numpy arrays."""
+xlang_worker.c, with paramsync.distributed on numpy arrays (XLANG_PEER=1: its
+peer_steps)."""
+import os
 import sys
 
 import numpy as np
@@ -18,6 +20,21 @@ def expect(got, want, what):
         sys.exit(1)
     print("Python rank %d: %s ok" % (r, what), flush=True)
 
+
+if os.environ.get("XLANG_PEER") == "1":
+    # xlang_worker.c's peer_steps: taken by peer copies, C and Python ranks together.
+    B = 700001
+    k = np.arange(3 * B)
+    src = (1000 * r + 10 * (k // B) + k % B % 7).astype(np.int32)
+    out = np.zeros(3 * B, np.int32)
+    dist.all_to_all_single(out, src)
+    expect(out, (1000 * (k // B) + 10 * r + k % B % 7).astype(np.int32),
+           "all_to_all int32 of 8 MiB")
+    fout = np.zeros(3 * B, np.float32)
+    dist.all_gather_into_tensor(fout, (r + (np.arange(B) % 3) * 0.5).astype(np.float32))
+    expect(fout, (k // B + (k % B % 3) * 0.5).astype(np.float32), "all_gather float32 of 8 MiB")
+    dist.destroy_process_group()
+    sys.exit(0)
 
 R = dist.ReduceOp
 f = np.array([r + 1, (r + 1) * 0.5, -r], np.float32)

@@ -42,8 +42,9 @@ from datetime import timedelta
 from urllib.parse import parse_qs, unquote, urlparse
 
 import grpc
+import numpy as np
 
-from . import _shm
+from . import _peer, _shm
 from . import _tensor as T
 from ._proto import pb, pb_grpc
 
@@ -320,6 +321,9 @@ class _World:
         self.size = 0
         self.incarnation = 0
         self.world_group = None
+        self.peer_sets = None
+        self.peer_nonce = _peer.Nonce()
+        self.peer_used = 0  # collectives that went by peer copies
         self.n_new_groups = 0
         self.crashed = False
         # One shared-memory segment for all of this rank's groups (the agent keeps
@@ -342,8 +346,10 @@ class _World:
     # -- membership --------------------------------------------------------
 
     def join(self, world_size, rank, join_timeout_ms):
+        peer_copies, pid_namespace = _peer.wanted()
         req = pb.JoinRequest(job=self.job, world_size=world_size, rank=rank,
-                             timeout_ms=min(join_timeout_ms, 0xFFFFFFFF))
+                             timeout_ms=min(join_timeout_ms, 0xFFFFFFFF),
+                             peer_copies=peer_copies, pid_namespace=pid_namespace)
         stop = self.stop
 
         def requests():
@@ -380,6 +386,8 @@ class _World:
         self.rank = ev.rank
         self.size = ev.world_size
         self.incarnation = ev.incarnation
+        # Peer copies (_peer): the coordinator's sets, one per job rank.
+        self.peer_sets = list(ev.peer_sets) if len(ev.peer_sets) == ev.world_size else None
         self.world_group = ProcessGroup(self, 0, range(self.size), self.rank)
 
     def _pump(self, first):
@@ -595,6 +603,51 @@ class _World:
     def check(self):
         if self.failure is not None:
             raise ParamsyncError(str(self.failure), self.failure.code, self.failure.details)
+
+    def _small(self, g, header, seq, kind, dtype, send, recv, name, op=0):
+        """A small collective of its own for a step of header's call, with sequence number
+        seq: send and recv numpy arrays (recv may be send)."""
+        h = pb.CollectiveHeader(job=self.job, group=g.id, seq=seq, kind=kind, op=op,
+                                dtype=dtype, count=send.size, rank=header.rank,
+                                timeout_ms=header.timeout_ms, incarnation=header.incarnation)
+        self.run(g, h, T.Segments([T.view(send, "send")]),
+                 T.Segments([T.view(recv, "recv", writable=True)]), name)
+
+    def peer_run(self, g, header, send, recv, name, copy_send):
+        """Runs header's all_to_all or all_gather by peer copies (_peer). True when done;
+        False when it is to go through the agent, with header.seq the number it now goes
+        under."""
+        n, rank, seq = g.size(), g.rank(), header.seq
+        a2a = header.kind == _K.ALL_TO_ALL
+        block = recv.total // n
+        ins = _peer.block_addresses(send, _shm.addresses(send), n if a2a else 1, block)
+        outs = _peer.block_addresses(recv, _shm.addresses(recv), n, block)
+        # An all_gather may be in torch's in-place form, its input its own block of the
+        # output; any other overlap would have ranks read what another already wrote.
+        fits = ins is not None and outs is not None and (
+            not copy_send or (not a2a and ins[0] == outs[rank]))
+        desc = np.frombuffer(_peer.describe(self.peer_nonce, ins or [0] * (n if a2a else 1),
+                                            fits), np.uint8)
+        got = np.zeros(n * desc.size, np.uint8)
+        self._small(g, header, seq, _K.ALL_GATHER, T.UINT8, desc, got,
+                    "%s (peer addresses)" % name)
+        d = _peer.all_fit(got.tobytes(), n, desc.size // 8)
+        if d is None:
+            header.seq = seq + 1
+            return False
+        for x in (send, recv):
+            for at, mv in zip(_shm.addresses(x), x.mvs):
+                _shm.collapse(at, len(mv))
+        failed = np.array([0 if _peer.pull(a2a, n, rank, d, desc.size // 8, block, outs,
+                                           ins[rank if a2a else 0]) else 1], np.int32)
+        self._small(g, header, seq + 1, _K.ALL_REDUCE, T.INT32, failed, failed,
+                    "%s (peer copies done)" % name, op=int(ReduceOp.MAX))
+        if failed[0] == 0:
+            with self.lock:
+                self.peer_used += 1
+            return True
+        header.seq = seq + 2
+        return False
 
     def run(self, g, header, send, recv, name, copy_send=False):
         """One Collective call: streams `send` (Segments) and fills `recv`. Returns the result.
@@ -1092,6 +1145,13 @@ def _start(g, name, kind, *, send=(), recv=(), op=0, dtype=0, count=0, root=0, p
     """Assigns the sequence number now (program order) and runs the call, or starts it."""
     w = g._world
     w.check()
+    send_segs = T.Segments(send) if send else None
+    copy_send = isinstance(send, _Aliased)
+    recv_segs = T.Segments(recv) if recv else None
+    # Peer copies hold three sequence numbers (_peer).
+    peer_copies = kind in (_K.ALL_GATHER, _K.ALL_TO_ALL) and send_segs is not None and \
+        recv_segs is not None and _peer.takes(kind == _K.ALL_TO_ALL, recv_segs.total,
+                                              w.peer_sets, g.ranks, w.rank)
     with w.lock:
         if kind == _K.SEND:
             seq = g._send_seq.get(peer, 0)
@@ -1101,15 +1161,14 @@ def _start(g, name, kind, *, send=(), recv=(), op=0, dtype=0, count=0, root=0, p
             g._recv_seq += 1
         else:
             seq = g._seq
-            g._seq += 1
+            g._seq += _peer.SEQS if peer_copies else 1
     header = pb.CollectiveHeader(job=w.job, group=g.id, seq=seq, kind=kind, op=int(op),
                                  dtype=dtype, count=count, root=root, peer=peer, rank=g.rank(),
                                  tag=tag, timeout_ms=w.timeout_ms, incarnation=w.incarnation)
-    send_segs = T.Segments(send) if send else None
-    copy_send = isinstance(send, _Aliased)
-    recv_segs = T.Segments(recv) if recv else None
 
     def run():
+        if peer_copies and w.peer_run(g, header, send_segs, recv_segs, name, copy_send):
+            return None
         result = w.run(g, header, send_segs, recv_segs, name, copy_send)
         if source:
             src = result.source if result is not None else -1
