@@ -58,7 +58,8 @@
  *   0 PEER_MAGIC      1 the device and 2 the inode of its PID namespace
  *   3 the address of its nonce and 4 the nonce
  *   5 its pid (low 32 bits) and whether its buffers suit peer copies (bit 32:
- *     no overlap between input and output, but an all_gather's own block)
+ *     no overlap between input and output, but an all_gather's own block;
+ *     neither in memory from ps_mem_alloc)
  *   6.. where its input's blocks are: an all_to_all's block for rank j in
  *     word 6 + j (a list of buffers need not lie end to end), an
  *     all_gather's one block in word 6
@@ -138,6 +139,11 @@ static void describe(const ps__coll_t *c, size_t block, uint64_t *d)
     const char *own = (const char *)c->out + (size_t)c->hdr.rank * block;
     int in_place = c->hdr.kind == K(ALL_GATHER) && (const char *)c->in == own;
     uint64_t fits = in_place || !overlap(c->in, c->in_bytes, c->out, c->out_bytes);
+    /* Memory from ps_mem_alloc the agent copies in place, between its
+     * mappings: 1.2-2.2x faster than reads that pin its shared pages one by
+     * one (PERFORMANCE.md, "Peer copies"). */
+    if (ps_mem_is_shared(c->comm, c->in) || ps_mem_is_shared(c->comm, c->out))
+        fits = 0;
     d[W_PID_FITS] = (uint64_t)(uint32_t)getpid() | fits << 32;
     for (size_t j = 0; j < nb; j++)
         d[W_BLOCKS + j] = (uint64_t)(uintptr_t)((const char *)c->in + j * block);
