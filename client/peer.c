@@ -140,8 +140,8 @@ static void describe(const ps__coll_t *c, size_t block, uint64_t *d)
     int in_place = c->hdr.kind == K(ALL_GATHER) && (const char *)c->in == own;
     uint64_t fits = in_place || !overlap(c->in, c->in_bytes, c->out, c->out_bytes);
     /* Memory from ps_mem_alloc the agent copies in place, between its
-     * mappings: 1.2-2.2x faster than reads that pin its shared pages one by
-     * one (PERFORMANCE.md, "Peer copies"). */
+     * mappings: 1.1-2.2x faster at 16-64 MiB than reads that pin its shared
+     * pages one by one (PERFORMANCE.md, "Peer copies"). */
     if (ps_mem_is_shared(c->comm, c->in) || ps_mem_is_shared(c->comm, c->out))
         fits = 0;
     d[W_PID_FITS] = (uint64_t)(uint32_t)getpid() | fits << 32;
