@@ -2216,14 +2216,21 @@ static int sc_member_lost(ctx_t *cx)
         fflush(NULL);
         _exit(0); /* no Leave: as if killed */
     }
-    size_t count = env ? strtoull(env, NULL, 10) : 4;
-    float *f = xmalloc((count ? count : 1) * sizeof(float));
-    memset(f, 0, count * sizeof(float));
+    /* PS_TEST_KIND=all_to_all: an all_to_all of PS_TEST_COUNT per block,
+     * which the ranks of one agent take by peer copies from 2 MiB. */
+    const char *kind = getenv("PS_TEST_KIND");
+    int a2a = kind && strcmp(kind, "all_to_all") == 0;
+    size_t count = env ? strtoull(env, NULL, 10) : 4, n = a2a ? (size_t)cx->size : 1;
+    float *f = xmalloc((count ? count : 1) * n * sizeof(float));
+    float *g = a2a ? xmalloc((count ? count : 1) * n * sizeof(float)) : NULL;
+    memset(f, 0, count * n * sizeof(float));
     int64_t t0 = now_ms();
     clear_last_error();
-    int rc = ps_all_reduce(cx->comm, f, count, PS_FLOAT32, PS_SUM, NULL);
+    int rc = a2a ? ps_all_to_all(cx->comm, g, f, count, PS_FLOAT32, NULL)
+                 : ps_all_reduce(cx->comm, f, count, PS_FLOAT32, PS_SUM, NULL);
     int64_t took = now_ms() - t0;
     free(f);
+    free(g);
     char msg[1024], rank_str[16];
     last_error(msg, sizeof(msg));
     snprintf(rank_str, sizeof(rank_str), "%d", victim);
@@ -2231,6 +2238,8 @@ static int sc_member_lost(ctx_t *cx)
           ps_strerror(rc));
     CHECK(took <= 15000, "lost member: failed after %lld ms", (long long)took);
     CHECK(strstr(msg, rank_str), "lost member: the message does not name rank %d: %s", victim, msg);
+    CHECK(!a2a || strstr(msg, "all_to_all (peer addresses)"),
+          "lost member: the message does not name the call: %s", msg);
     /* The comm stays failed: a later call fails at once with the same cause. */
     rc = ps_barrier(cx->comm, NULL);
     CHECK(rc != 0, "a collective after a member was lost succeeded");
