@@ -43,9 +43,10 @@
  * docs/PERFORMANCE.md, "Peer copies"). */
 #define PEER_MIN_ALL_TO_ALL ((size_t)2 << 20)
 #define PEER_MIN_ALL_GATHER ((size_t)4 << 20)
+#define PEER_MIN_GATHER     ((size_t)4 << 20) /* gather and scatter: all blocks */
 
-/* An all_to_all's descriptors name every block: n^2 words in all. Past this
- * many ranks (on one host) they would outweigh the blocks. */
+/* An all_to_all's (or scatter's) descriptors name every block: n^2 words in
+ * all. Past this many ranks (on one host) they would outweigh the blocks. */
 #define PEER_MAX_ALL_TO_ALL_RANKS 64
 
 #define PEER_MAGIC UINT64_C(0x3170656572737370) /* "pssreep1" */
@@ -66,10 +67,23 @@
  */
 enum { W_MAGIC, W_PIDNS_DEV, W_PIDNS_INO, W_NONCE_ADDR, W_NONCE, W_PID_FITS, W_BLOCKS };
 
+/* Whether each rank's input holds a block for every rank (all_to_all, a
+ * scatter's root) rather than one (all_gather, gather). */
+static int blocks_per_rank(const ps__coll_t *c)
+{
+    return c->hdr.kind == K(ALL_TO_ALL) || c->hdr.kind == K(SCATTER);
+}
+
 /* Words of one rank's descriptor for c. */
 static size_t desc_words(const ps__coll_t *c)
 {
-    return W_BLOCKS + (c->hdr.kind == K(ALL_TO_ALL) ? (size_t)c->group->size : 1);
+    return W_BLOCKS + (blocks_per_rank(c) ? (size_t)c->group->size : 1);
+}
+
+/* Bytes of one block: what one rank sends one other. */
+static size_t block_bytes(const ps__coll_t *c)
+{
+    return (size_t)c->hdr.count * ps_dtype_size((ps_dtype_t)c->hdr.dtype);
 }
 
 int ps__peer_wanted(uint64_t *pidns)
@@ -100,11 +114,16 @@ int ps__peer_takes(const ps__coll_t *c)
 {
     const ps_comm_t *comm = c->comm;
     const ps_group_t *g = c->group;
-    size_t min = c->hdr.kind == K(ALL_TO_ALL)   ? PEER_MIN_ALL_TO_ALL
-                 : c->hdr.kind == K(ALL_GATHER) ? PEER_MIN_ALL_GATHER
-                                                : SIZE_MAX;
-    if (c->out_bytes < min || !comm->peer_sets || !g || g->size < 2 ||
-        (c->hdr.kind == K(ALL_TO_ALL) && g->size > PEER_MAX_ALL_TO_ALL_RANKS))
+    Paramsync__V1__CollectiveKind k = c->hdr.kind;
+    size_t min = k == K(ALL_TO_ALL)                  ? PEER_MIN_ALL_TO_ALL
+                 : k == K(ALL_GATHER)                ? PEER_MIN_ALL_GATHER
+                 : k == K(GATHER) || k == K(SCATTER) ? PEER_MIN_GATHER
+                                                     : SIZE_MAX;
+    /* Every rank's own count: the same on all of them (else the call fails
+     * whichever way it goes). */
+    if (!g || g->size < 2 || block_bytes(c) > SIZE_MAX / (size_t)g->size ||
+        block_bytes(c) * (size_t)g->size < min || !comm->peer_sets ||
+        (blocks_per_rank(c) && g->size > PEER_MAX_ALL_TO_ALL_RANKS))
         return 0;
     uint32_t set = comm->peer_sets[comm->rank];
     for (int i = 0; set && i < g->size; i++)
@@ -124,7 +143,7 @@ static void describe(const ps__coll_t *c, size_t block, uint64_t *d)
 {
     const ps_comm_t *comm = c->comm;
     struct stat st;
-    size_t nb = desc_words(c) - W_BLOCKS;
+    size_t nb = desc_words(c) - W_BLOCKS, me = (size_t)c->hdr.rank;
     memset(d, 0, desc_words(c) * sizeof(*d));
     d[W_MAGIC] = PEER_MAGIC;
     if (stat("/proc/self/ns/pid", &st) == 0) {
@@ -133,19 +152,22 @@ static void describe(const ps__coll_t *c, size_t block, uint64_t *d)
     }
     d[W_NONCE_ADDR] = (uint64_t)(uintptr_t)&comm->peer_nonce;
     d[W_NONCE] = comm->peer_nonce;
-    /* An all_gather may be torch's in-place form, the input its own block of
-     * the output; any other overlap would have ranks read what another
-     * already wrote. */
-    const char *own = (const char *)c->out + (size_t)c->hdr.rank * block;
-    int in_place = c->hdr.kind == K(ALL_GATHER) && (const char *)c->in == own;
+    /* torch's in-place forms: an all_gather's or gather root's input its own
+     * block of the output, a scatter root's output its own block of the
+     * input. Any other overlap would have ranks read what another already
+     * wrote. */
+    int in_place = blocks_per_rank(c) ? c->hdr.kind == K(SCATTER) && c->out &&
+                                            c->out == (const char *)c->in + me * block
+                                      : c->out && c->in == (const char *)c->out + me * block;
     uint64_t fits = in_place || !overlap(c->in, c->in_bytes, c->out, c->out_bytes);
     /* Memory from ps_mem_alloc the agent copies in place, between its
      * mappings: 1.1-2.2x faster at 16-64 MiB than reads that pin its shared
      * pages one by one (PERFORMANCE.md, "Peer copies"). */
-    if (ps_mem_is_shared(c->comm, c->in) || ps_mem_is_shared(c->comm, c->out))
+    if ((c->in && ps_mem_is_shared(c->comm, c->in)) ||
+        (c->out && ps_mem_is_shared(c->comm, c->out)))
         fits = 0;
     d[W_PID_FITS] = (uint64_t)(uint32_t)getpid() | fits << 32;
-    for (size_t j = 0; j < nb; j++)
+    for (size_t j = 0; c->in && j < nb; j++)
         d[W_BLOCKS + j] = (uint64_t)(uintptr_t)((const char *)c->in + j * block);
 }
 
@@ -162,27 +184,42 @@ static int all_fit(const uint64_t *d, int n, size_t w)
     return 1;
 }
 
-/* Reads this rank's blocks from the others: 0, or -1 if any could not be
- * read whole from the process that holds its rank's nonce. */
+/* Reads one block of rank x (its block `which`) into `to`, with x's nonce
+ * in the same call: 0, or -1 if it could not be read whole from the
+ * process that holds that nonce. */
+static int read_block(const uint64_t *x, size_t which, void *to, size_t block)
+{
+    uint64_t seen = 0;
+    struct iovec local[2] = {{&seen, sizeof(seen)}, {to, block}};
+    struct iovec remote[2] = {{(void *)(uintptr_t)x[W_NONCE_ADDR], sizeof(seen)},
+                              {(void *)(uintptr_t)x[W_BLOCKS + which], block}};
+    ssize_t got = process_vm_readv((pid_t)(uint32_t)x[W_PID_FITS], local, 2, remote, 2, 0);
+    return got == (ssize_t)(sizeof(seen) + block) && seen == x[W_NONCE] ? 0 : -1;
+}
+
+/* Reads this rank's blocks from the others (all_to_all and all_gather:
+ * every other rank's; a gather's root: every other rank's; a scatter's
+ * other ranks: the root's) and copies its own: 0, or -1 if any could not
+ * be read. */
 static int pull(const ps__coll_t *c, const uint64_t *d, int n, size_t block)
 {
-    int me = (int)c->hdr.rank;
-    size_t w = desc_words(c), mine = c->hdr.kind == K(ALL_TO_ALL) ? (size_t)me : 0;
+    Paramsync__V1__CollectiveKind k = c->hdr.kind;
+    int me = (int)c->hdr.rank, root = (int)c->hdr.root;
+    size_t w = desc_words(c), which = blocks_per_rank(c) ? (size_t)me : 0;
     char *out = c->out;
-    for (int k = 1; k < n; k++) {
-        int i = (me + k) % n; /* not every rank at rank 0 first */
-        const uint64_t *x = d + (size_t)i * w;
-        uint64_t seen = 0;
-        struct iovec local[2] = {{&seen, sizeof(seen)}, {out + (size_t)i * block, block}};
-        struct iovec remote[2] = {{(void *)(uintptr_t)x[W_NONCE_ADDR], sizeof(seen)},
-                                  {(void *)(uintptr_t)x[W_BLOCKS + mine], block}};
-        ssize_t got = process_vm_readv((pid_t)(uint32_t)x[W_PID_FITS], local, 2, remote, 2, 0);
-        if (got != (ssize_t)(sizeof(seen) + block) || seen != x[W_NONCE])
+    if (k == K(SCATTER) && me != root)
+        return read_block(d + (size_t)root * w, which, out, block);
+    if (k == K(GATHER) && me != root)
+        return 0; /* it only lends its input */
+    for (int j = 1; k != K(SCATTER) && j < n; j++) {
+        int i = (me + j) % n; /* not every rank at rank 0 first */
+        if (read_block(d + (size_t)i * w, which, out + (size_t)i * block, block) < 0)
             return -1;
     }
-    const char *from = (const char *)c->in + mine * block;
-    if (out + (size_t)me * block != from)
-        memcpy(out + (size_t)me * block, from, block);
+    const char *from = (const char *)c->in + which * block;
+    char *to = k == K(SCATTER) ? out : out + (size_t)me * block;
+    if (to != from)
+        memcpy(to, from, block);
     return 0;
 }
 
@@ -196,15 +233,22 @@ int ps__peer_prepare(ps__coll_t *c)
 /* The names the steps' failures are reported under. */
 static const char *step_name(const ps__coll_t *c, int step)
 {
-    if (c->hdr.kind == K(ALL_TO_ALL))
+    switch (c->hdr.kind) {
+    case K(ALL_TO_ALL):
         return step ? "all_to_all (peer copies done)" : "all_to_all (peer addresses)";
-    return step ? "all_gather (peer copies done)" : "all_gather (peer addresses)";
+    case K(GATHER):
+        return step ? "gather (peer copies done)" : "gather (peer addresses)";
+    case K(SCATTER):
+        return step ? "scatter (peer copies done)" : "scatter (peer addresses)";
+    default:
+        return step ? "all_gather (peer copies done)" : "all_gather (peer addresses)";
+    }
 }
 
 int ps__peer_run(ps__coll_t *c, int *rc)
 {
     int n = c->group->size;
-    size_t block = c->out_bytes / (size_t)n, w = desc_words(c);
+    size_t block = block_bytes(c), w = desc_words(c);
     uint64_t seq = c->hdr.seq, *all = c->peer_descs, *mine = all + (size_t)n * w;
     c->peer_descs = NULL;
     describe(c, block, mine);

@@ -1340,11 +1340,11 @@ def list_forms(dist, np, r, n, b, k):
 
 
 def w_peer():
-    """Large all_to_all and all_gather (client/peer.c, _peer): ranks on one agent copy
-    rank to rank. Every form torch has, each element checked with the element past each
-    output buffer: all_to_all_single, all_to_all of separate arrays, all_gather into
-    separate arrays and into a tensor (also in place), async, and in a group of the ranks
-    in reverse; the calls taken by peer copies counted (World.peer_used: all of them with
+    """Large all_to_all, all_gather, gather and scatter (client/peer.c, _peer): ranks on
+    one agent copy rank to rank. Every form torch has, each element checked with the
+    element past each output buffer: all_to_all_single, all_to_all of separate arrays,
+    all_gather into separate arrays and into a tensor (also in place), gather and scatter
+    of separate arrays (also in place), async, and in a group of the ranks in reverse; the calls taken by peer copies counted (World.peer_used: all of them with
     shared memory on, none with PARAMSYNC_SHM=0 or PARAMSYNC_PEER_COPY=0); one below the
     floor. SUITE_PEER_UNREADABLE=1: rank 1 first becomes a process the others may not
     read (another user as root, else not dumpable), so every call goes through the agent
@@ -1355,6 +1355,7 @@ def w_peer():
     r, n = dist.get_rank(), dist.get_world_size()
     w = dist._get_world()
     unreadable = os.environ.get("SUITE_PEER_UNREADABLE") == "1"
+    as_root = os.geteuid() == 0
     if unreadable and r == 1:
         if os.geteuid() == 0:
             os.setresgid(65534, 65534, 65534)
@@ -1412,15 +1413,50 @@ def w_peer():
         expect_eq(o, np.repeat(np.arange(n - 1, -1, -1, dtype=np.float64) * 5 + k, b),
                   "all_gather_into_tensor in place %d" % k)
         assert whole[-1] == -7, "all_gather_into_tensor wrote past its output"
+        # gather to the last rank and scatter from rank 1, into separate arrays and (the
+        # root's own block one of them) in place.
+        root = n - 1
+        guarded = [with_guard(b) for _ in range(n)]
+        h = dist.gather(np.full(b, 11 * r + k, np.int32),
+                        [g[1] for g in guarded] if r == root else None, dst=root,
+                        async_op=asy)
+        if h is not None:
+            h.wait()
+        for q, (a, v) in enumerate(guarded if r == root else ()):
+            expect_eq(v, np.full(b, 11 * q + k, np.int32), "gather [%d] %d" % (q, k))
+            assert a[-1] == -7, "gather wrote past an output"
+        whole, o = with_guard(b)
+        ins = [np.full(b, 13 * q + k, np.int32) for q in range(n)]
+        h = dist.scatter(o, ins if r == 1 else None, src=1, async_op=asy)
+        if h is not None:
+            h.wait()
+        expect_eq(o, np.full(b, 13 * r + k, np.int32), "scatter %d" % k)
+        assert whole[-1] == -7, "scatter wrote past its output"
+        outs = [np.zeros(b, np.int32) for _ in range(n)]
+        outs[r][:] = 17 * r + k
+        dist.gather(outs[r], outs if r == root else None, dst=root)
+        if r == root:
+            expect_eq(np.concatenate(outs), np.repeat(np.arange(n, dtype=np.int32) * 17 + k, b),
+                      "gather in place %d" % k)
+        ins = [np.full(b, 19 * q + k, np.int32) for q in range(n)]
+        mine = ins[r] if r == 1 else np.zeros(b, np.int32)
+        dist.scatter(mine, ins if r == 1 else None, src=1)
+        expect_eq(mine, np.full(b, 19 * r + k, np.int32), "scatter in place %d" % k)
     # Below the floor (4 MiB of output for all_gather): through the agent.
     o = np.zeros(n * 1000, np.int32)
     dist.all_gather_into_tensor(o, np.full(1000, r, np.int32))
     expect_eq(o, np.repeat(np.arange(n, dtype=np.int32), 1000), "all_gather of 4 KB")
     went = w.peer_used - before
-    want = 0 if unreadable or os.environ.get("PARAMSYNC_SHM") == "0" else 10
+    want = 0 if os.environ.get("PARAMSYNC_SHM") == "0" else 18
+    if unreadable:
+        # Another user (as root) may not read the others but is read by them, so the gathers
+        # to rank 2 and scatters from rank 1 (8) still go rank to rank; not dumpable, it is
+        # read by nobody: every call through the agent.
+        want = 8 if as_root else 0
     assert went == want, "%d of %d calls by peer copies" % (went, want)
     dist.destroy_process_group()
-    print("rank %d: 11 all_to_all and all_gather checked, %d by peer copies" % (r, went))
+    print("rank %d: 19 all_to_all, all_gather, gather and scatter checked, %d by peer copies"
+          % (r, went))
 
 
 WORKERS = {

@@ -5,7 +5,7 @@ gather, scatter and barrier together, each checking exact results
 (xlang_worker.c, xlang_worker.py, xlang_worker.js). Three runs rotate the
 languages over ranks 0, 1 and 2, so that each language is a root. Then C and
 Python ranks of one agent take a large all_to_all and all_gather together by
-peer copies (peer_jobs).
+peer copies (peer_jobs), and a gather and scatter.
 
     xlang.py --paramsyncd BIN --c-worker BIN --python VENV_PY [--node NODE]
 """
@@ -73,12 +73,14 @@ def main():
 
 
 def peer_jobs(d, workers):
-    """C and Python ranks on one agent take a large all_to_all and all_gather by peer
-    copies together (XLANG_PEER=1: the workers' peer_steps), in two rank orders: every
-    result checked, and no all_to_all reaches the agent."""
+    """C and Python ranks on one agent take a large all_to_all, all_gather, gather and
+    scatter by peer copies together (XLANG_PEER=1: the workers' peer_steps), in two rank
+    orders: every result checked, and none of those kinds reaches the agent but the
+    exchanges of addresses (all_gather)."""
     def a2a():
-        return H.scrape(d.metrics_url).get(
-            'paramsync_collectives_total{kind="all_to_all",code="OK"}', 0)
+        m = H.scrape(d.metrics_url)
+        return sum(m.get('paramsync_collectives_total{kind="%s",code="OK"}' % k, 0)
+                   for k in ("all_to_all", "gather", "scatter"))
     before = a2a()
     ok = True
     for k, order in enumerate([["C", "Python", "C"], ["Python", "C", "Python"]]):
@@ -90,17 +92,17 @@ def peer_jobs(d, workers):
             "%d=%s" % (r, lang) for r, lang in enumerate(order))))
         for r, (rc, out, err) in enumerate(res):
             n_ok = sum(1 for line in out.splitlines() if line.endswith(" ok"))
-            good = rc == 0 and n_ok == 2
+            good = rc == 0 and n_ok == 4
             print("--- rank %d (%s): exit %s, %d checks passed%s" % (
-                r, order[r], rc, n_ok, "" if good else " (expected exit 0 and 2)"))
+                r, order[r], rc, n_ok, "" if good else " (expected exit 0 and 4)"))
             if not good:
                 print(out.rstrip())
                 print(err.rstrip()[-3000:])
             ok = ok and good
     went = a2a() - before
     if ok and went:
-        print("FAIL: %d all_to_all calls reached the agent; peer copies should have taken them"
-              % went)
+        print("FAIL: %d all_to_all, gather and scatter calls reached the agent; peer copies "
+              "should have taken them" % went)
         ok = False
     return ok
 

@@ -33,8 +33,9 @@ static void expect(bool ok, const char *what)
 
 #define EQ(a, b, n) (memcmp((a), (b), sizeof((a)[0]) * (n)) == 0)
 
-/* XLANG_PEER=1: an all_to_all and an all_gather of 8 MiB of output, which the
- * C and Python ranks of one agent take by peer copies together. */
+/* XLANG_PEER=1: an all_to_all, an all_gather, a gather and a scatter of 8 MiB
+ * of blocks, which the C and Python ranks of one agent take by peer copies
+ * together. */
 enum { PEER_B = 700001 };
 
 static void peer_steps(ps_comm_t *comm, int r)
@@ -57,6 +58,21 @@ static void peer_steps(ps_comm_t *comm, int r)
     for (size_t k = 0; k < 3 * (size_t)PEER_B; k++)
         ok = ok && fout[k] == (float)(k / PEER_B) + (float)(k % PEER_B % 3) * 0.5f;
     expect(ok, "all_gather float32 of 8 MiB");
+    /* gather to rank 1 and scatter from rank 2: the roots' blocks in rank order. */
+    for (size_t k = 0; k < PEER_B; k++)
+        in[k] = 7 * r + (int32_t)(k % 5);
+    check_rc(ps_gather(comm, r == 1 ? out : NULL, in, PEER_B, PS_INT32, 1, NULL), "gather");
+    ok = true;
+    for (size_t k = 0; r == 1 && k < 3 * (size_t)PEER_B; k++)
+        ok = ok && out[k] == 7 * (int32_t)(k / PEER_B) + (int32_t)(k % PEER_B % 5);
+    expect(ok, "gather int32 of 8 MiB");
+    for (size_t k = 0; k < 3 * (size_t)PEER_B; k++)
+        in[k] = 9 * (int32_t)(k / PEER_B) + (int32_t)(k % PEER_B % 3);
+    check_rc(ps_scatter(comm, out, r == 2 ? in : NULL, PEER_B, PS_INT32, 2, NULL), "scatter");
+    ok = true;
+    for (size_t k = 0; k < PEER_B; k++)
+        ok = ok && out[k] == 9 * r + (int32_t)(k % 3);
+    expect(ok, "scatter int32 of 8 MiB");
     free(in);
     free(out);
     free(fin);

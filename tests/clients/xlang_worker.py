@@ -33,6 +33,16 @@ if os.environ.get("XLANG_PEER") == "1":
     fout = np.zeros(3 * B, np.float32)
     dist.all_gather_into_tensor(fout, (r + (np.arange(B) % 3) * 0.5).astype(np.float32))
     expect(fout, (k // B + (k % B % 3) * 0.5).astype(np.float32), "all_gather float32 of 8 MiB")
+    j = np.arange(B)
+    lst = [np.zeros(B, np.int32) for _ in range(3)] if r == 1 else None
+    dist.gather((7 * r + j % 5).astype(np.int32), lst, dst=1)
+    expect(np.concatenate(lst) if r == 1 else np.zeros(0, np.int32),
+           (7 * (k // B) + k % B % 5).astype(np.int32) if r == 1 else np.zeros(0, np.int32),
+           "gather int32 of 8 MiB")
+    lst = [(9 * q + j % 3).astype(np.int32) for q in range(3)] if r == 2 else None
+    got = np.zeros(B, np.int32)
+    dist.scatter(got, lst, src=2)
+    expect(got, (9 * r + j % 3).astype(np.int32), "scatter int32 of 8 MiB")
     dist.destroy_process_group()
     sys.exit(0)
 

@@ -1,5 +1,5 @@
-"""Peer copies: large all_to_all and all_gather calls whose ranks all share one agent copy
-each block once, rank to rank, with process_vm_readv (the C client's client/peer.c, whose
+"""Peer copies: large all_to_all, all_gather, gather and scatter calls whose ranks all
+share one agent copy each block once, rank to rank, with process_vm_readv (the C client's client/peer.c, whose
 rules and descriptor layout these are, so C and Python ranks take part together).
 
 Through the agent a block costs two copies, both on the agent's threads. Here each rank
@@ -16,9 +16,14 @@ import ctypes
 import os
 import struct
 
-MIN_ALL_TO_ALL = 2 << 20  # bytes of output, as client/peer.c
-MIN_ALL_GATHER = 4 << 20
-MAX_ALL_TO_ALL_RANKS = 64
+from ._proto import pb
+
+# The fewest bytes of all blocks together that take the path, by kind, as client/peer.c.
+ALL_GATHER, GATHER, SCATTER, ALL_TO_ALL = (pb.CollectiveKind.ALL_GATHER, pb.CollectiveKind.GATHER,
+                                           pb.CollectiveKind.SCATTER,
+                                           pb.CollectiveKind.ALL_TO_ALL)
+MIN_BYTES = {ALL_TO_ALL: 2 << 20, ALL_GATHER: 4 << 20, GATHER: 4 << 20, SCATTER: 4 << 20}
+MAX_ALL_TO_ALL_RANKS = 64  # all_to_all and scatter: descriptors of n words each
 MAGIC = 0x3170656572737370
 W_MAGIC, W_PIDNS_DEV, W_PIDNS_INO, W_NONCE_ADDR, W_NONCE, W_PID_FITS, W_BLOCKS = range(7)
 SEQS = 3  # sequence numbers a call that takes this path holds
@@ -44,13 +49,20 @@ def wanted():
     return scope == 0, ino if scope == 0 else 0
 
 
-def takes(kind_all_to_all, out_bytes, sets, group_ranks, rank):
-    """Whether a call takes peer copies: its output is large enough and every rank of its
-    group (job ranks group_ranks) is in this rank's (job rank `rank`) peer-copy set."""
+def blocks_per_rank(kind):
+    """Whether each rank's input holds a block for every rank (all_to_all, a scatter's
+    root) rather than one (all_gather, gather)."""
+    return kind in (ALL_TO_ALL, SCATTER)
+
+
+def takes(kind, block, sets, group_ranks, rank):
+    """Whether a call takes peer copies: its blocks (of `block` bytes, one per rank of
+    its group) are enough bytes, and every rank of the group (job ranks group_ranks) is
+    in this rank's (job rank `rank`) peer-copy set."""
     n = len(group_ranks)
-    if not sets or n < 2 or out_bytes < (MIN_ALL_TO_ALL if kind_all_to_all else MIN_ALL_GATHER):
+    if kind not in MIN_BYTES or not sets or n < 2 or block * n < MIN_BYTES[kind]:
         return False
-    if kind_all_to_all and n > MAX_ALL_TO_ALL_RANKS:
+    if blocks_per_rank(kind) and n > MAX_ALL_TO_ALL_RANKS:
         return False
     mine = sets[rank]
     return mine != 0 and all(sets[r] == mine for r in group_ranks)
@@ -121,26 +133,41 @@ def all_fit(descs, n, words):
     return d
 
 
-def pull(all_to_all, n, rank, d, words, block, outs, own_from):
-    """Reads this rank's blocks from the others into outs (the n block addresses of its
-    output) and copies its own from own_from: True, or False if any could not be read
-    whole from the process that holds its rank's nonce."""
+def _read_block(readv, x, which, to, block, seen, local, remote):
+    """Reads block `which` of the rank whose descriptor is x into address `to`, with its
+    nonce in the same system call: whether it came whole from that process."""
+    seen.value = 0
+    local[1].base, local[1].len = to, block
+    remote[0].base, remote[0].len = x[W_NONCE_ADDR], 8
+    remote[1].base, remote[1].len = x[W_BLOCKS + which], block
+    got = readv(x[W_PID_FITS] & 0xFFFFFFFF, local, 2, remote, 2, 0)
+    return got == 8 + block and seen.value == x[W_NONCE]
+
+
+def pull(kind, n, rank, root, d, words, block, outs, ins):
+    """Reads this rank's blocks from the others (all_to_all and all_gather: every other
+    rank's; a gather's root: every other rank's; a scatter's other ranks: the root's)
+    into outs (its output's block addresses) and copies its own from ins (its input's):
+    True, or False if any could not be read whole from the process that holds its rank's
+    nonce."""
     readv = _process_vm_readv()
-    mine = rank if all_to_all else 0
+    which = rank if blocks_per_rank(kind) else 0
     seen = ctypes.c_uint64(0)
     local = (_Iovec * 2)()
     remote = (_Iovec * 2)()
     local[0].base, local[0].len = ctypes.addressof(seen), 8
-    for k in range(1, n):
+
+    def block_of(i):
+        return d[i * words:(i + 1) * words]
+    if kind == SCATTER and rank != root:
+        return _read_block(readv, block_of(root), which, outs[0], block, seen, local, remote)
+    if kind == GATHER and rank != root:
+        return True  # it only lends its input
+    for k in range(1, n if kind != SCATTER else 1):
         i = (rank + k) % n  # not every rank at rank 0 first
-        x = d[i * words:(i + 1) * words]
-        seen.value = 0
-        local[1].base, local[1].len = outs[i], block
-        remote[0].base, remote[0].len = x[W_NONCE_ADDR], 8
-        remote[1].base, remote[1].len = x[W_BLOCKS + mine], block
-        got = readv(x[W_PID_FITS] & 0xFFFFFFFF, local, 2, remote, 2, 0)
-        if got != 8 + block or seen.value != x[W_NONCE]:
+        if not _read_block(readv, block_of(i), which, outs[i], block, seen, local, remote):
             return False
-    if outs[rank] != own_from:
-        ctypes.memmove(outs[rank], own_from, block)
+    to = outs[0] if kind == SCATTER else outs[rank]
+    if to != ins[which]:
+        ctypes.memmove(to, ins[which], block)
     return True

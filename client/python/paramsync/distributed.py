@@ -614,24 +614,28 @@ class _World:
                  T.Segments([T.view(recv, "recv", writable=True)]), name)
 
     def peer_run(self, g, header, send, recv, name, copy_send):
-        """Runs header's all_to_all or all_gather by peer copies (_peer). True when done;
-        False when it is to go through the agent, with header.seq the number it now goes
-        under."""
-        n, rank, seq = g.size(), g.rank(), header.seq
-        a2a = header.kind == _K.ALL_TO_ALL
-        block = recv.total // n
-        ins = _peer.block_addresses(send, _shm.addresses(send), n if a2a else 1, block)
-        outs = _peer.block_addresses(recv, _shm.addresses(recv), n, block)
-        # An all_gather may be in torch's in-place form, its input its own block of the
-        # output; any other overlap would have ranks read what another already wrote.
-        fits = ins is not None and outs is not None and (
-            not copy_send or (not a2a and ins[0] == outs[rank]))
+        """Runs header's all_to_all, all_gather, gather or scatter by peer copies (_peer).
+        True when done; False when it is to go through the agent, with header.seq the
+        number it now goes under."""
+        n, rank, root, seq, kind = g.size(), g.rank(), header.root, header.seq, header.kind
+        block = header.count * T.SIZES[header.dtype]
+        nb = n if _peer.blocks_per_rank(kind) else 1
+        ins = _peer.block_addresses(send, _shm.addresses(send), nb, block) if send else []
+        nout = 1 if kind == _K.SCATTER else n
+        outs = _peer.block_addresses(recv, _shm.addresses(recv), nout, block) if recv else []
+        # torch's in-place forms: an all_gather's or gather root's input its own block of
+        # the output, a scatter root's output its own block of the input. Any other
+        # overlap would have ranks read what another already wrote.
+        fits = ins is not None and outs is not None
+        if fits and copy_send:
+            fits = outs[0] == ins[rank] if kind == _K.SCATTER else (
+                kind != _K.ALL_TO_ALL and ins[0] == outs[rank])
         # Memory from empty() the agent copies in place, between its mappings: faster than
         # reads that pin its shared pages one by one (client/peer.c).
-        fits = fits and not any(self.mem.find(at, len(mv)) for x in (send, recv)
+        fits = fits and not any(self.mem.find(at, len(mv)) for x in (send, recv) if x
                                 for at, mv in zip(_shm.addresses(x), x.mvs))
-        desc = np.frombuffer(_peer.describe(self.peer_nonce, ins or [0] * (n if a2a else 1),
-                                            fits), np.uint8)
+        desc = np.frombuffer(_peer.describe(self.peer_nonce, (ins or [0] * nb) if fits
+                                            else [0] * nb, fits), np.uint8)
         got = np.zeros(n * desc.size, np.uint8)
         self._small(g, header, seq, _K.ALL_GATHER, T.UINT8, desc, got,
                     "%s (peer addresses)" % name)
@@ -640,10 +644,10 @@ class _World:
             header.seq = seq + 1
             return False
         for x in (send, recv):
-            for at, mv in zip(_shm.addresses(x), x.mvs):
+            for at, mv in zip(_shm.addresses(x), x.mvs) if x else ():
                 _shm.collapse(at, len(mv))
-        failed = np.array([0 if _peer.pull(a2a, n, rank, d, desc.size // 8, block, outs,
-                                           ins[rank if a2a else 0]) else 1], np.int32)
+        ok = _peer.pull(kind, n, rank, root, d, desc.size // 8, block, outs, ins or [0] * nb)
+        failed = np.array([0 if ok else 1], np.int32)
         self._small(g, header, seq + 1, _K.ALL_REDUCE, T.INT32, failed, failed,
                     "%s (peer copies done)" % name, op=int(ReduceOp.MAX))
         if failed[0] == 0:
@@ -1152,10 +1156,10 @@ def _start(g, name, kind, *, send=(), recv=(), op=0, dtype=0, count=0, root=0, p
     send_segs = T.Segments(send) if send else None
     copy_send = isinstance(send, _Aliased)
     recv_segs = T.Segments(recv) if recv else None
-    # Peer copies hold three sequence numbers (_peer).
-    peer_copies = kind in (_K.ALL_GATHER, _K.ALL_TO_ALL) and send_segs is not None and \
-        recv_segs is not None and _peer.takes(kind == _K.ALL_TO_ALL, recv_segs.total,
-                                              w.peer_sets, g.ranks, w.rank)
+    # Peer copies hold three sequence numbers (_peer). Decided from what every rank of the
+    # group has alike: the kind, the block's bytes, the coordinator's sets.
+    peer_copies = _peer.takes(int(kind), count * T.SIZES.get(dtype, 0), w.peer_sets, g.ranks,
+                              w.rank)
     with w.lock:
         if kind == _K.SEND:
             seq = g._send_seq.get(peer, 0)
