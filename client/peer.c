@@ -1,6 +1,8 @@
 /*
- * Peer copies: large all_to_all and all_gather calls whose ranks all share
- * one agent copy each block once, rank to rank, with process_vm_readv.
+ * Peer copies: large all_to_all, all_gather, gather and scatter calls whose
+ * ranks all share one agent copy each block once, rank to rank, with
+ * process_vm_readv (a gather's root reads every rank's input, a scatter's
+ * ranks their block of the root's).
  *
  * Through the agent, a block from a worker's own buffer costs two copies:
  * the agent reads it from the sender (process_vm_readv) and writes it to
@@ -37,13 +39,15 @@
 
 #define K(x) PARAMSYNC__V1__COLLECTIVE_KIND__##x
 
-/* Outputs below these go through the agent: there the two small
- * collectives cost more than the copy they save (measured here with 2 and
- * 4 ranks: level at 1 MiB, all_to_all ahead from 2 MiB, all_gather from 4;
- * docs/PERFORMANCE.md, "Peer copies"). */
+/* All the blocks of a call (a block's bytes times the group's size) below
+ * these go through the agent: there the two small collectives cost more
+ * than the copy they save (measured here with 2 and 4 ranks: level at
+ * 1 MiB, all_to_all ahead from 2 MiB, all_gather and scatter from 4,
+ * gather from 8; docs/PERFORMANCE.md, "Peer copies"). */
 #define PEER_MIN_ALL_TO_ALL ((size_t)2 << 20)
 #define PEER_MIN_ALL_GATHER ((size_t)4 << 20)
-#define PEER_MIN_GATHER     ((size_t)4 << 20) /* gather and scatter: all blocks */
+#define PEER_MIN_GATHER     ((size_t)8 << 20)
+#define PEER_MIN_SCATTER    ((size_t)4 << 20)
 
 /* An all_to_all's (or scatter's) descriptors name every block: n^2 words in
  * all. Past this many ranks (on one host) they would outweigh the blocks. */
@@ -115,10 +119,11 @@ int ps__peer_takes(const ps__coll_t *c)
     const ps_comm_t *comm = c->comm;
     const ps_group_t *g = c->group;
     Paramsync__V1__CollectiveKind k = c->hdr.kind;
-    size_t min = k == K(ALL_TO_ALL)                  ? PEER_MIN_ALL_TO_ALL
-                 : k == K(ALL_GATHER)                ? PEER_MIN_ALL_GATHER
-                 : k == K(GATHER) || k == K(SCATTER) ? PEER_MIN_GATHER
-                                                     : SIZE_MAX;
+    size_t min = k == K(ALL_TO_ALL)   ? PEER_MIN_ALL_TO_ALL
+                 : k == K(ALL_GATHER) ? PEER_MIN_ALL_GATHER
+                 : k == K(GATHER)     ? PEER_MIN_GATHER
+                 : k == K(SCATTER)    ? PEER_MIN_SCATTER
+                                      : SIZE_MAX;
     /* Every rank's own count: the same on all of them (else the call fails
      * whichever way it goes). */
     if (!g || g->size < 2 || block_bytes(c) > SIZE_MAX / (size_t)g->size ||

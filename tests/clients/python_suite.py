@@ -1416,14 +1416,15 @@ def w_peer():
         # gather to the last rank and scatter from rank 1, into separate arrays and (the
         # root's own block one of them) in place.
         root = n - 1
-        guarded = [with_guard(b) for _ in range(n)]
-        h = dist.gather(np.full(b, 11 * r + k, np.int32),
+        # (gathers of 10 MiB: their floor is 8)
+        guarded = [with_guard(2 * b) for _ in range(n)]
+        h = dist.gather(np.full(2 * b, 11 * r + k, np.int32),
                         [g[1] for g in guarded] if r == root else None, dst=root,
                         async_op=asy)
         if h is not None:
             h.wait()
         for q, (a, v) in enumerate(guarded if r == root else ()):
-            expect_eq(v, np.full(b, 11 * q + k, np.int32), "gather [%d] %d" % (q, k))
+            expect_eq(v, np.full(2 * b, 11 * q + k, np.int32), "gather [%d] %d" % (q, k))
             assert a[-1] == -7, "gather wrote past an output"
         whole, o = with_guard(b)
         ins = [np.full(b, 13 * q + k, np.int32) for q in range(n)]
@@ -1432,11 +1433,12 @@ def w_peer():
             h.wait()
         expect_eq(o, np.full(b, 13 * r + k, np.int32), "scatter %d" % k)
         assert whole[-1] == -7, "scatter wrote past its output"
-        outs = [np.zeros(b, np.int32) for _ in range(n)]
+        outs = [np.zeros(2 * b, np.int32) for _ in range(n)]
         outs[r][:] = 17 * r + k
         dist.gather(outs[r], outs if r == root else None, dst=root)
         if r == root:
-            expect_eq(np.concatenate(outs), np.repeat(np.arange(n, dtype=np.int32) * 17 + k, b),
+            expect_eq(np.concatenate(outs),
+                      np.repeat(np.arange(n, dtype=np.int32) * 17 + k, 2 * b),
                       "gather in place %d" % k)
         ins = [np.full(b, 19 * q + k, np.int32) for q in range(n)]
         mine = ins[r] if r == 1 else np.zeros(b, np.int32)

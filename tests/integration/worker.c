@@ -1537,14 +1537,15 @@ static int peer_unreadable(void)
     return prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
 }
 
-/* The `peer` scenario: all_to_all, all_gather, gather and scatter of 4 MiB
- * and more, which ranks that share an agent copy rank to rank
- * (client/peer.c): odd blocks, out of place and in place, blocking and
- * async, in the world and in a group of the ranks in reverse, each result
- * checked whole; and one below that size, through the agent. The harness's --metric checks
- * which way they went. PS_TEST_PEER_UNREADABLE=1: rank 1 first makes itself
- * unreadable (peer_unreadable), so that every call falls back to the agent
- * with the same results. PS_TEST_SHARED=1: buffers from ps_mem_alloc. */
+/* The `peer` scenario: all_to_all, all_gather and scatter of 5 MiB and some,
+ * gather of 10 (its floor is 8), which ranks that share an agent copy rank
+ * to rank (client/peer.c): odd blocks, out of place and in place, blocking
+ * and async, in the world and in a group of the ranks in reverse, each
+ * result checked whole; and one below that size, through the agent. The
+ * harness's --metric checks which way they went. PS_TEST_PEER_UNREADABLE=1:
+ * rank 1 first makes itself unreadable (peer_unreadable), so that calls
+ * that read it fall back to the agent with the same results.
+ * PS_TEST_SHARED=1: buffers from ps_mem_alloc. */
 static int sc_peer(ctx_t *cx)
 {
     if (cx->size < 2) {
@@ -1567,9 +1568,9 @@ static int sc_peer(ctx_t *cx)
         TRY(run_case(cx, K_ALL_TO_ALL, PS_INT8, PS_SUM, 4 * big + 1, 0, grev, async));
         TRY(run_case(cx, K_ALL_GATHER, PS_FLOAT64, PS_SUM, big / 2 + 1, 0, grev, async));
         TRY(run_in_place(cx, K_ALL_GATHER, big, async));
-        TRY(run_case(cx, K_GATHER, PS_INT32, PS_SUM, big, n - 1, NULL, async));
+        TRY(run_case(cx, K_GATHER, PS_INT32, PS_SUM, 2 * big, n - 1, NULL, async));
         TRY(run_case(cx, K_SCATTER, PS_INT16, PS_SUM, 2 * big + 1, 1, grev, async));
-        TRY(run_in_place(cx, K_GATHER, big, async));
+        TRY(run_in_place(cx, K_GATHER, 2 * big, async));
         TRY(run_in_place(cx, K_SCATTER, big, async));
     }
     /* Below the floors (2 MiB of output for all_to_all, 4 for all_gather):

@@ -22,7 +22,7 @@ from ._proto import pb
 ALL_GATHER, GATHER, SCATTER, ALL_TO_ALL = (pb.CollectiveKind.ALL_GATHER, pb.CollectiveKind.GATHER,
                                            pb.CollectiveKind.SCATTER,
                                            pb.CollectiveKind.ALL_TO_ALL)
-MIN_BYTES = {ALL_TO_ALL: 2 << 20, ALL_GATHER: 4 << 20, GATHER: 4 << 20, SCATTER: 4 << 20}
+MIN_BYTES = {ALL_TO_ALL: 2 << 20, ALL_GATHER: 4 << 20, GATHER: 8 << 20, SCATTER: 4 << 20}
 MAX_ALL_TO_ALL_RANKS = 64  # all_to_all and scatter: descriptors of n words each
 MAGIC = 0x3170656572737370
 W_MAGIC, W_PIDNS_DEV, W_PIDNS_INO, W_NONCE_ADDR, W_NONCE, W_PID_FITS, W_BLOCKS = range(7)
