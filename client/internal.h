@@ -173,6 +173,9 @@ int ps__shm_begin(ps_comm_t *comm, ps__coll_t *c, int rung);
 /** Releases the segment after c (no-op when c did not use it). */
 void ps__shm_end(ps_comm_t *comm, ps__coll_t *c);
 
+/** PARAMSYNC_SHM=0 now (read on every collective): payloads over gRPC only. */
+int ps__shm_off(void);
+
 /** Asks for huge pages under c's buffers from the second time they come
  * (shm.c, collapse()): another process copies them faster, with
  * process_vm_readv/writev, on huge pages. */

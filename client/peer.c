@@ -92,11 +92,10 @@ static size_t block_bytes(const ps__coll_t *c)
 
 int ps__peer_wanted(uint64_t *pidns)
 {
-    const char *shm = getenv("PARAMSYNC_SHM"), *peer = getenv("PARAMSYNC_PEER_COPY");
+    const char *peer = getenv("PARAMSYNC_PEER_COPY");
     struct stat st;
     *pidns = 0;
-    if ((shm && strcmp(shm, "0") == 0) || (peer && strcmp(peer, "0") == 0) ||
-        stat("/proc/self/ns/pid", &st) != 0)
+    if (ps__shm_off() || (peer && strcmp(peer, "0") == 0) || stat("/proc/self/ns/pid", &st) != 0)
         return 0;
     /* Under Yama's ptrace_scope 1 a process reads only its descendants
      * (unless it holds CAP_SYS_PTRACE): every peer copy would fail, and each
@@ -170,6 +169,10 @@ static void describe(const ps__coll_t *c, size_t block, uint64_t *d)
      * pages one by one (PERFORMANCE.md, "Peer copies"). */
     if ((c->in && ps_mem_is_shared(c->comm, c->in)) ||
         (c->out && ps_mem_is_shared(c->comm, c->out)))
+        fits = 0;
+    /* PARAMSYNC_SHM=0 set since ps_init (it is read on every collective):
+     * payloads over gRPC, as asked. */
+    if (ps__shm_off())
         fits = 0;
     d[W_PID_FITS] = (uint64_t)(uint32_t)getpid() | fits << 32;
     for (size_t j = 0; c->in && j < nb; j++)

@@ -76,6 +76,11 @@ static int shm_off(void)
     return env && strcmp(env, "0") == 0;
 }
 
+int ps__shm_off(void)
+{
+    return shm_off();
+}
+
 static void segment_unmap(struct ps__shm *s)
 {
     if (s->base) {

@@ -1577,6 +1577,14 @@ static int sc_peer(ctx_t *cx)
      * through the agent. */
     TRY(run_case(cx, K_ALL_GATHER, PS_INT32, PS_SUM, (3u << 18) / (size_t)n, 0, NULL, 0));
     TRY(run_case(cx, K_ALL_TO_ALL, PS_INT32, PS_SUM, 1000, 0, NULL, 0));
+    /* PARAMSYNC_SHM=0 on rank 0 since ps_init (read on every collective):
+     * that call goes through the agent, as asked (from malloc: ps_mem_alloc
+     * gives no shared memory then). */
+    if (!g_arena_comm) {
+        if (cx->rank == 0)
+            setenv("PARAMSYNC_SHM", "0", 1);
+        TRY(run_case(cx, K_ALL_TO_ALL, PS_INT32, PS_SUM, big, 0, NULL, 0));
+    }
     g_arena_comm = NULL;
     return 0;
 }

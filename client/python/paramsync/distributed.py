@@ -634,6 +634,9 @@ class _World:
         # reads that pin its shared pages one by one (client/peer.c).
         fits = fits and not any(self.mem.find(at, len(mv)) for x in (send, recv) if x
                                 for at, mv in zip(_shm.addresses(x), x.mvs))
+        # PARAMSYNC_SHM=0 set since init (it is read on every collective): payloads over
+        # gRPC, as asked.
+        fits = fits and os.environ.get("PARAMSYNC_SHM") != "0"
         desc = np.frombuffer(_peer.describe(self.peer_nonce, (ins or [0] * nb) if fits
                                             else [0] * nb, fits), np.uint8)
         got = np.zeros(n * desc.size, np.uint8)
