@@ -6,9 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <time.h>
-#include <unistd.h>
 
 /* How long ps_finalize waits for the agent to end the Join stream after
  * Leave before it cancels the stream itself. */
@@ -173,11 +171,6 @@ static char *join_event(ps_comm_t *comm, const Paramsync__V1__JoinEvent *ev, int
             comm->peer_sets = malloc(ev->n_peer_sets * sizeof(*comm->peer_sets));
             if (comm->peer_sets)
                 memcpy(comm->peer_sets, ev->peer_sets, ev->n_peer_sets * sizeof(*ev->peer_sets));
-            /* Peers check it to know they read this process (peer.c). */
-            if (getrandom(&comm->peer_nonce, sizeof(comm->peer_nonce), 0) !=
-                (ssize_t)sizeof(comm->peer_nonce))
-                comm->peer_nonce =
-                    (uint64_t)ps__now_ms() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)comm;
         }
         comm->ready = 1;
         comm->world.rank = ev->rank;
@@ -211,7 +204,8 @@ static void *join_main(void *arg)
     req.rank = comm->requested_rank;
     req.timeout_ms =
         comm->join_timeout_ms > UINT32_MAX ? UINT32_MAX : (uint32_t)comm->join_timeout_ms;
-    req.peer_copies = ps__peer_wanted(&req.pid_namespace);
+    req.peer_copies = ps__peer_wanted(comm);
+    req.pid_namespace = comm->peer_pidns_ino;
     /* Failures to send show in the status below. The request side stays
      * open: the agent learns that this rank died when the stream breaks, and
      * that it left when ps_finalize half-closes it. */

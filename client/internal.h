@@ -97,7 +97,11 @@ struct ps_comm {
 
     ps_group_t world;
     uint32_t *peer_sets; /* JoinEvent.peer_sets by job rank (peer.c), or NULL */
-    uint64_t peer_nonce; /* random; peers read it to know they read this process */
+    /* This process to its peers, set at Join when it asks for peer copies:
+     * its PID namespace, and a random number peers read to know they read
+     * this process. */
+    uint64_t peer_pidns_dev, peer_pidns_ino;
+    uint64_t peer_nonce;
     ps_group_t **groups; /* groups[i] has id i + 1 */
     uint32_t ngroups;
 
@@ -277,11 +281,11 @@ int ps__coll_sub(const ps__coll_t *parent, const char *name, Paramsync__V1__Coll
 
 /* ---- peer copies (peer.c) ---- */
 
-/** Whether this process asks for peer copies at Join, with the inode of its
- * PID namespace in *pidns: not with PARAMSYNC_PEER_COPY=0, nor with
- * PARAMSYNC_SHM=0 (payloads over gRPC only), nor where the kernel lets no
- * process read its peers (Yama ptrace_scope 1 or more). */
-int ps__peer_wanted(uint64_t *pidns);
+/** Whether this process asks for peer copies at Join: not with
+ * PARAMSYNC_PEER_COPY=0, nor with PARAMSYNC_SHM=0 (payloads over gRPC only),
+ * nor where the kernel lets no process read its peers (Yama ptrace_scope 1
+ * or more). When it does, sets comm's PID namespace and nonce. */
+int ps__peer_wanted(ps_comm_t *comm);
 
 /** Whether c takes peer copies: decided alike on every rank of its group,
  * before it takes a sequence number. */

@@ -33,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -90,11 +91,10 @@ static size_t block_bytes(const ps__coll_t *c)
     return (size_t)c->hdr.count * ps_dtype_size((ps_dtype_t)c->hdr.dtype);
 }
 
-int ps__peer_wanted(uint64_t *pidns)
+int ps__peer_wanted(ps_comm_t *comm)
 {
     const char *peer = getenv("PARAMSYNC_PEER_COPY");
     struct stat st;
-    *pidns = 0;
     if (ps__shm_off() || (peer && strcmp(peer, "0") == 0) || stat("/proc/self/ns/pid", &st) != 0)
         return 0;
     /* Under Yama's ptrace_scope 1 a process reads only its descendants
@@ -109,7 +109,13 @@ int ps__peer_wanted(uint64_t *pidns)
     }
     if (scope > 0)
         return 0;
-    *pidns = (uint64_t)st.st_ino;
+    comm->peer_pidns_dev = (uint64_t)st.st_dev;
+    comm->peer_pidns_ino = (uint64_t)st.st_ino;
+    /* Peers check it to know they read this process. */
+    if (getrandom(&comm->peer_nonce, sizeof(comm->peer_nonce), 0) !=
+        (ssize_t)sizeof(comm->peer_nonce))
+        comm->peer_nonce =
+            (uint64_t)ps__now_ms() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)comm;
     return 1;
 }
 
@@ -146,14 +152,11 @@ static int overlap(const void *a, size_t alen, const void *b, size_t blen)
 static void describe(const ps__coll_t *c, size_t block, uint64_t *d)
 {
     const ps_comm_t *comm = c->comm;
-    struct stat st;
     size_t nb = desc_words(c) - W_BLOCKS, me = (size_t)c->hdr.rank;
     memset(d, 0, desc_words(c) * sizeof(*d));
     d[W_MAGIC] = PEER_MAGIC;
-    if (stat("/proc/self/ns/pid", &st) == 0) {
-        d[W_PIDNS_DEV] = (uint64_t)st.st_dev;
-        d[W_PIDNS_INO] = (uint64_t)st.st_ino;
-    }
+    d[W_PIDNS_DEV] = comm->peer_pidns_dev;
+    d[W_PIDNS_INO] = comm->peer_pidns_ino;
     d[W_NONCE_ADDR] = (uint64_t)(uintptr_t)&comm->peer_nonce;
     d[W_NONCE] = comm->peer_nonce;
     /* torch's in-place forms: an all_gather's or gather root's input its own
