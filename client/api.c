@@ -199,8 +199,7 @@ static int submit(ps_comm_t *comm, const request_t *r, ps_work_t **work, int *so
     rc = ps__stage_begin(&c);
     if (rc < 0)
         return rc;
-    c.peer = ps__peer_takes(&c);
-    rc = c.peer ? ps__peer_prepare(&c) : 0;
+    rc = ps__peer_takes(&c) ? ps__peer_prepare(&c) : 0;
     if (rc == 0 && !work)
         rc = ps__coll_init(&c);
     if (rc < 0) {
@@ -210,7 +209,7 @@ static int submit(ps_comm_t *comm, const request_t *r, ps_work_t **work, int *so
         return rc;
     }
     /* Peer copies hold three numbers (peer.c). */
-    uint64_t seqs = c.peer ? 3 : 1;
+    uint64_t seqs = c.peer_descs ? 3 : 1;
     ps_group_t *g = c.group;
     if (work) {
         pthread_mutex_lock(&comm->lock);

@@ -63,9 +63,9 @@ typedef struct ps__coll {
     int stage_device; /* the caller's current CUDA device, for the copy back */
     int source;       /* RECV: the sender's group rank, once done */
     struct ps_group *group;
-    /* Peer copies (peer.c): this call holds seqs hdr.seq .. hdr.seq + 2, and
-     * room for every rank's descriptor. */
-    int peer;
+    /* Peer copies (peer.c): room for every rank's descriptor, set when this
+     * call takes them and so holds seqs hdr.seq .. hdr.seq + 2 (NULL once
+     * ps__peer_run has begun). */
     void *peer_descs;
 
     /* While the call is in flight it is on comm's list, so that a lost member
