@@ -16,6 +16,7 @@ import ctypes
 import os
 import struct
 
+from . import _shm
 from ._proto import pb
 
 # The fewest bytes of all blocks together that take the path, by kind, as client/peer.c.
@@ -29,16 +30,28 @@ W_MAGIC, W_PIDNS_DEV, W_PIDNS_INO, W_NONCE_ADDR, W_NONCE, W_PID_FITS, W_BLOCKS =
 SEQS = 3  # sequence numbers a call that takes this path holds
 
 
-def wanted():
-    """(ask, pid namespace inode) for JoinRequest.peer_copies and pid_namespace: not with
-    PARAMSYNC_PEER_COPY=0 or PARAMSYNC_SHM=0, nor under Yama ptrace_scope 1 or more (a
-    process may then read only its descendants)."""
-    if os.environ.get("PARAMSYNC_PEER_COPY") == "0" or os.environ.get("PARAMSYNC_SHM") == "0":
-        return False, 0
-    try:
-        ino = os.stat("/proc/self/ns/pid").st_ino
-    except OSError:
-        return False, 0
+class Self:
+    """This process to its peers, read once: its PID namespace, and a random number at a
+    fixed address that peers read, in the same system call as a block, to know they read
+    this process."""
+
+    def __init__(self):
+        try:
+            st = os.stat("/proc/self/ns/pid")
+            self.pidns_dev, self.pidns_ino = st.st_dev, st.st_ino
+        except OSError:
+            self.pidns_dev = self.pidns_ino = 0
+        self.nonce = int.from_bytes(os.urandom(8), "little")
+        self._cell = ctypes.c_uint64(self.nonce)
+        self.nonce_address = ctypes.addressof(self._cell)
+
+
+def wanted(me):
+    """Whether to ask for peer copies at Join (JoinRequest.peer_copies, with me.pidns_ino
+    as pid_namespace): not with PARAMSYNC_PEER_COPY=0 or PARAMSYNC_SHM=0, nor under Yama
+    ptrace_scope 1 or more (a process may then read only its descendants)."""
+    if os.environ.get("PARAMSYNC_PEER_COPY") == "0" or not _shm.enabled() or not me.pidns_ino:
+        return False
     try:
         with open("/proc/sys/kernel/yama/ptrace_scope") as f:
             scope = int(f.read().split()[0])
@@ -46,7 +59,7 @@ def wanted():
         scope = 0
     except (OSError, ValueError, IndexError):
         scope = 1
-    return scope == 0, ino if scope == 0 else 0
+    return scope == 0
 
 
 def blocks_per_rank(kind):
@@ -101,21 +114,11 @@ def block_addresses(segs, addrs, n, block):
     return out
 
 
-class Nonce:
-    """A random number at a fixed address of this process: peers read it, in the same
-    system call as a block, to know they read this process."""
-
-    def __init__(self):
-        self.value = int.from_bytes(os.urandom(8), "little")
-        self._cell = ctypes.c_uint64(self.value)
-        self.address = ctypes.addressof(self._cell)
-
-
-def describe(nonce, ins, fits):
-    """This rank's descriptor (bytes): ins the addresses of its input's blocks (an
-    all_to_all's n, an all_gather's one); fits: its buffers suit peer copies."""
-    st = os.stat("/proc/self/ns/pid")
-    words = [MAGIC, st.st_dev, st.st_ino, nonce.address, nonce.value,
+def describe(me, ins, fits):
+    """This rank's descriptor (bytes): me its Self, ins the addresses of its input's blocks
+    (an all_to_all's or scatter root's n, an all_gather's or gather's one); fits: its
+    buffers suit peer copies."""
+    words = [MAGIC, me.pidns_dev, me.pidns_ino, me.nonce_address, me.nonce,
              (os.getpid() & 0xFFFFFFFF) | (int(bool(fits)) << 32)]
     words += ins
     return struct.pack("=%dQ" % len(words), *words)

@@ -322,7 +322,7 @@ class _World:
         self.incarnation = 0
         self.world_group = None
         self.peer_sets = None
-        self.peer_nonce = _peer.Nonce()
+        self.peer_self = _peer.Self()
         self.peer_used = 0  # collectives that went by peer copies
         self.n_new_groups = 0
         self.crashed = False
@@ -346,10 +346,11 @@ class _World:
     # -- membership --------------------------------------------------------
 
     def join(self, world_size, rank, join_timeout_ms):
-        peer_copies, pid_namespace = _peer.wanted()
+        peer_copies = _peer.wanted(self.peer_self)
         req = pb.JoinRequest(job=self.job, world_size=world_size, rank=rank,
                              timeout_ms=min(join_timeout_ms, 0xFFFFFFFF),
-                             peer_copies=peer_copies, pid_namespace=pid_namespace)
+                             peer_copies=peer_copies,
+                             pid_namespace=self.peer_self.pidns_ino if peer_copies else 0)
         stop = self.stop
 
         def requests():
@@ -636,8 +637,8 @@ class _World:
                                 for at, mv in zip(_shm.addresses(x), x.mvs))
         # PARAMSYNC_SHM=0 set since init (it is read on every collective): payloads over
         # gRPC, as asked.
-        fits = fits and os.environ.get("PARAMSYNC_SHM") != "0"
-        desc = np.frombuffer(_peer.describe(self.peer_nonce, (ins or [0] * nb) if fits
+        fits = fits and _shm.enabled()
+        desc = np.frombuffer(_peer.describe(self.peer_self, (ins or [0] * nb) if fits
                                             else [0] * nb, fits), np.uint8)
         got = np.zeros(n * desc.size, np.uint8)
         self._small(g, header, seq, _K.ALL_GATHER, T.UINT8, desc, got,
