@@ -53,6 +53,7 @@ typedef struct job {
     int detached; /* replaced by a new incarnation; no longer in the list */
     uint64_t incarnation;
     member_t *members;
+    uint32_t *peer_sets; /* JoinEvent.peer_sets, made when the job forms (NULL: none) */
     group_t *groups;
     struct job *next;
 } job_t;
@@ -91,6 +92,7 @@ static void job_free(job_t *j)
         free(m->machine);
         free(m->peer);
     }
+    free(j->peer_sets);
     while (j->groups) {
         group_t *g = j->groups;
         j->groups = g->next;
@@ -186,7 +188,8 @@ static int send_event(ps__rpc_call_t *call, Paramsync__V1__JoinEvent__Kind kind,
     return ps__rpc_send_msg(call, &ev.base);
 }
 
-/* JoinEvent.peer_sets for a job whose ranks have all joined (lock held):
+/* JoinEvent.peer_sets for a job whose ranks have all joined (lock held;
+ * made once as it forms, O(n^2) in its world size at worst):
  * ranks that asked for peer copies through the same agent from the same PID
  * namespace share a number, one more than the first such rank; the others
  * have 0. NULL: no memory (then READY goes without, and no rank takes peer
@@ -308,6 +311,8 @@ static int join_register(ps__coordinator_t *c, const Paramsync__V1__JoinRequest 
     j->njoined++;
     if (j->njoined == j->world_size) {
         j->ready = 1;
+        free(j->peer_sets);
+        j->peer_sets = peer_sets(j);
         j->incarnation = ++c->next_incarnation;
         PS_LOG(PS_LOG_INFO, "job %s: ready, world_size %d, incarnation %llu, hub %s", j->name,
                j->world_size, (unsigned long long)j->incarnation, j->members[0].agent);
@@ -380,7 +385,9 @@ static void coord_join(ps__rpc_call_t *call, void *arg)
             uint64_t inc = j->incarnation;
             int world = j->world_size;
             char *hub = strdup(j->members[0].agent);
-            uint32_t *sets = peer_sets(j);
+            uint32_t *sets = j->peer_sets ? malloc((size_t)world * sizeof(*sets)) : NULL;
+            if (sets)
+                memcpy(sets, j->peer_sets, (size_t)world * sizeof(*sets));
             pthread_mutex_unlock(&c->lock);
             send_event(call, PARAMSYNC__V1__JOIN_EVENT__KIND__READY, rank, world, hub, inc, NULL,
                        sets);
