@@ -159,6 +159,9 @@ static int parse_bytes(const char *s, uint64_t *out)
 {
     char *end;
     errno = 0;
+    /* strtoull takes "-1" as its negation, 2^64 - 1: refused. */
+    if (strchr(s, '-'))
+        return -1;
     unsigned long long v = strtoull(s, &end, 10);
     if (errno || end == s)
         return -1;

@@ -39,6 +39,7 @@ expect_bad() {
 long=$(printf 'x%.0s' $(seq 200))
 expect_bad "--ring must be auto, on or off, not 'bogus'" --ring bogus
 expect_bad "--ring-min-bytes must be a byte count, not '12Q'" --ring-min-bytes 12Q
+expect_bad "--ring-min-bytes must be a byte count, not '-1'" --ring-min-bytes -1
 expect_bad "--reduce-device must be cpu, cuda or auto, not 'gpu'" --reduce-device gpu
 expect_bad "--machine-id is at most 128 characters" --machine-id "$long"
 expect_bad "--step-bytes must be 64 bytes to 4M-4K, not '0'" --step-bytes 0
