@@ -33,6 +33,7 @@ typedef struct ps__config {
                                   * with; smaller ones on the CPU (auto: PS_AUTO_CUDA_MIN) */
     int ring;                    /* PS_RING_OFF, _ON or _AUTO (--ring) */
     uint64_t ring_min_bytes;     /* smaller ones go to the hub (--ring-min-bytes) */
+    uint64_t rd_max_bytes;       /* recursive doubling up to this (--rd-max-bytes) */
     const char *machine_id;      /* the machine this agent runs on (--machine-id); "" unknown */
     uint64_t
         shm_resident_bytes; /* larger collectives let go of segment pages (--shm-resident-bytes) */
@@ -42,6 +43,10 @@ typedef struct ps__config {
  * On an H200 host (docs/GPU.md, "Pinned host memory") the GPU lost below
  * 1 MiB all_reduces (a round trip to the device per step) and won from 4 MiB. */
 #define PS_AUTO_CUDA_MIN ((size_t)1 << 20)
+
+/* --rd-max-bytes: the largest all_reduce (per rank) recursive doubling takes
+ * by default; see docs/PERFORMANCE.md, "Recursive doubling between agents". */
+#define PS_RD_MAX_BYTES ((uint64_t)64 << 10)
 
 /* --ring: which multi-agent collectives go round a ring of agents. */
 enum { PS_RING_OFF, PS_RING_ON, PS_RING_AUTO };

@@ -617,6 +617,14 @@ typedef struct ring {
     /* Agreement (ring_agrees): tokens this agent may send, has sent and has
      * received; agreed: every agent of the ring took its link's header. */
     int tok_ready, tok_sent, tok_in, agreed;
+    /* Recursive doubling (rd_apply_main; links as in a mesh, those of two
+     * agents with a round together used): rd_val (rd_len bytes) is this
+     * agent's value after rd_k rounds; rd_taken has bit t set once round
+     * t's frame took it. */
+    int rd, rd_k;
+    uint64_t rd_taken;
+    blob_t *rd_val;
+    size_t rd_len;
 } ring_t;
 
 typedef struct coll {
@@ -1634,6 +1642,7 @@ static void coll_free(coll_t *c)
         free(c->ring->xin);
         free(c->ring->xout);
         free(c->ring->agent_of);
+        blob_unref(c->ring->rd_val);
         free(c->ring);
     }
     free(c->slots);
@@ -2878,6 +2887,7 @@ typedef struct ring_plan {
     int nlocal;
     int *local;    /* group ranks served by this agent, ascending */
     int *agent_of; /* group rank -> position of its agent */
+    int rd;        /* by recursive doubling between the agents (ring_use) */
 } ring_plan_t;
 
 static void ring_plan_clear(ring_plan_t *plan)
@@ -2980,6 +2990,13 @@ static int ring_mode(int kind)
     }
 }
 
+/* Whether a ring collective's members are this agent's ranks (SPLIT, and
+ * recursive doubling), not the whole group. */
+static int ring_split(const ring_plan_t *plan, int kind)
+{
+    return plan->rd || ring_mode(kind) == RING_SPLIT;
+}
+
 /* An all_reduce ring moves a step in A pieces: its steps are A times
  * --step-bytes (up to a frame's limit), so that each piece is about a step
  * of the hub's. Fewer, larger messages: 64 MiB all_reduce over 4 agents on
@@ -2988,7 +3005,7 @@ static int ring_mode(int kind)
  * steps whole: --step-bytes (0). */
 static size_t ring_step(const ps__hub_t *h, const ring_plan_t *plan, int kind)
 {
-    if (ring_mode(kind) != RING_SPLIT)
+    if (ring_mode(kind) != RING_SPLIT || plan->rd)
         return 0;
     uint64_t sb = (uint64_t)h->cfg->step_bytes * (uint64_t)plan->nagents;
     uint64_t max = PS_FRAME_MAX_DATA - 4096;
@@ -3010,6 +3027,18 @@ static uint64_t ring_auto_ranks(int kind)
     default:
         return 0;
     }
+}
+
+/* Whether a collective of `bytes` per rank whose agents combine it among
+ * themselves (ring_use) does so by recursive doubling (rd_apply_main)
+ * rather than round the ring: an all_reduce of at most --rd-max-bytes, in
+ * one step. The same on every agent, as the ring's own choice. (A barrier
+ * stays with the ring's tokens: by recursive doubling it was level to 23 %
+ * slower here, docs/PERFORMANCE.md.) */
+static int rd_fits(const ps__hub_t *h, int kind, uint64_t bytes)
+{
+    return kind == K_ALL_REDUCE && bytes > 0 && bytes <= h->cfg->rd_max_bytes &&
+           bytes <= h->cfg->step_bytes;
 }
 
 /* Whether a collective of this header may go round a ring of agents (when
@@ -3055,11 +3084,12 @@ static int ring_use(const ps__hub_t *h, const job_t *j, const header_t *hd, ring
 {
     if (!ring_wanted(h, hd) || !ring_plan(h, j, hd->group, plan))
         return 0;
+    size_t esize = ps_dtype_size((ps_dtype_t)hd->dtype);
+    uint64_t bytes = hd->count * esize;
+    plan->rd = rd_fits(h, hd->kind, bytes);
     if (h->cfg->ring != PS_RING_AUTO)
         return 1;
     uint64_t n = (uint64_t)group_size(j, hd->group), a = (uint64_t)plan->nagents;
-    size_t esize = ps_dtype_size((ps_dtype_t)hd->dtype);
-    uint64_t bytes = hd->count * esize;
     uint64_t ranks = ring_auto_ranks(hd->kind);
     int big = bytes >= h->cfg->ring_min_bytes;
     int apart = plan->machines >= 2 && hd->kind != K_BARRIER;
@@ -3169,6 +3199,78 @@ static uint64_t ring_frames(const coll_t *c, int peer, int out)
     return k;
 }
 
+/* ---- recursive doubling between agents ----
+ *
+ * A small all_reduce whose agents would combine it round the ring (2(A - 1)
+ * rounds one after another) goes by recursive doubling instead (rd_fits):
+ * each agent reduces its ranks' inputs first, as for the ring; then, with P the
+ * largest power of two <= A and R = log2 P, an agent p >= P (an "extra")
+ * hands its value to p - P in round 0 and gets the result back from it in
+ * round R + 1; the agents below P exchange theirs with p ^ 2^(r-1) in
+ * rounds r = 1..R and combine the two, the lower position's value first.
+ * Every agent below P so ends with the same bits (the same tree of
+ * reductions), and the extras with a copy: R + 2 hops at most. Each pair of
+ * agents with a round shares one Ring call (rd_opens: the extra, or the
+ * lower of two, opens it), which carries one frame each way, tagged with its
+ * round: the opener's value on the request stream, the other's as the reply
+ * (rd_reply_main); about half as many calls as agents times their rounds.
+ * Only agent P - 1 would open none, so it opens its own call to P - 2 as
+ * well (that pair has a call each way, without replies): every agent then
+ * reaches another with the collective at once, which thus learns of it from
+ * the first hop, and a rank whose agent serves a collective apart from its
+ * hub is told at once (ring.mismatch_route.p4), as round the ring. */
+
+/* The largest power of two <= a (a >= 1), and its log2. */
+static int rd_core(int a)
+{
+    int p = 1;
+    while (p <= a / 2)
+        p *= 2;
+    return p;
+}
+
+static int rd_log2(int p)
+{
+    int r = 0;
+    while ((1 << r) < p)
+        r++;
+    return r;
+}
+
+/* The rounds of recursive doubling between a agents: 0 (extras in), 1..R,
+ * R + 1 (extras out). */
+static int rd_rounds(int a)
+{
+    return rd_log2(rd_core(a)) + 2;
+}
+
+/* The round in which the agent at position `from` sends to the one at `to`
+ * (of a), or -1 when it never does. */
+static int rd_round(int a, int from, int to)
+{
+    int p = rd_core(a);
+    if (from == to || from < 0 || to < 0 || from >= a || to >= a)
+        return -1;
+    if (from >= p)
+        return to == from - p ? 0 : -1;
+    if (to >= p)
+        return to == from + p ? rd_log2(p) + 1 : -1;
+    int d = from ^ to;
+    return (d & (d - 1)) == 0 ? rd_log2(d) + 1 : -1;
+}
+
+/* Whether the agent at pos opens a call to the one at peer: an extra its
+ * call to its core agent; of two core agents, the lower; and P - 1 to P - 2.
+ * The other agent of a call replies on it unless it opens one of its own. */
+static int rd_opens(int a, int pos, int peer)
+{
+    int p = rd_core(a);
+    if (pos >= p)
+        return peer == pos - p;
+    return peer < p && rd_round(a, pos, peer) >= 0 &&
+           (pos < peer || (pos == p - 1 && peer == p - 2));
+}
+
 /* The first link that has to come to this agent and has not come yet: the
  * one from the previous agent (with need_in: when it carries frames or
  * tokens), then in a mesh those from the others that carry frames; NULL when
@@ -3176,7 +3278,8 @@ static uint64_t ring_frames(const coll_t *c, int peer, int out)
 static const ring_link_t *ring_link_missing(const coll_t *c, int need_in)
 {
     const ring_t *rg = c->ring;
-    if (need_in && !rg->in.seen)
+    /* Recursive doubling opens only the links that carry a round. */
+    if (need_in && !rg->in.seen && (!rg->rd || rg->in.frames > 0))
         return &rg->in;
     for (int k = 0; rg->xin && k < rg->nagents - 2; k++)
         if (!rg->xin[k].seen && rg->xin[k].frames > 0)
@@ -3305,13 +3408,48 @@ typedef struct ring_watch {
     ps__rpc_call_t *out;
 } ring_watch_t;
 
+/* Queues a frame the other agent of recursive doubling replied with on l
+ * (rd_apply_main takes it). Fails the collective when it cannot be read. */
+static void rd_reply_queue(const ring_link_t *l, grpc_byte_buffer *bb)
+{
+    coll_t *c = l->c;
+    ring_frame_t *q = calloc(1, sizeof(*q));
+    int rc = q ? (ps__frame_decode(bb, &q->f) < 0 ? PS_EINVAL : 0) : PS_ENOMEM;
+    pthread_mutex_lock(c->lock);
+    if (rc == 0 && !c->failed && !q->f.meta->result) {
+        q->from = l;
+        *(c->ring->q_tail ? &c->ring->q_tail->next : &c->ring->q_head) = q;
+        c->ring->q_tail = q;
+        q = NULL;
+        pthread_cond_broadcast(&c->cond);
+    } else if (!c->failed) {
+        coll_fail(
+            c, rc == PS_ENOMEM ? GRPC_STATUS_RESOURCE_EXHAUSTED : GRPC_STATUS_INVALID_ARGUMENT,
+            "%s (group %u, seq %" PRIu64 "): agent %s replied %s", kind_name(c->kind), c->group,
+            c->seq, l->addr, rc == PS_ENOMEM ? "(out of memory)" : "a malformed frame");
+    }
+    pthread_mutex_unlock(c->lock);
+    if (q) {
+        ps__frame_clear(&q->f);
+        free(q);
+    }
+}
+
 static void *ring_watch_main(void *arg)
 {
     ring_watch_t *w = arg;
-    grpc_byte_buffer *bb = NULL;
-    ps__rpc_call_recv(w->out, &bb); /* the other agent sends only its status */
-    if (bb)
+    /* The other agent sends only its status; in recursive doubling, first
+     * its value of the pair's round (the call is the pair's, both ways). */
+    for (;;) {
+        grpc_byte_buffer *bb = NULL;
+        ps__rpc_call_recv(w->out, &bb);
+        if (!bb)
+            break;
+        const ring_t *rg = w->l->c->ring;
+        if (rg->rd && !rd_opens(rg->nagents, w->l->peer, rg->pos))
+            rd_reply_queue(w->l, bb);
         grpc_byte_buffer_destroy(bb);
+    }
     char *msg = NULL;
     int rc = ps__rpc_call_finish(w->out, &msg);
     pthread_mutex_lock(w->l->c->lock);
@@ -3339,22 +3477,25 @@ static int ring_open_give_up(void *arg)
     return give;
 }
 
-/* A link to another agent, l (the next one, or in a mesh any other): opens
- * it, then sends each step's pieces that go over it as soon as they are
- * ready (its own partial in round 0, then what the receiver has just added
- * or completed). The sender to the next agent also passes the tokens on,
- * keeps the deadline until every link to this agent has arrived, and checks
- * meanwhile that the group's ranks on other agents are still members. */
-static void *ring_send_main(void *arg)
+/* The sending end of a link to another agent, while its sender works. */
+typedef struct ring_out {
+    ps__rpc_call_t *call;
+    ring_watch_t watch;
+    ps__task_t watcher;
+    int watching;
+} ring_out_t;
+
+/* Opens link l (a Ring call to its agent, the collective's header first)
+ * and starts watching it; fails the collective when the agent cannot be
+ * reached. Called without the lock; returns with it held, 0 or < 0. */
+static int ring_out_open(ring_link_t *l, ring_out_t *o)
 {
-    ring_link_t *l = arg;
     coll_t *c = l->c;
     ring_t *rg = c->ring;
     ps__hub_t *h = rg->hub;
     job_t *j = c->job;
-    int next = l == &rg->out;
-    ps__rpc_call_t *out = NULL;
-    int rc = h->ring_open(h->lookup_arg, l->addr, j->name, &out);
+    o->call = NULL;
+    int rc = h->ring_open(h->lookup_arg, l->addr, j->name, &o->call);
     if (rc == 0) {
         header_t hd = PARAMSYNC__V1__COLLECTIVE_HEADER__INIT;
         hd.job = j->name;
@@ -3369,20 +3510,88 @@ static void *ring_send_main(void *arg)
         hd.incarnation = j->info.incarnation;
         hd.timeout_ms = (uint32_t)rg->timeout_ms;
         grpc_byte_buffer *bb = ps__frame_encode(&hd, NULL, 0, NULL, 0, NULL, NULL);
-        rc = bb ? ps__rpc_call_send_or(out, bb, ring_open_give_up, l) : PS_ENOMEM;
+        rc = bb ? ps__rpc_call_send_or(o->call, bb, ring_open_give_up, l) : PS_ENOMEM;
         if (bb)
             grpc_byte_buffer_destroy(bb);
     }
-    ring_watch_t watch = {l, out};
-    ps__task_t watcher;
-    int watching = rc == 0 && ps__task_start(&watcher, ring_watch_main, &watch) == 0;
+    o->watch = (ring_watch_t){l, o->call};
+    o->watching = rc == 0 && ps__task_start(&o->watcher, ring_watch_main, &o->watch) == 0;
     pthread_mutex_lock(c->lock);
-    l->call = out;
-    if (rc < 0 && !out)
+    l->call = o->call;
+    if (rc == 0 && rg->rd && !o->watching) /* its reply would go unread */
+        coll_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: no thread for the ring",
+                  kind_name(c->kind));
+    if (rc < 0 && !o->call)
         coll_fail(c, GRPC_STATUS_UNAVAILABLE,
                   "%s (group %u, seq %" PRIu64 "): cannot reach agent %s, %s: %s",
                   kind_name(c->kind), c->group, c->seq, l->who,
-                  next ? "the next in the ring" : "one of the mesh", ps_strerror(rc));
+                  rg->rd          ? "a partner in recursive doubling"
+                  : l == &rg->out ? "the next in the ring"
+                                  : "one of the mesh",
+                  ps_strerror(rc));
+    return rc;
+}
+
+/* Ends link l once its sender is done (broke: a send failed): a failed
+ * collective's words go to the other agent first, then the end of the
+ * stream and its status. Lock held; ends the sender's thread (unlocks). */
+static void ring_out_close(ring_link_t *l, ring_out_t *o, int broke)
+{
+    coll_t *c = l->c;
+    ps__hub_t *h = c->ring->hub;
+    job_t *j = c->job;
+    Paramsync__V1__CollectiveResult res = PARAMSYNC__V1__COLLECTIVE_RESULT__INIT;
+    char why[sizeof(c->message)];
+    int failed = c->failed, rc = 0;
+    res.code = c->code;
+    snprintf(why, sizeof(why), "%s", c->message);
+    l->busy = 1;
+    pthread_mutex_unlock(c->lock);
+    char *msg = NULL;
+    if (o->call) {
+        if (failed && !broke) {
+            /* The other agent fails the collective with the same words. */
+            res.message = why;
+            grpc_byte_buffer *bb = ps__frame_encode(NULL, &res, 0, NULL, 0, NULL, NULL);
+            if (bb) {
+                ps__rpc_call_send(o->call, bb);
+                grpc_byte_buffer_destroy(bb);
+            }
+        }
+        ps__rpc_call_close_send(o->call);
+        if (o->watching)
+            ps__task_join(&o->watcher);
+        else
+            rc = ps__rpc_call_finish(o->call, &msg);
+    }
+    pthread_mutex_lock(c->lock);
+    l->call = NULL;
+    l->busy = 0;
+    pthread_mutex_unlock(c->lock);
+    ps__rpc_call_destroy(o->call);
+    pthread_mutex_lock(c->lock);
+    if (o->call && !o->watching)
+        ring_link_failed(l, rc, msg);
+    ring_thread_exit(h, j, c);
+    free(msg);
+}
+
+/* A link to another agent, l (the next one, or in a mesh any other): opens
+ * it, then sends each step's pieces that go over it as soon as they are
+ * ready (its own partial in round 0, then what the receiver has just added
+ * or completed). The sender to the next agent also passes the tokens on,
+ * keeps the deadline until every link to this agent has arrived, and checks
+ * meanwhile that the group's ranks on other agents are still members. */
+static void *ring_send_main(void *arg)
+{
+    ring_link_t *l = arg;
+    coll_t *c = l->c;
+    ring_t *rg = c->ring;
+    ps__hub_t *h = rg->hub;
+    int next = l == &rg->out;
+    ring_out_t o;
+    int rc = ring_out_open(l, &o);
+    ps__rpc_call_t *out = o.call;
     int64_t start = ps__now_ms();
     int rounds = ring_rounds(c), broke = rc < 0;
     /* A passing ring that sends nothing (or no more) still keeps the
@@ -3481,44 +3690,13 @@ static void *ring_send_main(void *arg)
         if (!broke && r == rounds - 1 && ++sl->recv_done == sl->recv_need)
             slot_consumed(c, sl);
     }
-    Paramsync__V1__CollectiveResult res = PARAMSYNC__V1__COLLECTIVE_RESULT__INIT;
-    char why[sizeof(c->message)];
-    int failed = c->failed;
-    res.code = c->code;
-    snprintf(why, sizeof(why), "%s", c->message);
-    l->busy = 1;
-    pthread_mutex_unlock(c->lock);
-    char *msg = NULL;
-    if (out) {
-        if (failed && !broke) {
-            /* The other agent fails the collective with the same words. */
-            res.message = why;
-            grpc_byte_buffer *bb = ps__frame_encode(NULL, &res, 0, NULL, 0, NULL, NULL);
-            if (bb) {
-                ps__rpc_call_send(out, bb);
-                grpc_byte_buffer_destroy(bb);
-            }
-        }
-        ps__rpc_call_close_send(out);
-        if (watching)
-            ps__task_join(&watcher);
-        else
-            rc = ps__rpc_call_finish(out, &msg);
-    }
-    pthread_mutex_lock(c->lock);
-    l->call = NULL;
-    l->busy = 0;
-    pthread_mutex_unlock(c->lock);
-    ps__rpc_call_destroy(out);
-    pthread_mutex_lock(c->lock);
-    if (out && !watching)
-        ring_link_failed(l, rc, msg);
-    ring_thread_exit(h, j, c);
-    free(msg);
+    ring_out_close(l, &o, broke);
     return NULL;
 }
 
 static void *ring_apply_main(void *arg);
+static void *rd_send_main(void *arg);
+static void *rd_apply_main(void *arg);
 
 /* "ADDR (rank 2, rank 3)": the agent at ring position pos with the job ranks
  * it serves (the first few), so that a broken link names the ranks lost with
@@ -3547,8 +3725,6 @@ static char *ring_who(const job_t *j, uint32_t group, const ring_plan_t *plan, i
     return strdup(buf);
 }
 
-/* Makes c a ring collective and starts its link to the next agent. Lock held.
- * 0, or -1 with the collective failed. */
 /* Sets link l up for the agent at position peer: its address and who. Lock
  * held; -1 when out of memory. */
 static int ring_link_init(coll_t *c, const ring_plan_t *plan, ring_link_t *l, int peer)
@@ -3615,13 +3791,15 @@ static int ring_thread_start(ps__hub_t *h, coll_t *c, void *(*fn)(void *), void 
 static int coll_ring_start(ps__hub_t *h, coll_t *c, const ring_plan_t *plan, int64_t timeout_ms)
 {
     ring_t *rg = calloc(1, sizeof(*rg));
-    int a = plan->nagents, nx = c->kind == K_ALL_TO_ALL ? a - 2 : 0, fail = !rg;
+    int a = plan->nagents, nx = c->kind == K_ALL_TO_ALL || plan->rd ? a - 2 : 0, fail = !rg;
     c->ring = rg;
     if (rg) {
         rg->nagents = a;
         rg->pos = plan->pos;
         rg->nlocal = plan->nlocal;
         rg->mesh = c->kind == K_ALL_TO_ALL;
+        rg->rd = plan->rd;
+        rg->rd_k = -1;
         fail |= ring_link_init(c, plan, &rg->out, (plan->pos + 1) % a) < 0;
         fail |= ring_link_init(c, plan, &rg->in, (plan->pos + a - 1) % a) < 0;
         if (nx > 0) {
@@ -3641,7 +3819,7 @@ static int coll_ring_start(ps__hub_t *h, coll_t *c, const ring_plan_t *plan, int
     rg->hub = h;
     rg->group_size = group_size(c->job, c->group);
     rg->timeout_ms = timeout_ms;
-    rg->mode = ring_mode(c->kind);
+    rg->mode = plan->rd ? RING_SPLIT : ring_mode(c->kind);
     if (rg->mode != RING_SPLIT) {
         /* Members are the whole group (coll_serves says which come here). */
         rg->agent_of = malloc((size_t)rg->group_size * sizeof(int));
@@ -3654,14 +3832,32 @@ static int coll_ring_start(ps__hub_t *h, coll_t *c, const ring_plan_t *plan, int
         for (int i = 0; i < c->n; i++)
             c->ranks[i] = plan->local[i];
     }
-    rg->in.frames = ring_frames(c, rg->in.peer, 0);
-    rg->out.frames = ring_frames(c, rg->out.peer, 1);
-    for (int k = 0; k < nx; k++) {
-        rg->xin[k].frames = ring_frames(c, rg->xin[k].peer, 0);
-        rg->xout[k].frames = ring_frames(c, rg->xout[k].peer, 1);
+    for (int k = -1; k < nx; k++) {
+        ring_link_t *in = k < 0 ? &rg->in : &rg->xin[k], *out = k < 0 ? &rg->out : &rg->xout[k];
+        /* Recursive doubling: one frame on the call of each pair that
+         * has a round, opened by one of the two (the reply is the call's). */
+        in->frames =
+            rg->rd ? (uint64_t)rd_opens(a, in->peer, rg->pos) : ring_frames(c, in->peer, 0);
+        out->frames =
+            rg->rd ? (uint64_t)rd_opens(a, rg->pos, out->peer) : ring_frames(c, out->peer, 1);
     }
     if (rg->mesh)
         ring_mesh_widen(h, c);
+    ps__metrics_ring(rg->rd ? PS_M_RING_RD : rg->mesh ? PS_M_RING_MESH : PS_M_RING_RING);
+    if (rg->rd) {
+        /* Every link with a round, and the rounds. */
+        int ok = 1;
+        for (int k = -1; k < nx && ok; k++) {
+            ring_link_t *out = k < 0 ? &rg->out : &rg->xout[k];
+            ok = out->frames == 0 || ring_thread_start(h, c, rd_send_main, out) == 0;
+        }
+        if (!ok || ring_thread_start(h, c, rd_apply_main, c) != 0) {
+            coll_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: no thread for the ring",
+                      kind_name(c->kind));
+            return -1;
+        }
+        return 0;
+    }
     /* The sender to the next agent and the applier always; a sender to each
      * other agent of a mesh that has steps for it (the agent there expects
      * the link just then). */
@@ -3838,10 +4034,12 @@ static void ring_pass_apply(coll_t *c)
     }
 }
 
-/* Adds the data of frame f into dst, in place, reading it where it arrived
- * (reduce_runs); *iov (*cap entries) is the caller's, grown as needed. 0 or
- * a negative code. */
-static int ring_add(coll_t *c, uint8_t *dst, const ps__frame_t *f, struct iovec **iov, size_t *cap)
+/* Reduces `mine` (len bytes) and the data of frame f into dst, reading the
+ * frame where it arrived (reduce_runs), mine first or f first; dst may be
+ * mine. *iov (*cap entries) is the caller's, grown as needed. 0 or a
+ * negative code. */
+static int ring_combine(coll_t *c, uint8_t *dst, const uint8_t *mine, const ps__frame_t *f,
+                        int mine_first, struct iovec **iov, size_t *cap)
 {
     if (*cap < f->nslices) {
         struct iovec *n = realloc(*iov, f->nslices * sizeof(*n));
@@ -3854,9 +4052,15 @@ static int ring_add(coll_t *c, uint8_t *dst, const ps__frame_t *f, struct iovec 
     if (k < 0)
         return PS_EINVAL; /* not reached: a frame's data lies in at most nslices pieces */
     in_cursor_t cur[2];
-    in_cursor_whole(&cur[0], dst, f->data_len);
-    cur[1] = (in_cursor_t){.piece = *iov, .npieces = k};
+    in_cursor_whole(&cur[mine_first ? 0 : 1], mine, f->data_len);
+    cur[mine_first ? 1 : 0] = (in_cursor_t){.piece = *iov, .npieces = k};
     return reduce_runs(hub_op(c), (ps_dtype_t)c->dtype, dst, cur, 2, f->data_len);
+}
+
+/* Adds the data of frame f into dst, in place. */
+static int ring_add(coll_t *c, uint8_t *dst, const ps__frame_t *f, struct iovec **iov, size_t *cap)
+{
+    return ring_combine(c, dst, dst, f, 1, iov, cap);
 }
 
 /* Takes the queued pieces in order: adds them to this agent's partials in
@@ -3963,6 +4167,257 @@ static void *ring_apply_main(void *arg)
     return NULL;
 }
 
+/* ---- recursive doubling between agents (rd_core and on, above) ---- */
+
+/* The link of c's ring to (out) or from the agent at peer. */
+static ring_link_t *ring_link_of(ring_t *rg, int peer, int out)
+{
+    int a = rg->nagents;
+    if (out)
+        return peer == rg->out.peer ? &rg->out : &rg->xout[(peer - rg->pos - 2 + 2 * a) % a];
+    return peer == rg->in.peer ? &rg->in : &rg->xin[(rg->pos - peer + a) % a - 2];
+}
+
+/* The agent the one at pos sends to (sending) or hears from in round t, or
+ * -1 when none. */
+static int rd_peer_at(int a, int pos, int t, int sending)
+{
+    for (int q = 0; q < a; q++)
+        if ((sending ? rd_round(a, pos, q) : rd_round(a, q, pos)) == t)
+            return q;
+    return -1;
+}
+
+/* Takes the frame from the agent at `from` off c's queue: NULL when none
+ * came yet, or (c failed) when it carries another round than t. Lock held. */
+static ring_frame_t *rd_take(coll_t *c, int from, int t)
+{
+    ring_t *rg = c->ring;
+    for (ring_frame_t **link = &rg->q_head, *prev = NULL; *link;
+         prev = *link, link = &(*link)->next) {
+        ring_frame_t *q = *link;
+        if (q->from->peer != from)
+            continue;
+        *link = q->next;
+        if (rg->q_tail == q)
+            rg->q_tail = prev;
+        if (q->f.meta->offset != (uint64_t)t) {
+            coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
+                      "%s (group %u, seq %" PRIu64 "): agent %s sent round %" PRIu64
+                      " where round %d belongs",
+                      kind_name(c->kind), c->group, c->seq, q->from->addr, q->f.meta->offset, t);
+            ps__frame_clear(&q->f);
+            free(q);
+            return NULL;
+        }
+        return q;
+    }
+    return NULL;
+}
+
+/* Waits until this agent's value for round t is there, takes it for the
+ * round's frame and sends that on call, the lock down meanwhile (*busy set).
+ * Lock held. 0, 1 when the collective failed first, < 0 when the send did. */
+static int rd_send_round(coll_t *c, int t, ps__rpc_call_t *call, int *busy)
+{
+    ring_t *rg = c->ring;
+    while (!c->failed && rg->rd_k != t)
+        pthread_cond_wait(&c->cond, c->lock);
+    if (c->failed)
+        return 1;
+    blob_t *b = rg->rd_val;
+    size_t len = rg->rd_len;
+    blob_ref(b);
+    rg->rd_taken |= 1ull << t;
+    pthread_cond_broadcast(&c->cond);
+    *busy = 1;
+    pthread_mutex_unlock(c->lock);
+    grpc_byte_buffer *bb = ps__frame_encode(NULL, NULL, (uint64_t)t, b->data, len, blob_unref, b);
+    int rc = bb ? ps__rpc_call_send(call, bb) : PS_ENOMEM;
+    if (bb)
+        grpc_byte_buffer_destroy(bb);
+    if (rc == 0)
+        ps__metrics_bytes(PS_M_TX, PS_M_LINK_AGENT, len);
+    pthread_mutex_lock(c->lock);
+    *busy = 0;
+    return rc < 0 ? rc : 0;
+}
+
+/* The opener of a pair's call in recursive doubling: opens it at once (the
+ * other agent then has the collective), sends this agent's value of the
+ * pair's round as soon as it is there; its watcher queues the reply. */
+static void *rd_send_main(void *arg)
+{
+    ring_link_t *l = arg;
+    coll_t *c = l->c;
+    ring_t *rg = c->ring;
+    ring_out_t o;
+    int broke = ring_out_open(l, &o) < 0;
+    if (!broke)
+        broke = rd_send_round(c, rd_round(rg->nagents, rg->pos, l->peer), o.call, &l->busy) < 0;
+    ring_out_close(l, &o, broke);
+    return NULL;
+}
+
+/* The reply on a pair's call the other agent opened (l: its link here). */
+typedef struct rd_reply {
+    ring_link_t *l;
+    ps__rpc_call_t *call;
+} rd_reply_t;
+
+static void *rd_reply_main(void *arg)
+{
+    rd_reply_t *r = arg;
+    coll_t *c = r->l->c;
+    int busy = 0;
+    pthread_mutex_lock(c->lock);
+    if (rd_send_round(c, rd_round(c->ring->nagents, c->ring->pos, r->l->peer), r->call, &busy) < 0)
+        coll_fail(c, GRPC_STATUS_ABORTED,
+                  "%s (group %u, seq %" PRIu64 "): the reply to agent %s failed (it died?)",
+                  kind_name(c->kind), c->group, c->seq, r->l->who);
+    pthread_mutex_unlock(c->lock);
+    return NULL;
+}
+
+/* Waits for the frame of round t from the agent at `from`: until its link
+ * has come, within the collective's deadline (then, as round the ring, that
+ * agent's ranks did not arrive); once it has, for as long as it takes, since
+ * that agent then has the collective and fails it, and says so, if its own
+ * ranks do not come. Lock held; NULL with c failed. */
+static ring_frame_t *rd_wait(coll_t *c, int from, int t, int64_t start)
+{
+    ring_t *rg = c->ring;
+    ps__hub_t *h = rg->hub;
+    /* The frame comes on the other agent's call, or as the reply on the
+     * one this agent opened (then it has come once that is open). */
+    int theirs = rd_opens(rg->nagents, from, rg->pos);
+    ring_link_t *l = ring_link_of(rg, from, !theirs);
+    ring_frame_t *q = NULL;
+    while (!c->failed && !(q = rd_take(c, from, t))) {
+        if (theirs ? l->seen : l->call != NULL) {
+            pthread_cond_wait(&c->cond, c->lock);
+            continue;
+        }
+        struct timespec slice = abs_ms(PS_HUB_LIVENESS_CHECK_MS);
+        pthread_cond_timedwait(&c->cond, c->lock, &slice);
+        int come = theirs ? l->seen : l->call != NULL;
+        if (!c->failed && !come && ps__now_ms() - start >= rg->timeout_ms)
+            coll_fail(c, GRPC_STATUS_DEADLINE_EXCEEDED,
+                      "%s (group %u, seq %" PRIu64 "): the ranks on agent %s did not arrive "
+                      "within %lld ms",
+                      kind_name(c->kind), c->group, c->seq, l->who, (long long)rg->timeout_ms);
+        else if (!c->failed && !come)
+            check_missing_alive(h, c);
+    }
+    return q;
+}
+
+/* Recursive doubling's rounds at this agent: first waits, with the
+ * collective's deadline, for its ranks and their reduction (the one step's
+ * partial), then in each round makes its value known to the round's sender
+ * and combines (or, an extra's last round, takes) the one it hears. The
+ * result becomes the step's output. */
+static void *rd_apply_main(void *arg)
+{
+    coll_t *c = arg;
+    ring_t *rg = c->ring;
+    ps__hub_t *h = rg->hub;
+    job_t *j = c->job;
+    const char *pre = kind_name(c->kind);
+    int a = rg->nagents, pos = rg->pos, rounds = rd_rounds(a);
+    int core = pos < rd_core(a);
+    struct iovec *iov = NULL;
+    size_t iov_cap = 0;
+    int64_t start = ps__now_ms();
+    pthread_mutex_lock(c->lock);
+    wait_arrivals(h, c, rg->timeout_ms);
+    slot_t *sl = &c->slots[0]; /* rd_fits: one step */
+    while (!c->failed && !(sl->step == 0 && sl->partial))
+        pthread_cond_wait(&c->cond, c->lock);
+    /* A copy of the partial: it may be a view of a rank's segment, which the
+     * rank's answer overwrites with the result while a frame of it is still
+     * on its way to a partner (gRPC sends the slices it is given, later):
+     * seen as wrong sums at the partners, in 4 of 6 runs of 4 agents. */
+    if (!c->failed && !(rg->rd_val = blob_new(sl->len)))
+        coll_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", pre);
+    size_t len = sl->len;
+    if (!c->failed) {
+        memcpy(rg->rd_val->data, sl->out->data, len);
+        rg->rd_len = len;
+    }
+    for (int t = 0; t < rounds && !c->failed; t++) {
+        rg->rd_k = t; /* this agent's value for round t */
+        pthread_cond_broadcast(&c->cond);
+        int to = rd_peer_at(a, pos, t, 1), from = rd_peer_at(a, pos, t, 0);
+        ring_frame_t *q = from >= 0 ? rd_wait(c, from, t, start) : NULL;
+        while (!c->failed && to >= 0 && !(rg->rd_taken & (1ull << t)))
+            pthread_cond_wait(&c->cond, c->lock);
+        if (c->failed || !q) {
+            if (q) {
+                ps__frame_clear(&q->f);
+                free(q);
+            }
+            continue;
+        }
+        blob_t *nb = NULL;
+        if (q->f.data_len != len)
+            coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
+                      "%s (group %u, seq %" PRIu64 "): agent %s sent %zu bytes for a value of %zu",
+                      pre, c->group, c->seq, q->from->addr, q->f.data_len, len);
+        else if (!(nb = blob_new(len)))
+            coll_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", pre);
+        if (nb) {
+            /* rd_val is only read from now on: the sender of this round
+             * has its own reference. */
+            blob_t *mine = rg->rd_val;
+            pthread_mutex_unlock(c->lock);
+            int rc = 0;
+            if (t == rounds - 1) { /* an extra takes the result */
+                ps__frame_copy_data(&q->f, 0, nb->data, len);
+            } else {
+                rc = ring_combine(c, nb->data, mine->data, &q->f, pos < from, &iov, &iov_cap);
+                ps__metrics_reduced(PS_M_DEV_CPU, 2 * (uint64_t)len);
+                if (rc == 0 && core && t == rounds - 2 && c->op == PS_AVG)
+                    rc = ps_reduce_scale((ps_dtype_t)c->dtype, nb->data,
+                                         len / ps_dtype_size((ps_dtype_t)c->dtype),
+                                         (uint64_t)rg->group_size);
+            }
+            ps__metrics_bytes(PS_M_RX, PS_M_LINK_AGENT, len);
+            pthread_mutex_lock(c->lock);
+            if (rc < 0) {
+                blob_unref(nb);
+                coll_fail(c,
+                          rc == PS_ENOMEM ? GRPC_STATUS_RESOURCE_EXHAUSTED
+                                          : GRPC_STATUS_INVALID_ARGUMENT,
+                          "%s: reduction failed: %s", pre, ps_strerror(rc));
+            } else {
+                rg->rd_val = nb;
+                blob_unref(mine);
+            }
+        }
+        ps__frame_clear(&q->f);
+        free(q);
+    }
+    if (!c->failed) {
+        /* The result is the step's output (not where a device put the
+         * partial: placed), and this thread the receiver the ring's sender
+         * would be (step_local_receivers). */
+        blob_t *old = sl->out;
+        sl->out = rg->rd_val;
+        blob_ref(sl->out);
+        blob_unref(old);
+        if (sl->placed)
+            memset(sl->placed, 0, (size_t)c->n);
+        sl->computed = 1;
+        if (++sl->recv_done == sl->recv_need)
+            slot_consumed(c, sl);
+        pthread_cond_broadcast(&c->cond);
+    }
+    free(iov);
+    ring_thread_exit(h, j, c);
+    return NULL;
+}
+
 void ps__hub_ring_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
 {
     Paramsync__V1__Frame *meta = first->meta;
@@ -3990,11 +4445,13 @@ void ps__hub_ring_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
     }
     if (!(j = job_get(h, hd, &code, msg, sizeof(msg))))
         goto done;
-    /* From the previous agent; in a mesh (all_to_all) from any other. */
+    /* From the previous agent; in a mesh (all_to_all) from any other; in
+     * recursive doubling from one that has a round with this one. */
     int from = hd->rank, ring = ring_use(h, j, hd, &plan);
-    if (!ring ||
-        !(from == (plan.pos + plan.nagents - 1) % plan.nagents ||
-          (hd->kind == K_ALL_TO_ALL && from >= 0 && from < plan.nagents && from != plan.pos))) {
+    if (!ring || !(plan.rd ? rd_opens(plan.nagents, from, plan.pos)
+                           : from == (plan.pos + plan.nagents - 1) % plan.nagents ||
+                                 (hd->kind == K_ALL_TO_ALL && from >= 0 && from < plan.nagents &&
+                                  from != plan.pos))) {
         code = GRPC_STATUS_FAILED_PRECONDITION;
         snprintf(
             msg, sizeof(msg),
@@ -4008,8 +4465,8 @@ void ps__hub_ring_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
     }
     int made;
     if ((code = coll_get(h, j, hd,
-                         ring_mode(hd->kind) != RING_SPLIT ? group_size(j, hd->group) : plan.nlocal,
-                         1, ring_step(h, &plan, hd->kind), &c, &made, msg, sizeof(msg))) != 0)
+                         ring_split(&plan, hd->kind) ? plan.nlocal : group_size(j, hd->group), 1,
+                         ring_step(h, &plan, hd->kind), &c, &made, msg, sizeof(msg))) != 0)
         goto done;
     if (made)
         coll_ring_start(h, c, &plan, timeout);
@@ -4044,8 +4501,10 @@ void ps__hub_ring_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
     if (c->ring && (!l || l->seen || c->failed)) {
         if (!c->failed)
             coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
-                      "%s (group %u, seq %" PRIu64 "): a second ring link from agent %s",
-                      kind_name(c->kind), hd->group, hd->seq, plan.agents[from]);
+                      "%s (group %u, seq %" PRIu64 "): a second ring link from agent %s "
+                      "(this one from %s)",
+                      kind_name(c->kind), hd->group, hd->seq, plan.agents[from],
+                      ps__rpc_call_peer(call));
         code = c->code;
         snprintf(msg, sizeof(msg), "%s", c->message);
         coll_retire(j, c);
@@ -4063,11 +4522,21 @@ void ps__hub_ring_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
     l->seen = 1;
     if (l == &c->ring->in && ring_agrees(c) && c->ring->pos == 0)
         c->ring->tok_ready = 1; /* its own link is taken: token 1 can start */
+    /* Recursive doubling: this agent's value goes back on the same call. */
+    rd_reply_t rr = {l, call};
+    ps__task_t reply;
+    int reply_due = c->ring->rd && !rd_opens(c->ring->nagents, c->ring->pos, from);
+    int replying = reply_due && ps__task_start(&reply, rd_reply_main, &rr) == 0;
+    if (reply_due && !replying)
+        coll_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: no thread for the ring",
+                  kind_name(c->kind));
     c->threads++;
     pthread_cond_broadcast(&c->cond);
     pthread_mutex_unlock(&h->lock);
 
     ring_receive(l, call);
+    if (replying)
+        ps__task_join(&reply);
 
     pthread_mutex_lock(&h->lock);
     l->call = NULL;
@@ -4218,8 +4687,8 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
         c = m->coll;
     } else {
         int ring = ring_use(h, j, hd, &plan), made;
-        if ((code = coll_get(h, j, hd, ring && ring_mode(hd->kind) == RING_SPLIT ? plan.nlocal : n,
-                             ring, ring ? ring_step(h, &plan, hd->kind) : 0, &c, &made, msg,
+        if ((code = coll_get(h, j, hd, ring && ring_split(&plan, hd->kind) ? plan.nlocal : n, ring,
+                             ring ? ring_step(h, &plan, hd->kind) : 0, &c, &made, msg,
                              sizeof(msg))) != 0) {
             c = NULL;
             goto fail_locked;

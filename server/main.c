@@ -119,6 +119,13 @@ static void usage(FILE *out)
         "  --ring-min-bytes N       smaller collectives (bytes per rank) go to the hub, where\n"
         "                           they take fewer hops; with auto, see above\n"
         "                           [PARAMSYNC_RING_MIN_BYTES] (default 1M)\n"
+        "  --rd-max-bytes N         where the agents of an all_reduce combine it among\n"
+        "                           themselves (--ring above), one of at most N bytes per\n"
+        "                           rank (and one --step-bytes) goes by recursive doubling:\n"
+        "                           about log2(agents) rounds, each agent exchanging its\n"
+        "                           value with one other, instead of 2 x (agents - 1) rounds\n"
+        "                           round the ring. 0: never. Set it alike on every agent\n"
+        "                           [PARAMSYNC_RD_MAX_BYTES] (default 64K)\n"
         "  --machine-id ID          agent: the machine it runs on, as the coordinator tells\n"
         "                           the other agents; agents with different IDs do not share\n"
         "                           cores or links [PARAMSYNC_MACHINE_ID] (default: the\n"
@@ -304,6 +311,7 @@ int main(int argc, char **argv)
         .max_inflight_bytes = 4ull << 30,
         .ring = PS_RING_AUTO,
         .ring_min_bytes = 1u << 20,
+        .rd_max_bytes = PS_RD_MAX_BYTES,
         .shm_resident_bytes = 512u << 20,
     };
     /* Every option is a string first, from the environment, then the command
@@ -337,6 +345,7 @@ int main(int argc, char **argv)
         O_HEALTH_LISTEN,
         O_RING,
         O_RING_MIN,
+        O_RD_MAX,
         O_SHM_RESIDENT,
         O_MACHINE_ID,
         O_COUNT,
@@ -371,6 +380,7 @@ int main(int argc, char **argv)
         "PARAMSYNC_HEALTH_LISTEN",
         "PARAMSYNC_RING",
         "PARAMSYNC_RING_MIN_BYTES",
+        "PARAMSYNC_RD_MAX_BYTES",
         "PARAMSYNC_SHM_RESIDENT_BYTES",
         "PARAMSYNC_MACHINE_ID",
     };
@@ -403,6 +413,7 @@ int main(int argc, char **argv)
         {"health-listen", required_argument, 0, O_HEALTH_LISTEN},
         {"ring", required_argument, 0, O_RING},
         {"ring-min-bytes", required_argument, 0, O_RING_MIN},
+        {"rd-max-bytes", required_argument, 0, O_RD_MAX},
         {"machine-id", required_argument, 0, O_MACHINE_ID},
         {"shm-resident-bytes", required_argument, 0, O_SHM_RESIDENT},
         {"version", no_argument, 0, O_VERSION},
@@ -565,6 +576,14 @@ int main(int argc, char **argv)
             return 2;
         }
         cfg.ring_min_bytes = v;
+    }
+    if (val[O_RD_MAX]) {
+        if (parse_bytes(val[O_RD_MAX], &v) < 0) {
+            fprintf(stderr, "paramsyncd: --rd-max-bytes must be a byte count, not '%s'\n",
+                    val[O_RD_MAX]);
+            return 2;
+        }
+        cfg.rd_max_bytes = v;
     }
     cfg.machine_id = val[O_MACHINE_ID] ? val[O_MACHINE_ID] : boot_id(machine, sizeof machine);
     if (strlen(cfg.machine_id) > 128) {

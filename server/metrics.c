@@ -89,6 +89,8 @@ static _Atomic uint64_t g_bytes[2][2]; /* [dir][link] */
 static _Atomic uint64_t g_reduced[2];  /* [device] */
 static _Atomic int64_t g_pinned[2];    /* [PS_M_PIN_*] */
 static _Atomic uint64_t g_relayed;
+static _Atomic uint64_t g_ring[PS_M_RING_COUNT];
+static const char *const ring_algos[PS_M_RING_COUNT] = {"ring", "mesh", "recursive_doubling"};
 static _Atomic uint64_t g_shm[2][PS_M_SHM_ACCESSES]; /* [dir][access] */
 static _Atomic uint64_t g_events[PS_M_EV_COUNT];
 static _Atomic int64_t g_inflight;
@@ -208,6 +210,12 @@ void ps__metrics_pinned(int kind, int64_t delta)
 void ps__metrics_relayed(uint64_t bytes)
 {
     add(&g_relayed, bytes);
+}
+
+void ps__metrics_ring(int algorithm)
+{
+    if (algorithm >= 0 && algorithm < PS_M_RING_COUNT)
+        add(&g_ring[algorithm], 1);
 }
 
 void ps__metrics_event(int event)
@@ -459,6 +467,13 @@ static void render_traffic(strbuf_t *b)
               "passed on unchanged to the next (all_gather, broadcast steps of ranks on "
               "other agents). An all_to_all goes straight to its rank's agent: none.");
     sb_printf(b, "paramsync_relayed_bytes_total %llu\n", (unsigned long long)get(&g_relayed));
+    sb_family(b, "paramsync_agent_collectives_total", "counter",
+              "Collectives this agent combined with other agents rather than at a hub, by "
+              "algorithm: round the ring, over the mesh (all_to_all), or by recursive doubling "
+              "(barriers and small all_reduces, --rd-max-bytes).");
+    for (int k = 0; k < PS_M_RING_COUNT; k++)
+        sb_printf(b, "paramsync_agent_collectives_total{algorithm=\"%s\"} %llu\n", ring_algos[k],
+                  (unsigned long long)get(&g_ring[k]));
 }
 
 static void render_events(strbuf_t *b)

@@ -94,6 +94,10 @@ void ps__metrics_pinned(int kind, int64_t delta);
 /** Payload bytes a ring passed on unchanged between two other agents. */
 void ps__metrics_relayed(uint64_t bytes);
 
+/** A collective combined between agents began here, by algorithm. */
+enum { PS_M_RING_RING = 0, PS_M_RING_MESH = 1, PS_M_RING_RD = 2, PS_M_RING_COUNT = 3 };
+void ps__metrics_ring(int algorithm);
+
 /** Counts an event (timeouts, mismatches, ...). */
 void ps__metrics_event(int event);
 

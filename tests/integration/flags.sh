@@ -40,6 +40,7 @@ long=$(printf 'x%.0s' $(seq 200))
 expect_bad "--ring must be auto, on or off, not 'bogus'" --ring bogus
 expect_bad "--ring-min-bytes must be a byte count, not '12Q'" --ring-min-bytes 12Q
 expect_bad "--ring-min-bytes must be a byte count, not '-1'" --ring-min-bytes -1
+expect_bad "--rd-max-bytes must be a byte count, not '12Q'" --rd-max-bytes 12Q
 expect_bad "--reduce-device must be cpu, cuda or auto, not 'gpu'" --reduce-device gpu
 expect_bad "--machine-id is at most 128 characters" --machine-id "$long"
 expect_bad "--step-bytes must be 64 bytes to 4M-4K, not '0'" --step-bytes 0
@@ -49,6 +50,8 @@ expect_bad "unrecognized option '--bogus'" --bogus
 # The same values through the environment.
 expect_run "PARAMSYNC_RING=sideways" 2 "*--ring must be auto, on or off, not 'sideways'*" \
   PARAMSYNC_RING=sideways -- || fail "PARAMSYNC_RING=sideways: exit $last_rc, '$last_err'"
+expect_run "PARAMSYNC_RD_MAX_BYTES=lots" 2 "*--rd-max-bytes must be a byte count, not 'lots'*" \
+  PARAMSYNC_RD_MAX_BYTES=lots -- || fail "PARAMSYNC_RD_MAX_BYTES=lots: exit $last_rc, '$last_err'"
 expect_run "PARAMSYNC_MACHINE_ID of 200 characters" 2 "*--machine-id is at most 128 characters*" \
   PARAMSYNC_MACHINE_ID="$long" -- ||
   fail "PARAMSYNC_MACHINE_ID of 200 characters: exit $last_rc, '$last_err'"

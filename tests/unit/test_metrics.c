@@ -201,12 +201,19 @@ static void test_render_is_valid_and_complete(void **state)
     start_plain(8);
     exposition_t *e = scrape();
     static const char *const always[] = {
-        "paramsync_build_info",          "paramsync_start_time_seconds",
-        "paramsync_collectives_total",   "paramsync_collectives_in_flight",
-        "paramsync_payload_bytes_total", "paramsync_reduced_bytes_total",
-        "paramsync_timeouts_total",      "paramsync_mismatches_total",
-        "paramsync_auth_failures_total", "paramsync_rejected_requests_total",
-        "paramsync_ranks_lost_total",    "paramsync_relayed_bytes_total",
+        "paramsync_build_info",
+        "paramsync_start_time_seconds",
+        "paramsync_collectives_total",
+        "paramsync_collectives_in_flight",
+        "paramsync_payload_bytes_total",
+        "paramsync_reduced_bytes_total",
+        "paramsync_timeouts_total",
+        "paramsync_mismatches_total",
+        "paramsync_auth_failures_total",
+        "paramsync_rejected_requests_total",
+        "paramsync_ranks_lost_total",
+        "paramsync_relayed_bytes_total",
+        "paramsync_agent_collectives_total",
     };
     for (size_t i = 0; i < sizeof(always) / sizeof(always[0]); i++) {
         if (series_count(e, always[i]) == 0)
@@ -372,6 +379,10 @@ static void test_bytes_events_inflight(void **state)
     ps__metrics_reduced(PS_M_DEV_CUDA, 7);
     ps__metrics_reduced(-1, 7); /* ignored */
     ps__metrics_relayed(3);
+    ps__metrics_ring(PS_M_RING_RD);
+    ps__metrics_ring(PS_M_RING_RD);
+    ps__metrics_ring(PS_M_RING_MESH);
+    ps__metrics_ring(PS_M_RING_COUNT); /* ignored */
     for (int e = 0; e < PS_M_EV_COUNT; e++)
         for (int i = 0; i <= e; i++)
             ps__metrics_event(e);
@@ -389,6 +400,10 @@ static void test_bytes_events_inflight(void **state)
     assert_true(DELTA("paramsync_reduced_bytes_total", "device=\"cpu\"") == 12);
     assert_true(DELTA("paramsync_reduced_bytes_total", "device=\"cuda\"") == 7);
     assert_true(DELTA("paramsync_relayed_bytes_total", "") == 3);
+    const char *ac = "paramsync_agent_collectives_total";
+    assert_true(DELTA(ac, "algorithm=\"recursive_doubling\"") == 2);
+    assert_true(DELTA(ac, "algorithm=\"mesh\"") == 1);
+    assert_true(DELTA(ac, "algorithm=\"ring\"") == 0);
     assert_true(DELTA("paramsync_timeouts_total", "") == 1);
     assert_true(DELTA("paramsync_mismatches_total", "") == 2);
     assert_true(DELTA("paramsync_auth_failures_total", "") == 3);
