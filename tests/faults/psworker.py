@@ -339,15 +339,17 @@ class Cleanup:
         return False
 
 
-def cluster(cl, binary, workdir, n_agents, common=(), coord_args=(), agent_args=(), tag=""):
-    """A coordinator and n agents (each registered before this returns)."""
+def cluster(cl, binary, workdir, n_agents, common=(), coord_args=(), agent_args=(), tag="",
+            metrics=False):
+    """A coordinator and n agents (each registered before this returns); with metrics, the
+    agents serve /metrics (Daemon.metrics)."""
     coord = cl.add(Daemon(binary, workdir, "coordinator" + tag,
                           ["--role", "coordinator"] + list(common) + list(coord_args))).start()
     agents = []
     for i in range(n_agents):
         a = cl.add(Daemon(binary, workdir, "agent%d%s" % (i, tag),
                           ["--role", "agent", "--coordinator", coord.addr] + list(common) +
-                          list(agent_args)))
+                          list(agent_args), metrics=metrics))
         agents.append(a.start())
     return coord, agents
 
