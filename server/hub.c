@@ -4399,15 +4399,13 @@ static void *rd_apply_main(void *arg)
         free(q);
     }
     if (!c->failed) {
-        /* The result is the step's output (not where a device put the
-         * partial: placed), and this thread the receiver the ring's sender
-         * would be (step_local_receivers). */
+        /* The result is the step's output (a ring's step is never placed
+         * by a device: step_places), and this thread the receiver the
+         * ring's sender would be (step_local_receivers). */
         blob_t *old = sl->out;
         sl->out = rg->rd_val;
         blob_ref(sl->out);
         blob_unref(old);
-        if (sl->placed)
-            memset(sl->placed, 0, (size_t)c->n);
         sl->computed = 1;
         if (++sl->recv_done == sl->recv_need)
             slot_consumed(c, sl);

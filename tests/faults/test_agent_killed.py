@@ -67,6 +67,24 @@ def check_error(p, t_kill, ok_names, what):
     return dt, ev["message"]
 
 
+def kill_under(agent, rank, survivors, under, alive):
+    """Kills agent (whose rank is `rank`) while the survivors wait in a collective
+    (`under`: what it is, for the log); each must fail as check_error wants, naming the
+    rank or the agent, and end; the daemons in alive must still be running."""
+    P.check(not survivors[0].events("coll"), "the collective ended before the kill: " +
+            survivors[0].describe())
+    t_kill = time.monotonic()
+    agent.kill()
+    what = "%s killed" % agent.name
+    for p in survivors:
+        dt, msg = check_error(p, t_kill, [lambda m: P.names_rank(m, rank),
+                                          lambda m: agent.addr in m], what)
+        P.log("%s under %s: %s failed %.2fs later: %s" % (what, under, p.name, dt, msg))
+    for p in survivors:
+        P.expect(p.finish(20) == 0, "worker %s did not end: %s" % (p.name, p.describe()))
+    P.check(P.expect_alive(*alive), "a daemon that should be running died")
+
+
 def main():
     binary = P.paramsyncd_path()
     work = P.workdir("ps-faults-agent-")

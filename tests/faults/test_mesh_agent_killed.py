@@ -12,7 +12,6 @@ and a new job of ranks on both all_to_alls over the mesh correctly.
 """
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import psworker as P  # noqa: E402
@@ -37,18 +36,7 @@ def main():
         procs = P.spawn_job(cl, "mesh", 3, lambda r: agents[r].addr, specs)
         P.check(procs[2].wait("sending", 30) is not None,
                 "rank 2 never got 1 MiB out: " + procs[2].describe())
-        P.check(not procs[0].events("coll"), "the all_to_all ended before the kill: " +
-                procs[0].describe())
-        t_kill = time.monotonic()
-        a2.kill()
-        for p in procs[:2]:
-            dt, msg = K.check_error(p, t_kill, [lambda m: P.names_rank(m, 2),
-                                                lambda m: a2.addr in m], "agent2 killed")
-            P.log("agent2 killed under the mesh all_to_all: %s failed %.2fs later: %s" %
-                  (p.name, dt, msg))
-        for p in procs[:2]:
-            P.expect(p.finish(20) == 0, "worker %s did not end: %s" % (p.name, p.describe()))
-        P.check(P.expect_alive(coord, a0, a1), "a daemon that should be running died")
+        K.kill_under(a2, 2, procs[:2], "the mesh all_to_all", [coord, a0, a1])
 
         # The two survivors still all_to_all over the mesh (here: their one link each way).
         specs = {"*": {"steps": [dict(big, kind="ALL_TO_ALL"), {"do": "leave"}]}}

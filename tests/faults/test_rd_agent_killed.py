@@ -32,7 +32,6 @@ def main():
     with P.Cleanup() as cl:
         coord, agents = P.cluster(cl, binary, work, 4, common=common, metrics=True)
         P.wait_registered(P.Conn(coord.addr), [a.addr for a in agents])
-        a3 = agents[3]
 
         small = {"do": "collective", "kind": "ALL_REDUCE", "count": COUNT, "verify": True}
         specs = {r: {"steps": [small, {"do": "leave"}]} for r in range(3)}
@@ -41,18 +40,7 @@ def main():
         for p in procs[:3]:
             P.check(p.wait("coll_start", 30) is not None, "no all_reduce: " + p.describe())
         time.sleep(0.5)  # the calls reach agent3
-        P.check(not procs[0].events("coll"), "the all_reduce ended before the kill: " +
-                procs[0].describe())
-        t_kill = time.monotonic()
-        a3.kill()
-        for p in procs[:3]:
-            dt, msg = K.check_error(p, t_kill, [lambda m: P.names_rank(m, 3),
-                                                lambda m: a3.addr in m], "agent3 killed")
-            P.log("agent3 killed under recursive doubling: %s failed %.2fs later: %s" %
-                  (p.name, dt, msg))
-        for p in procs[:3]:
-            P.expect(p.finish(20) == 0, "worker %s did not end: %s" % (p.name, p.describe()))
-        P.check(P.expect_alive(coord, *agents[:3]), "a daemon that should be running died")
+        K.kill_under(agents[3], 3, procs[:3], "recursive doubling", [coord] + agents[:3])
 
         # Three agents: 0 and 1 pair up, 2 folds into 0.
         specs = {"*": {"steps": [small, {"do": "leave"}]}}
