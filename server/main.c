@@ -189,6 +189,19 @@ static int parse_bytes(const char *s, uint64_t *out)
     return 0;
 }
 
+/* A byte-count flag's value s (NULL: not given, *out kept) into *out; -1,
+ * having said so, when it is not a byte count. */
+static int byte_count_flag(const char *flag, const char *s, uint64_t *out)
+{
+    if (!s)
+        return 0;
+    if (parse_bytes(s, out) < 0) {
+        fprintf(stderr, "paramsyncd: %s must be a byte count, not '%s'\n", flag, s);
+        return -1;
+    }
+    return 0;
+}
+
 static int parse_ms(const char *s, int64_t *out)
 {
     char *end;
@@ -569,34 +582,14 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (val[O_RING_MIN]) {
-        if (parse_bytes(val[O_RING_MIN], &v) < 0) {
-            fprintf(stderr, "paramsyncd: --ring-min-bytes must be a byte count, not '%s'\n",
-                    val[O_RING_MIN]);
-            return 2;
-        }
-        cfg.ring_min_bytes = v;
-    }
-    if (val[O_RD_MAX]) {
-        if (parse_bytes(val[O_RD_MAX], &v) < 0) {
-            fprintf(stderr, "paramsyncd: --rd-max-bytes must be a byte count, not '%s'\n",
-                    val[O_RD_MAX]);
-            return 2;
-        }
-        cfg.rd_max_bytes = v;
-    }
+    if (byte_count_flag("--ring-min-bytes", val[O_RING_MIN], &cfg.ring_min_bytes) < 0 ||
+        byte_count_flag("--rd-max-bytes", val[O_RD_MAX], &cfg.rd_max_bytes) < 0 ||
+        byte_count_flag("--shm-resident-bytes", val[O_SHM_RESIDENT], &cfg.shm_resident_bytes) < 0)
+        return 2;
     cfg.machine_id = val[O_MACHINE_ID] ? val[O_MACHINE_ID] : boot_id(machine, sizeof machine);
     if (strlen(cfg.machine_id) > 128) {
         fprintf(stderr, "paramsyncd: --machine-id is at most 128 characters\n");
         return 2;
-    }
-    if (val[O_SHM_RESIDENT]) {
-        if (parse_bytes(val[O_SHM_RESIDENT], &v) < 0) {
-            fprintf(stderr, "paramsyncd: --shm-resident-bytes must be a byte count, not '%s'\n",
-                    val[O_SHM_RESIDENT]);
-            return 2;
-        }
-        cfg.shm_resident_bytes = v;
     }
     if (window) {
         if (parse_bytes(window, &v) < 0 || v < 1 || v > 64) {
