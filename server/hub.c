@@ -4204,7 +4204,8 @@ static ring_frame_t *rd_take(coll_t *c, int from, int t)
         if (q->f.meta->offset != (uint64_t)t) {
             coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
                       "%s (group %u, seq %" PRIu64 "): agent %s sent round %" PRIu64
-                      " where round %d belongs",
+                      " where round %d belongs (--ring, --rd-max-bytes or --step-bytes differ "
+                      "between the agents?)",
                       kind_name(c->kind), c->group, c->seq, q->from->addr, q->f.meta->offset, t);
             ps__frame_clear(&q->f);
             free(q);
@@ -4460,14 +4461,15 @@ void ps__hub_ring_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
                                  (hd->kind == K_ALL_TO_ALL && from >= 0 && from < plan.nagents &&
                                   from != plan.pos))) {
         code = GRPC_STATUS_FAILED_PRECONDITION;
-        snprintf(
-            msg, sizeof(msg),
-            "%s (group %u, seq %" PRIu64 "): a ring link from position %d, but this agent "
-            "(%s) is %s",
-            kind_name(hd->kind), hd->group, hd->seq, hd->rank, h->self,
-            plan.local
-                ? "not next to it"
-                : "not in a ring for it (--ring, --ring-min-bytes or --step-bytes differ here?)");
+        snprintf(msg, sizeof(msg),
+                 "%s (group %u, seq %" PRIu64 "): a ring link from position %d, but this agent "
+                 "(%s) is %s",
+                 kind_name(hd->kind), hd->group, hd->seq, hd->rank, h->self,
+                 !plan.local
+                     ? "not in a ring for it (--ring, --ring-min-bytes or --step-bytes differ "
+                       "here?)"
+                 : plan.rd ? "not its partner in recursive doubling (--rd-max-bytes differs here?)"
+                           : "not next to it");
         goto done;
     }
     int made;
