@@ -7,7 +7,7 @@
 #               [--np N] [--jobs K] [--topology embedded|split [--agents A] [--agent-machines]]
 #               [--init env|tcp|unix|file]
 #               [--daemon-arg ARG]... [--env NAME=VALUE]... [--sigterm-after SECONDS]
-#               [--then SCENARIO:NP] [--timeout SECONDS] [--metric 'SERIES>0' | 'SERIES=0' | 'SERIES<N']...
+#               [--then SCENARIO:NP] [--timeout SECONDS] [--metric 'SERIES>N' | 'SERIES=0' | 'SERIES<N']...
 #               [--private-shm SIZE]
 # --agents: with --topology split, A agents (default 2); rank r joins through agent r mod A.
 # --agent-machines: with --topology split, each agent says it is on a machine of its own
@@ -15,8 +15,8 @@
 # --private-shm: daemons and workers share a /dev/shm of SIZE of their own (a mount namespace;
 # skipped where one cannot be made).
 # --metric: after the scenario, SERIES (a metric with its labels, exactly as exposed) summed over
-# every daemon must be above zero, or zero (for zero, a series that is not there counts when
-# its family is: counters at zero are left out), or below N.
+# every daemon must be above N (>0: above zero), or zero (for zero, a series that is not there
+# counts when its family is: counters at zero are left out), or below N.
 # Exit status: 0 passed, 1 failed, 77 skipped (every worker said so). PS_IT_KEEP=1 keeps the logs.
 # PS_IT_DAEMON_ARGS: words added to every daemon's command line (e.g. '--reduce-device cuda', as
 # scripts/gpu-run runs the whole suite on a GPU host).
@@ -252,8 +252,9 @@ if [ ${#metric_checks[@]} -gt 0 ] && [ $status -eq 0 ]; then
     case "$want" in
       '>0') [ "$total" != 0 ] || failed "metric $series is $total, expected more than 0" ;;
       '=0') [ "$total" = 0 ] || failed "metric $series is $total, expected 0" ;;
+      '>'[0-9]*) [ "$total" -gt "${want#>}" ] || failed "metric $series is $total, expected above ${want#>}" ;;
       '<'[0-9]*) [ "$total" -lt "${want#<}" ] || failed "metric $series is $total, expected below ${want#<}" ;;
-      *) echo "run.sh: --metric wants SERIES>0, SERIES=0 or SERIES<N, not '$check'" >&2; exit 2 ;;
+      *) echo "run.sh: --metric wants SERIES>N, SERIES=0 or SERIES<N, not '$check'" >&2; exit 2 ;;
     esac
     say "metric $series = $total (wanted $want)"
   done
