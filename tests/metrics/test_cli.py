@@ -174,7 +174,10 @@ def check_tls(args, cli, wd):
         h.check("TLS files" in err, f"unreadable CA file: message {err!r}")
         rc, out, err, _ = run(cli, "status", "--addr", d.addr, "--tls-cert", cert)
         h.expect_equal("--tls-cert without --tls-key: exit", rc, 2)
-        h.expect_equal("TLS daemon exit after SIGTERM", d.stop(), 0)
+        rc = d.stop()
+        h.expect_equal("TLS daemon exit after SIGTERM", rc, 0)
+        if rc != 0:  # say why (a sanitizer's report, say)
+            print(f"tls daemon log:\n{d.text()}")
     except BaseException:
         d.kill()
         print(f"tls daemon log:\n{d.text()}")

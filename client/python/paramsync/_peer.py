@@ -1,6 +1,7 @@
 """Peer copies: large all_to_all, all_gather, gather and scatter calls whose ranks all
-share one agent copy each block once, rank to rank, with process_vm_readv (the C client's client/peer.c, whose
-rules and descriptor layout these are, so C and Python ranks take part together).
+share one agent copy each block once, rank to rank, with process_vm_readv (the C client's
+client/peer.c, whose rules and descriptor layout these are, so C and Python ranks take part
+together).
 
 Through the agent a block costs two copies, both on the agent's threads. Here each rank
 reads its blocks straight from the other ranks' inputs into its output: an all_gather of
