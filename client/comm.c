@@ -276,8 +276,8 @@ static void group_free(ps_group_t *g)
 
 static void comm_free(ps_comm_t *comm, int rpc_acquired)
 {
+    ps__stage_free(comm); /* its staging segment is among the shm ones */
     ps__shm_free(comm);
-    ps__stage_free(comm);
     ps__rpc_call_destroy(comm->join_call);
     ps__rpc_channel_destroy(comm->channel);
     for (uint32_t i = 0; i < comm->ngroups; i++) {

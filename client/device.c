@@ -109,19 +109,16 @@ int ps__stage_classify(const ps__coll_t *c, int *in_dev, int *out_dev)
     return 0;
 }
 
-/* A pinned staging buffer of `size` bytes at `p`: our own mapping on huge
- * pages, pinned with ps_gpu_host_register (`mapped`), or ps_gpu_host_alloc's. */
-typedef struct pinned {
-    void *p;
-    size_t size;
-    int mapped;
-} pinned_t;
+typedef ps__pinned_t pinned_t;
 
-static void pinned_free(pinned_t b)
+/* Frees b; a segment's agent is told with detach. */
+static void pinned_free(ps_comm_t *comm, pinned_t b, int detach)
 {
     if (!b.p)
         return;
-    if (b.mapped) {
+    if (b.kind == PS__STAGE_SEGMENT) {
+        ps__mem_stage_free(comm, b.p, detach);
+    } else if (b.kind == PS__STAGE_MAPPED) {
         ps_gpu_host_unregister(b.p);
         munmap(b.p, b.size);
     } else {
@@ -130,16 +127,16 @@ static void pinned_free(pinned_t b)
 }
 
 /*
- * A new pinned buffer of at least bytes. From 2 MiB, an anonymous mapping of
- * whole 2 MiB pages, advised to be huge (MADV_HUGEPAGE), touched and then
- * pinned: the agent can read and write it in this process's memory like any
- * large buffer (the direct path), which walks huge pages 2-3x faster than
- * small ones, and pinned memory cannot be collapsed into huge pages later.
- * The driver's own pinned memory (ps_gpu_host_alloc, the fallback and the
- * choice below 2 MiB) is mapped in a way the kernel may refuse to pin for
- * another process, so it never goes direct. Children forked later do not
- * inherit the mapping (MADV_DONTFORK): a data loader's fork does not copy
- * pinned pages.
+ * A new pinned buffer of at least bytes, in memory of our own: from 2 MiB,
+ * an anonymous mapping of whole 2 MiB pages, advised to be huge
+ * (MADV_HUGEPAGE), touched and then pinned: the agent, and peers in peer
+ * copies, can read and write it in this process's memory like any large
+ * buffer (the direct path), which walks huge pages 2-3x faster than small
+ * ones, and pinned memory cannot be collapsed into huge pages later. The
+ * driver's own pinned memory (ps_gpu_host_alloc, the fallback and the choice
+ * below 2 MiB) is mapped in a way the kernel may refuse to pin for another
+ * process, so it never goes direct. Children forked later do not inherit the
+ * mapping (MADV_DONTFORK): a data loader's fork does not copy pinned pages.
  */
 static int pinned_alloc(size_t bytes, pinned_t *out)
 {
@@ -150,7 +147,7 @@ static int pinned_alloc(size_t bytes, pinned_t *out)
             (void)madvise(p, size, MADV_DONTFORK);
             memset(p, 0, size);
             if (ps_gpu_host_register(p, size) == 0) {
-                *out = (pinned_t){p, size, 1};
+                *out = (pinned_t){p, size, PS__STAGE_MAPPED};
                 return 0;
             }
             munmap(p, size);
@@ -160,42 +157,65 @@ static int pinned_alloc(size_t bytes, pinned_t *out)
     int rc = ps_gpu_host_alloc(&p, bytes);
     if (rc < 0)
         return rc;
-    *out = (pinned_t){p, bytes, 0};
+    *out = (pinned_t){p, bytes, PS__STAGE_DRIVER};
     return 0;
 }
 
-/* Takes a pinned buffer of at least bytes: the comm's cached one when it is
- * large enough, else a new one. Returns 0 with *buf, or the allocation's
- * error. */
-static int pinned_take(ps_comm_t *comm, size_t bytes, pinned_t *buf)
+/* Takes the comm's cached buffer of slot (0: our own memory, 1: a segment)
+ * when it holds bytes: 1 with *buf, else 0. */
+static int cache_take(ps_comm_t *comm, int slot, size_t bytes, pinned_t *buf)
 {
     pthread_mutex_lock(&comm->lock);
-    if (comm->stage_cache && comm->stage_cache_bytes >= bytes) {
-        *buf = (pinned_t){comm->stage_cache, comm->stage_cache_bytes, comm->stage_cache_mapped};
-        comm->stage_cache = NULL;
-        comm->stage_cache_bytes = 0;
-        comm->stage_cache_mapped = 0;
-        pthread_mutex_unlock(&comm->lock);
-        return 0;
+    pinned_t *c = &comm->stage_cache[slot];
+    int hit = c->p && c->size >= bytes;
+    if (hit) {
+        *buf = *c;
+        *c = (pinned_t){NULL, 0, PS__STAGE_DRIVER};
     }
     pthread_mutex_unlock(&comm->lock);
+    return hit;
+}
+
+/*
+ * Takes a pinned buffer of at least bytes, the comm's cached one when it is
+ * large enough, else a new one. With segment, a registered segment the agent
+ * maps (ps__mem_stage_alloc), which the call then names as ps_mem_alloc
+ * memory: the agent works in it where it lies, with no copy across
+ * processes. Where there is none, and without segment (a call that goes by
+ * peer copies, which read the ranks' inputs where they lie, faster from huge
+ * pages, and refuse registered memory), memory of our own (pinned_alloc).
+ * Returns 0 with *buf, or the allocation's error.
+ */
+static int pinned_take(ps_comm_t *comm, size_t bytes, int segment, pinned_t *buf)
+{
+    if (segment) {
+        if (cache_take(comm, 1, bytes, buf))
+            return 0;
+        size_t size;
+        void *p = ps__mem_stage_alloc(comm, bytes, &size);
+        if (p) {
+            *buf = (pinned_t){p, size, PS__STAGE_SEGMENT};
+            return 0;
+        }
+    }
+    if (cache_take(comm, 0, bytes, buf))
+        return 0;
     return pinned_alloc(bytes, buf);
 }
 
-/* Gives a pinned buffer back: it becomes the cache when it is larger than
- * the cached one (several calls in flight each hold their own). */
+/* Gives a pinned buffer back: it becomes the cache of its slot when it is
+ * larger than the cached one (several calls in flight each hold their own). */
 static void pinned_give(ps_comm_t *comm, pinned_t buf)
 {
     pthread_mutex_lock(&comm->lock);
-    if (buf.size > comm->stage_cache_bytes) {
-        pinned_t old = {comm->stage_cache, comm->stage_cache_bytes, comm->stage_cache_mapped};
-        comm->stage_cache = buf.p;
-        comm->stage_cache_bytes = buf.size;
-        comm->stage_cache_mapped = buf.mapped;
+    pinned_t *c = &comm->stage_cache[buf.kind == PS__STAGE_SEGMENT];
+    if (buf.size > c->size) {
+        pinned_t old = *c;
+        *c = buf;
         buf = old;
     }
     pthread_mutex_unlock(&comm->lock);
-    pinned_free(buf);
+    pinned_free(comm, buf, 1);
 }
 
 /* Where the output goes in the pinned buffer when it does not share the
@@ -227,7 +247,7 @@ int ps__stage_buffers(ps__coll_t *c, int in_dev, int out_dev)
     const char *step = "cannot allocate pinned host memory to stage the device buffers";
     pinned_t buf = {NULL, 0, 0};
     int device = 0;
-    int rc = pinned_take(c->comm, bytes, &buf);
+    int rc = pinned_take(c->comm, bytes, !ps__peer_takes(c), &buf);
     void *pinned = buf.p;
     if (rc == 0) {
         step = "cannot read the current CUDA device";
@@ -247,7 +267,7 @@ int ps__stage_buffers(ps__coll_t *c, int in_dev, int out_dev)
     }
     c->stage_pinned = pinned;
     c->stage_bytes = buf.size;
-    c->stage_mapped = buf.mapped;
+    c->stage_kind = buf.kind;
     c->stage_device = device;
     if (in_dev)
         c->in = pinned;
@@ -286,17 +306,24 @@ int ps__stage_end(ps__coll_t *c, int rc)
             rc = err;
         }
     }
-    pinned_give(c->comm, (pinned_t){c->stage_pinned, c->stage_bytes, c->stage_mapped});
+    pinned_t buf = {c->stage_pinned, c->stage_bytes, c->stage_kind};
+    /* A failed call's segment is not used again: an agent that gave the
+     * call up may still write its answer into it. */
+    if (rc < 0 && buf.kind == PS__STAGE_SEGMENT)
+        pinned_free(c->comm, buf, 1);
+    else
+        pinned_give(c->comm, buf);
     c->stage_pinned = NULL;
     c->stage_bytes = 0;
-    c->stage_mapped = 0;
+    c->stage_kind = PS__STAGE_DRIVER;
     return rc;
 }
 
 void ps__stage_free(ps_comm_t *comm)
 {
-    pinned_free((pinned_t){comm->stage_cache, comm->stage_cache_bytes, comm->stage_cache_mapped});
-    comm->stage_cache = NULL;
-    comm->stage_cache_bytes = 0;
-    comm->stage_cache_mapped = 0;
+    /* At finalize: the agent drops the leaving rank's segments itself. */
+    for (int slot = 0; slot < 2; slot++) {
+        pinned_free(comm, comm->stage_cache[slot], 0);
+        comm->stage_cache[slot] = (pinned_t){NULL, 0, PS__STAGE_DRIVER};
+    }
 }

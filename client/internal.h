@@ -58,7 +58,7 @@ typedef struct ps__coll {
      * stage_dev_out once the call has succeeded. */
     void *stage_pinned;
     size_t stage_bytes;
-    int stage_mapped; /* stage_pinned is our own huge-page mapping, pinned (device.c) */
+    int stage_kind; /* what stage_pinned is: PS__STAGE_DRIVER... (device.c) */
     void *stage_dev_out;
     int stage_device; /* the caller's current CUDA device, for the copy back */
     int source;       /* RECV: the sender's group rank, once done */
@@ -80,6 +80,17 @@ typedef struct ps__coll {
     pthread_cond_t released;
     size_t pending_releases;
 } ps__coll_t;
+
+/* A pinned staging buffer for device buffers (device.c): size bytes at p,
+ * of kind PS__STAGE_*: the driver's pinned memory (ps_gpu_host_alloc), our
+ * own huge-page mapping pinned by registering, or a registered segment the
+ * agent maps (ps__mem_stage_alloc). */
+enum { PS__STAGE_DRIVER, PS__STAGE_MAPPED, PS__STAGE_SEGMENT };
+typedef struct ps__pinned {
+    void *p;
+    size_t size;
+    int kind;
+} ps__pinned_t;
 
 struct ps_comm {
     pthread_mutex_t lock;
@@ -134,9 +145,8 @@ struct ps_comm {
 
     /* One pinned staging buffer kept between calls on device buffers (device.c;
      * guarded by lock): page-locking memory costs far more than the copy. */
-    void *stage_cache;
-    size_t stage_cache_bytes;
-    int stage_cache_mapped;
+    ps__pinned_t stage_cache[2]; /* [0] memory of our own, [1] a segment the agent maps */
+    int stage_segments_off;      /* the agent cannot map our staging segments (shm.c) */
 };
 
 /* ---- device buffers (device.c) ---- */
@@ -201,6 +211,11 @@ void ps__shm_free(ps_comm_t *comm);
  * (MADV_HUGEPAGE), untouched; NULL when it cannot be mapped. munmap frees
  * it. */
 void *ps__huge_map(size_t size);
+
+/* A staging buffer for device.c in a registered segment the agent maps,
+ * pinned for CUDA: NULL where there is none (shm.c, ps__mem_stage_alloc). */
+void *ps__mem_stage_alloc(ps_comm_t *comm, size_t bytes, size_t *size);
+void ps__mem_stage_free(ps_comm_t *comm, void *p, int detach);
 
 /* ---- errors (comm.c) ---- */
 

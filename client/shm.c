@@ -10,6 +10,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <paramsync/gpu.h>
+
 #include "paramsync/v1/doorbell.h"
 
 /*
@@ -183,6 +185,7 @@ static int segment_create(ps_comm_t *comm, struct ps__shm *s, size_t size, int k
 struct ps__mem {
     struct ps__shm seg; /* name, base, size */
     int shared;         /* attached by the agent; else plain memory */
+    int staging;        /* device.c's staging buffer (ps__mem_stage_alloc), not the caller's */
     int in_use;
     struct ps__mem *next;
 };
@@ -243,7 +246,7 @@ int ps_mem_free(ps_comm_t *comm, void *ptr)
         return PS_EINVAL;
     pthread_mutex_lock(&comm->lock);
     struct ps__mem **pp = &comm->mem;
-    while (*pp && (*pp)->seg.base != ptr)
+    while (*pp && ((*pp)->seg.base != ptr || (*pp)->staging))
         pp = &(*pp)->next;
     struct ps__mem *m = *pp;
     int busy = m && m->in_use;
@@ -274,6 +277,75 @@ int ps_mem_is_shared(ps_comm_t *comm, const void *ptr)
             shared = m->shared;
     pthread_mutex_unlock(&comm->lock);
     return shared;
+}
+
+/*
+ * Staging segments (device.c): the pinned host buffer a device buffer is
+ * copied through is registered memory as well, a segment the agent maps,
+ * pinned here for CUDA. The call then goes as one on ps_mem_alloc memory
+ * (mem_begin): the agent reduces from the segment and writes the result
+ * into it where it lies, by DMA on an agent with CUDA, which pins
+ * registered segments. The bytes cross host memory once each way, by the
+ * client's two DMA copies; no CPU copy into a payload segment or across
+ * processes. NULL where there is no such segment: an agent that cannot map
+ * ours (another host; remembered, so it is asked once), PARAMSYNC_SHM=0,
+ * the agent's limit of segments, or pinning refused; device.c then stages
+ * in memory of its own. *size: the bytes mapped (page-rounded).
+ */
+void *ps__mem_stage_alloc(ps_comm_t *comm, size_t bytes, size_t *size)
+{
+    if (!comm->channel || comm->stage_segments_off || shm_off() || !bytes ||
+        bytes > SIZE_MAX - PS__SHM_ALIGN)
+        return NULL;
+    struct ps__mem *m = calloc(1, sizeof(*m));
+    if (!m)
+        return NULL;
+    int rc = segment_create(comm, &m->seg, page_round(bytes), SEG_REGISTERED);
+    if (rc < 0) {
+        /* An agent that cannot map ours never will. */
+        if (rc == PS_ENOTSUP || rc == PS_EUNAVAIL)
+            comm->stage_segments_off = 1;
+        free(m);
+        return NULL;
+    }
+    /* A data loader's fork does not share the buffer the agent writes. */
+    (void)madvise(m->seg.base, m->seg.size, MADV_DONTFORK);
+    if (ps_gpu_host_register(m->seg.base, m->seg.size) < 0) {
+        mem_detach(comm, m);
+        segment_unmap(&m->seg);
+        free(m);
+        return NULL;
+    }
+    m->shared = 1;
+    m->staging = 1;
+    pthread_mutex_lock(&comm->lock);
+    m->next = comm->mem;
+    comm->mem = m;
+    pthread_mutex_unlock(&comm->lock);
+    *size = m->seg.size;
+    return m->seg.base;
+}
+
+/* Frees a staging segment of ps__mem_stage_alloc: unpinned, unmapped and,
+ * with detach, dropped by the agent (without: the comm is leaving, and the
+ * agent drops the rank's segments then). */
+void ps__mem_stage_free(ps_comm_t *comm, void *p, int detach)
+{
+    pthread_mutex_lock(&comm->lock);
+    struct ps__mem **pp = &comm->mem;
+    while (*pp && (*pp)->seg.base != p)
+        pp = &(*pp)->next;
+    struct ps__mem *m = *pp;
+    if (m)
+        *pp = m->next;
+    pthread_mutex_unlock(&comm->lock);
+    if (!m)
+        return;
+    ps_gpu_host_unregister(m->seg.base);
+    if (detach)
+        mem_detach(comm, m);
+    segment_unmap(&m->seg);
+    free(m);
 }
 
 /* Whether [p, p + n) lies in m (n == 0: any p does). */
@@ -491,7 +563,7 @@ static void collapse(const void *buf, size_t len)
 
 void ps__collapse_buffers(const ps__coll_t *c)
 {
-    if (c->stage_mapped) /* device.c made that one of huge pages, and pinned it */
+    if (c->stage_kind) /* device.c made that one of huge pages, and pinned it */
         return;
     collapse(c->in, c->in_bytes);
     if (c->out != c->in || c->out_bytes != c->in_bytes) /* all_reduce's one buffer: once */
@@ -553,8 +625,8 @@ static int direct_begin(ps_comm_t *comm, ps__coll_t *c, int own)
      * (device.c): it maps them in ways the kernel may refuse to pin for
      * another process; the huge-page mappings it stages large ones in are
      * ordinary memory. */
-    if ((c->stage_pinned && !c->stage_mapped) || !(own || placed_apart(c)) || direct_off() ||
-        !direct_large(c, own))
+    if ((c->stage_pinned && c->stage_kind == PS__STAGE_DRIVER) || !(own || placed_apart(c)) ||
+        direct_off() || !direct_large(c, own))
         return 0;
     pthread_mutex_lock(&comm->lock);
     struct ps__shm *p = comm->process;
@@ -866,6 +938,8 @@ void ps__shm_free(ps_comm_t *comm)
     while (comm->mem) {
         struct ps__mem *m = comm->mem;
         comm->mem = m->next;
+        if (m->staging)
+            ps_gpu_host_unregister(m->seg.base);
         segment_unmap(&m->seg);
         free(m);
     }

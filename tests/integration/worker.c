@@ -37,6 +37,9 @@
 /* The doorbell's layout, part of the wire contract (sc_doorbell). */
 #include "paramsync/v1/doorbell.h"
 #include "paramsync/v1/paramsync.pb-c.h"
+#ifdef PS_TEST_FAKE_CLIENT_GPU
+#include "fake_client_gpu.h"
+#endif
 
 #define SKIP 77
 #define MIB  (1u << 20)
@@ -2381,6 +2384,33 @@ static int check_i32(const char *what, const int32_t *got, size_t count,
     return 0;
 }
 
+/* Built with the fake CUDA (ps-test-worker-fakegpu), checks where the client
+ * staged the last call's device buffers: in pinned memory, and with
+ * PS_TEST_STAGE_SEGMENT=1 in a segment the agent maps (the agent then works
+ * in it where it lies), with 0 in memory of the client's own. A real device
+ * cannot tell: nothing to check there. */
+static int staged_as(ctx_t *cx, const char *what, const char *want_var)
+{
+#ifdef PS_TEST_FAKE_CLIENT_GPU
+    const void *p = fake_client_gpu_last_pinned();
+    CHECK(p != NULL, "%s: the device buffers were not staged through pinned memory", what);
+    const char *want = getenv(want_var);
+    if (want) {
+        int shared = ps_mem_is_shared(cx->comm, p);
+        CHECK(shared == atoi(want), "%s: staged in %s", what,
+              shared ? "a segment the agent maps" : "memory of the client's own");
+    }
+#else
+    (void)cx, (void)what, (void)want_var;
+#endif
+    return 0;
+}
+
+static int staged(ctx_t *cx, const char *what)
+{
+    return staged_as(cx, what, "PS_TEST_STAGE_SEGMENT");
+}
+
 enum { DEV_COUNT = 70001 }; /* odd, and above the shared-memory threshold */
 
 static int64_t dv_rank_value(size_t i, int r, int n)
@@ -2426,6 +2456,40 @@ static void fill_i32(int32_t *p, size_t count, int64_t (*f)(size_t, int, int), i
         p[i] = (int32_t)f(i, r, n);
 }
 
+/* An all_gather of device buffers large enough (4 MiB a rank) for peer
+ * copies where the ranks share an agent: they read each other's staged input
+ * where it lies, so the client stages it in memory of its own, not in a
+ * segment (PS_TEST_STAGE_PEER says which the fake CUDA must have seen). */
+static int dv_big_all_gather(ctx_t *cx)
+{
+    int r = cx->rank, n = cx->size;
+    const size_t c = ((size_t)1 << 20) + 1, all = (size_t)n * c;
+    int32_t *host = malloc(all * sizeof(int32_t)), *din = NULL, *dout = NULL;
+    int rc = host ? 0 : fail("out of memory");
+    for (size_t i = 0; rc == 0 && i < c; i++)
+        host[i] = (int32_t)(r * 7 + (int)(i % 1000));
+    if (rc == 0)
+        rc = dev_put(&din, host, c);
+    if (rc == 0)
+        rc = dev_put(&dout, host, all);
+    if (rc == 0 && (rc = ps_all_gather(cx->comm, dout, din, c, PS_INT32, NULL)) != 0)
+        rc = fail("all_gather (4 MiB a rank) returned %d (%s)", rc, ps_strerror(rc));
+    if (rc == 0)
+        rc = staged_as(cx, "all_gather (4 MiB a rank)", "PS_TEST_STAGE_PEER");
+    if (rc == 0)
+        rc = dev_get(host, dout, all);
+    for (size_t i = 0; rc == 0 && i < all; i++) {
+        int32_t want = (int32_t)((int)(i / c) * 7 + (int)(i % c % 1000));
+        if (host[i] != want)
+            rc =
+                fail("all_gather (4 MiB a rank): element %zu is %d, expected %d", i, host[i], want);
+    }
+    ps_gpu_free(din);
+    ps_gpu_free(dout);
+    free(host);
+    return rc;
+}
+
 /* Collectives on device memory from ps_gpu_malloc: the client stages them
  * through pinned host memory. Every element is checked after copying the
  * results back. Without a CUDA device this scenario is SKIPPED: it never
@@ -2439,6 +2503,7 @@ static int sc_device_body(ctx_t *cx, int32_t *host, int32_t *host2, int32_t **de
     fill_i32(host, c, dv_rank_value, r, n);
     TRY(dev_put(&dev[0], host, c));
     CHECK_OK(ps_all_reduce(cx->comm, dev[0], c, PS_INT32, PS_SUM, NULL));
+    TRY(staged(cx, "all_reduce"));
     TRY(dev_get(host, dev[0], c));
     TRY(check_i32("all_reduce", host, c, dv_all_reduce, r, n));
 
@@ -2448,6 +2513,7 @@ static int sc_device_body(ctx_t *cx, int32_t *host, int32_t *host2, int32_t **de
     CHECK_OK(ps_gpu_memcpy_async(dev[0], host, c * sizeof(int32_t), NULL));
     CHECK_OK(ps_gpu_stream_synchronize(NULL));
     CHECK_OK(ps_broadcast(cx->comm, dev[0], c, PS_INT32, n - 1, NULL));
+    TRY(staged(cx, "broadcast"));
     TRY(dev_get(host, dev[0], c));
     TRY(check_i32("broadcast", host, c, dv_broadcast, r, n));
 
@@ -2458,23 +2524,28 @@ static int sc_device_body(ctx_t *cx, int32_t *host, int32_t *host2, int32_t **de
     CHECK_OK(ps_gpu_stream_synchronize(NULL));
     TRY(dev_put(&dev[1], host2, all)); /* host2: whatever it holds */
     CHECK_OK(ps_all_gather(cx->comm, dev[1], dev[0], c, PS_INT32, NULL));
+    TRY(staged(cx, "all_gather (device, device)"));
     TRY(dev_get(host2, dev[1], all));
     TRY(check_i32("all_gather (device, device)", host2, all, dv_gathered, r, n));
     memset(host2, 0, all * sizeof(int32_t));
     CHECK_OK(ps_gpu_memcpy_async(dev[1], host2, all * sizeof(int32_t), NULL));
     CHECK_OK(ps_gpu_stream_synchronize(NULL));
     CHECK_OK(ps_all_gather(cx->comm, dev[1], host, c, PS_INT32, NULL));
+    TRY(staged(cx, "all_gather (host in, device out)"));
     TRY(dev_get(host2, dev[1], all));
     TRY(check_i32("all_gather (host in, device out)", host2, all, dv_gathered, r, n));
     memset(host2, 0, all * sizeof(int32_t));
     CHECK_OK(ps_all_gather(cx->comm, host2, dev[0], c, PS_INT32, NULL));
+    TRY(staged(cx, "all_gather (device in, host out)"));
     TRY(check_i32("all_gather (device in, host out)", host2, all, dv_gathered, r, n));
+    TRY(dv_big_all_gather(cx));
 
     /* reduce_scatter: n blocks in, one block out, both on the device. */
     fill_i32(host2, all, dv_rs_in, r, n);
     CHECK_OK(ps_gpu_memcpy_async(dev[1], host2, all * sizeof(int32_t), NULL));
     CHECK_OK(ps_gpu_stream_synchronize(NULL));
     CHECK_OK(ps_reduce_scatter(cx->comm, dev[0], dev[1], c, PS_INT32, PS_SUM, NULL));
+    TRY(staged(cx, "reduce_scatter"));
     TRY(dev_get(host, dev[0], c));
     TRY(check_i32("reduce_scatter", host, c, dv_rs_out, r, n));
 
@@ -2485,6 +2556,7 @@ static int sc_device_body(ctx_t *cx, int32_t *host, int32_t *host2, int32_t **de
             CHECK_OK(ps_gpu_memcpy_async(dev[0], host, c * sizeof(int32_t), NULL));
             CHECK_OK(ps_gpu_stream_synchronize(NULL));
             CHECK_OK(ps_send(cx->comm, dev[0], c, PS_INT32, r + 1, 4, NULL));
+            TRY(staged(cx, "send"));
         } else {
             int source = -1;
             memset(host, 0, c * sizeof(int32_t));
@@ -2492,6 +2564,7 @@ static int sc_device_body(ctx_t *cx, int32_t *host, int32_t *host2, int32_t **de
             CHECK_OK(ps_gpu_stream_synchronize(NULL));
             CHECK_OK(ps_recv(cx->comm, dev[0], c, PS_INT32, r - 1, 4, NULL, &source));
             CHECK(source == r - 1, "recv: source %d, expected %d", source, r - 1);
+            TRY(staged(cx, "recv"));
             TRY(dev_get(host, dev[0], c));
             TRY(check_i32("recv", host, c, dv_broadcast, r, n));
         }
@@ -2506,6 +2579,7 @@ static int sc_device_body(ctx_t *cx, int32_t *host, int32_t *host2, int32_t **de
     int wrc = ps_work_wait(w);
     ps_work_free(w);
     CHECK_OK(wrc);
+    TRY(staged(cx, "iall_reduce"));
     TRY(dev_get(host, dev[0], c));
     TRY(check_i32("iall_reduce", host, c, dv_all_reduce, r, n));
     return ps_barrier(cx->comm, NULL);

@@ -114,7 +114,7 @@ static void test_host_buffers_are_not_staged(void **state)
         assert_ptr_equal(c.out, outs[i]);
     }
     assert_int_equal(f->reports.count, 0);
-    assert_null(f->comm.stage_cache);
+    assert_null(f->comm.stage_cache[0].p);
     ps_gpu_host_free(pinned);
     free(heap);
 }
@@ -169,7 +169,7 @@ static void test_staging_without_cuda_reports(void **state)
         assert_null(c.stage_dev_out);
         assert_int_equal(ps__stage_end(&c, 0), 0);
     }
-    assert_null(f->comm.stage_cache);
+    assert_null(f->comm.stage_cache[0].p);
     for (size_t i = 0; i < sizeof(out); i++)
         assert_int_equal((unsigned char)out[i], 0x33);
 }
@@ -200,7 +200,7 @@ static void test_staging_on_device(void **state)
     for (size_t i = 0; i < sizeof(out); i++)
         assert_int_equal(out[i], 0xee);
     /* A successful one gets the result; the cached pinned buffer is reused. */
-    void *cached = f->comm.stage_cache;
+    void *cached = f->comm.stage_cache[0].p;
     c = coll_for(f, in, sizeof(in), out, sizeof(out));
     assert_int_equal(ps__stage_buffers(&c, 1, 1), 0);
     assert_ptr_equal(c.stage_pinned, cached);
