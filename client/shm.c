@@ -195,6 +195,15 @@ static size_t page_round(size_t n)
     return (n + PS__SHM_ALIGN - 1) / PS__SHM_ALIGN * PS__SHM_ALIGN;
 }
 
+/* Lists m among the comm's registered memory. */
+static void mem_link(ps_comm_t *comm, struct ps__mem *m)
+{
+    pthread_mutex_lock(&comm->lock);
+    m->next = comm->mem;
+    comm->mem = m;
+    pthread_mutex_unlock(&comm->lock);
+}
+
 void *ps_mem_alloc(ps_comm_t *comm, size_t bytes)
 {
     if (!comm || !bytes || bytes > SIZE_MAX - PS__SHM_ALIGN)
@@ -216,10 +225,7 @@ void *ps_mem_alloc(ps_comm_t *comm, size_t bytes)
     } else {
         m->shared = 1;
     }
-    pthread_mutex_lock(&comm->lock);
-    m->next = comm->mem;
-    comm->mem = m;
-    pthread_mutex_unlock(&comm->lock);
+    mem_link(comm, m);
     return m->seg.base;
 }
 
@@ -318,10 +324,7 @@ void *ps__mem_stage_alloc(ps_comm_t *comm, size_t bytes, size_t *size)
     }
     m->shared = 1;
     m->staging = 1;
-    pthread_mutex_lock(&comm->lock);
-    m->next = comm->mem;
-    comm->mem = m;
-    pthread_mutex_unlock(&comm->lock);
+    mem_link(comm, m);
     *size = m->seg.size;
     return m->seg.base;
 }

@@ -95,13 +95,14 @@ int ps_gpu_is_device_pointer(const void *ptr, int *is_device)
     return 0;
 }
 
-int ps_gpu_malloc(void **ptr, size_t bytes)
+/* A heap block of bytes listed in t: 0 with *ptr, or PS_ENOMEM. */
+static int alloc_in(block_t *t, void **ptr, size_t bytes)
 {
     void *p = malloc(bytes ? bytes : 1);
     if (!p)
         return PS_ENOMEM;
     pthread_mutex_lock(&lock);
-    int rc = add(dev, p, bytes ? bytes : 1);
+    int rc = add(t, p, bytes ? bytes : 1);
     pthread_mutex_unlock(&lock);
     if (rc < 0) {
         free(p);
@@ -109,6 +110,11 @@ int ps_gpu_malloc(void **ptr, size_t bytes)
     }
     *ptr = p;
     return 0;
+}
+
+int ps_gpu_malloc(void **ptr, size_t bytes)
+{
+    return alloc_in(dev, ptr, bytes);
 }
 
 void ps_gpu_free(void *ptr)
@@ -119,18 +125,7 @@ void ps_gpu_free(void *ptr)
 
 int ps_gpu_host_alloc(void **ptr, size_t bytes)
 {
-    void *p = malloc(bytes ? bytes : 1);
-    if (!p)
-        return PS_ENOMEM;
-    pthread_mutex_lock(&lock);
-    int rc = add(pinned, p, bytes ? bytes : 1);
-    pthread_mutex_unlock(&lock);
-    if (rc < 0) {
-        free(p);
-        return rc;
-    }
-    *ptr = p;
-    return 0;
+    return alloc_in(pinned, ptr, bytes);
 }
 
 void ps_gpu_host_free(void *ptr)
