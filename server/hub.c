@@ -4303,7 +4303,8 @@ static ring_frame_t *rd_wait(coll_t *c, int from, int t, int64_t start)
     int theirs = rd_opens(rg->nagents, from, rg->pos);
     ring_link_t *l = ring_link_of(rg, from, !theirs);
     ring_frame_t *q = NULL;
-    while (!c->failed && !(q = rd_take(c, from, t))) {
+    /* rd_take fails c itself on a frame of another round: asked again after it. */
+    while (!c->failed && !(q = rd_take(c, from, t)) && !c->failed) {
         if (theirs ? l->seen : l->call != NULL) {
             pthread_cond_wait(&c->cond, c->lock);
         } else if (ps__now_ms() - start >= rg->timeout_ms) {
