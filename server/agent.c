@@ -1,4 +1,5 @@
 /* The agent: serves workers' calls, hosts collectives or forwards them to the agent that does. */
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,6 +55,7 @@ struct ps__agent {
     pthread_cond_t stop_cond;
     int draining;        /* SIGTERM: nothing more is forwarded */
     forward_t *forwards; /* in flight; ps__agent_drain cancels them */
+    char settings[160];  /* JoinRequest.agent_settings: what every agent of a job must share */
 };
 
 /* Control calls to the coordinator are short; a coordinator that does not
@@ -389,10 +391,12 @@ static void worker_join(ps__rpc_call_t *down, void *arg)
     char *job = strdup(req->job);
     int rank = -1;
     char *asked = req->agent, *asked_peer = req->peer, *asked_machine = req->agent_machine;
+    char *asked_settings = req->agent_settings;
     /* Borrowed; the request's own values are put back before freeing. */
     req->agent = a->self;
     req->peer = (char *)ps__rpc_call_peer(down);
     req->agent_machine = (char *)(a->cfg->machine_id ? a->cfg->machine_id : "");
+    req->agent_settings = a->settings;
     /* A coordinator that cannot be reached within the rendezvous deadline
      * is an error for the worker, not a Join that waits for ever (nor one
      * that fails while a restarted coordinator's connection comes back). */
@@ -410,6 +414,7 @@ static void worker_join(ps__rpc_call_t *down, void *arg)
     req->agent = asked;
     req->peer = asked_peer;
     req->agent_machine = asked_machine;
+    req->agent_settings = asked_settings;
     protobuf_c_message_free_unpacked(&req->base, NULL);
     pipe_arg_t pa = {down, up, 1, 0};
     if (rc == 0 && ps__task_start(&watcher, pipe_main, &pa) == 0)
@@ -869,6 +874,11 @@ int ps__agent_create(const ps__config_t *cfg, ps__rpc_server_t *srv, const char 
     a->self = strdup(self);
     if (!a->self)
         goto fail;
+    static const char *const ring_names[] = {
+        [PS_RING_OFF] = "off", [PS_RING_ON] = "on", [PS_RING_AUTO] = "auto"};
+    snprintf(a->settings, sizeof(a->settings),
+             "--ring %s --ring-min-bytes %" PRIu64 " --rd-max-bytes %" PRIu64 " --step-bytes %zu",
+             ring_names[cfg->ring], cfg->ring_min_bytes, cfg->rd_max_bytes, cfg->step_bytes);
     if ((rc = ps__rpc_channel_create_ex(coordinator, &cfg->rpc, &a->coord)) < 0)
         goto fail;
     if (cfg->tokens_file && (rc = ps__tokens_load(cfg->tokens_file, &a->tokens)) < 0)

@@ -34,6 +34,7 @@ typedef struct member {
     char *peer;
     int peer_copies;        /* JoinRequest.peer_copies */
     uint64_t pid_namespace; /* JoinRequest.pid_namespace */
+    char *settings;         /* JoinRequest.agent_settings of its agent */
     event_t *events, **events_tail;
 } member_t;
 
@@ -51,6 +52,11 @@ typedef struct job {
     int ready;
     int aborted;
     int detached; /* replaced by a new incarnation; no longer in the list */
+    /* Not formed: its agents' settings differ. Every join until refused_until
+     * (the refused rank's rendezvous deadline) is told this; then a join
+     * forms the job anew. */
+    char *refused;
+    int64_t refused_until;
     uint64_t incarnation;
     member_t *members;
     uint32_t *peer_sets; /* JoinEvent.peer_sets, made when the job forms (NULL: none) */
@@ -91,8 +97,10 @@ static void job_free(job_t *j)
         free(m->agent);
         free(m->machine);
         free(m->peer);
+        free(m->settings);
     }
     free(j->peer_sets);
+    free(j->refused);
     while (j->groups) {
         group_t *g = j->groups;
         j->groups = g->next;
@@ -212,6 +220,85 @@ static uint32_t *peer_sets(const job_t *j)
 }
 
 /* Registers the joiner; returns the rank or a negative code with msg set. */
+/* Frees the jobs refused (settings_differ) whose window is over and that no
+ * rank holds. Lock held. */
+static void job_purge_refused(ps__coordinator_t *c)
+{
+    int64_t now = ps__now_ms();
+    for (job_t **pj = &c->jobs; *pj;) {
+        job_t *j = *pj;
+        if (j->refused && !j->ready && j->njoined == 0 && now >= j->refused_until) {
+            *pj = j->next;
+            job_free(j);
+        } else {
+            pj = &j->next;
+        }
+    }
+}
+
+/* Two agents' settings ("--flag value ..."): when both name the same flags
+ * in the same order, writes the pairs whose values differ into a (x's) and b
+ * (y's), each of size bytes, and returns 1; else 0. */
+static int settings_diff(const char *x, const char *y, char *a, char *b, size_t size)
+{
+    char xs[160], ys[160], *xp, *yp;
+    snprintf(xs, sizeof(xs), "%s", x);
+    snprintf(ys, sizeof(ys), "%s", y);
+    size_t na = 0, nb = 0;
+    a[0] = b[0] = '\0';
+    char *xf = strtok_r(xs, " ", &xp), *yf = strtok_r(ys, " ", &yp);
+    while (xf && yf) {
+        char *xv = strtok_r(NULL, " ", &xp), *yv = strtok_r(NULL, " ", &yp);
+        if (!xv || !yv || strcmp(xf, yf) != 0)
+            return 0;
+        if (strcmp(xv, yv) != 0 && na < size && nb < size) {
+            na += (size_t)snprintf(a + na, size - na, "%s%s %s", na ? " " : "", xf, xv);
+            nb += (size_t)snprintf(b + nb, size - nb, "%s%s %s", nb ? " " : "", yf, yv);
+        }
+        xf = strtok_r(NULL, " ", &xp);
+        yf = strtok_r(NULL, " ", &yp);
+    }
+    return !xf && !yf && a[0];
+}
+
+/*
+ * Whether the agent of a rank joining j (as rank) runs with settings that
+ * differ from those of the agent of a rank already in j (JoinRequest.
+ * agent_settings; agents that do not say are not compared): then the job is
+ * refused, with msg, which every rank that joins it within the joining
+ * rank's rendezvous deadline is told, those waiting included. Its
+ * collectives between those agents would not meet: one would take recursive
+ * doubling, the other the ring, or the hub. Lock held.
+ */
+static int settings_differ(ps__coordinator_t *c, job_t *j, const Paramsync__V1__JoinRequest *req,
+                           int rank, char *msg, size_t msglen)
+{
+    const char *mine = req->agent_settings ? req->agent_settings : "";
+    for (int r = 0; *mine && r < j->world_size; r++) {
+        const member_t *o = &j->members[r];
+        if (o->state != M_JOINED || !o->settings || !*o->settings || !strcmp(o->settings, mine))
+            continue;
+        /* Only the flags that differ, where both agents name the same ones. */
+        char theirs[160], ours[160];
+        if (!settings_diff(o->settings, mine, theirs, ours, sizeof(theirs))) {
+            snprintf(theirs, sizeof(theirs), "%s", o->settings);
+            snprintf(ours, sizeof(ours), "%s", mine);
+        }
+        snprintf(msg, msglen,
+                 "join job %s: its agents run with different settings: %s at agent %s (rank %d) "
+                 "but %s at agent %s (rank %d); give every agent the same --ring, "
+                 "--ring-min-bytes, --rd-max-bytes and --step-bytes",
+                 req->job, theirs, o->agent, r, ours, req->agent ? req->agent : "?", rank);
+        free(j->refused);
+        j->refused = strdup(msg);
+        int64_t wait = req->timeout_ms ? (int64_t)req->timeout_ms : c->cfg->join_timeout_ms;
+        j->refused_until = ps__now_ms() + wait;
+        pthread_cond_broadcast(&c->changed);
+        return 1;
+    }
+    return 0;
+}
+
 static int join_register(ps__coordinator_t *c, const Paramsync__V1__JoinRequest *req,
                          const char *peer, job_t **jobp, char *msg, size_t msglen)
 {
@@ -236,7 +323,20 @@ static int join_register(ps__coordinator_t *c, const Paramsync__V1__JoinRequest 
                  req->rank, req->world_size);
         return PS_EINVAL;
     }
+    job_purge_refused(c);
     job_t *j = job_find(c, req->job);
+    if (j && j->refused && !j->ready) {
+        if (ps__now_ms() < j->refused_until) {
+            snprintf(msg, msglen, "%s", j->refused);
+            return PS_EPRECOND;
+        }
+        /* Told for long enough: the job forms anew. */
+        job_unlink(c, j);
+        j->detached = 1;
+        if (j->njoined == 0)
+            job_free(j);
+        j = NULL;
+    }
     if (j && j->aborted) {
         /* Elastic restart: after a failure the survivors (and replacements)
          * form the job anew, with any world size. The broken incarnation is
@@ -297,6 +397,8 @@ static int join_register(ps__coordinator_t *c, const Paramsync__V1__JoinRequest 
             if (j->members[r].state != M_JOINED)
                 rank = r;
     }
+    if (settings_differ(c, j, req, rank, msg, msglen))
+        return PS_EPRECOND;
     member_t *m = &j->members[rank];
     m->state = M_JOINED;
     m->leaving = 0;
@@ -308,6 +410,8 @@ static int join_register(ps__coordinator_t *c, const Paramsync__V1__JoinRequest 
     m->peer = strdup(peer);
     m->peer_copies = req->peer_copies;
     m->pid_namespace = req->pid_namespace;
+    free(m->settings);
+    m->settings = strdup(req->agent_settings ? req->agent_settings : "");
     j->njoined++;
     if (j->njoined == j->world_size) {
         j->ready = 1;
@@ -326,7 +430,7 @@ static void coord_join(ps__rpc_call_t *call, void *arg)
 {
     ps__coordinator_t *c = arg;
     Paramsync__V1__JoinRequest *req = NULL;
-    char msg[512] = "";
+    char msg[1024] = "";
     int code = GRPC_STATUS_OK;
     join_watch_t w = {.c = c, .call = call};
     pthread_t watcher;
@@ -381,6 +485,11 @@ static void coord_join(ps__rpc_call_t *call, void *arg)
         member_t *m = &j->members[rank];
         if (w.ended)
             break;
+        if (!j->ready && j->refused) {
+            code = GRPC_STATUS_FAILED_PRECONDITION;
+            snprintf(msg, sizeof(msg), "%s", j->refused);
+            break;
+        }
         if (j->ready && !sent_ready) {
             uint64_t inc = j->incarnation;
             int world = j->world_size;
@@ -445,7 +554,8 @@ static void coord_join(ps__rpc_call_t *call, void *arg)
         pthread_cond_broadcast(&c->changed);
     }
     j->njoined--;
-    if (j->njoined == 0) {
+    /* A refused job stays, to tell ranks that come late (job_purge_refused). */
+    if (j->njoined == 0 && !(j->refused && !j->detached)) {
         PS_LOG(PS_LOG_INFO, "job %s: ended", j->name);
         if (!j->detached)
             job_unlink(c, j);

@@ -6,10 +6,13 @@
 # usage: run.sh --daemon PATH (--worker PATH --scenario NAME | --example PATH [--arg A]... --expect FILE)
 #               [--np N] [--jobs K] [--topology embedded|split [--agents A] [--agent-machines]]
 #               [--init env|tcp|unix|file]
-#               [--daemon-arg ARG]... [--env NAME=VALUE]... [--sigterm-after SECONDS]
+#               [--daemon-arg ARG]... [--agent-arg K ARG]... [--env NAME=VALUE]...
+#               [--sigterm-after SECONDS]
 #               [--then SCENARIO:NP] [--timeout SECONDS] [--metric 'SERIES>N' | 'SERIES=0' | 'SERIES<N']...
 #               [--private-shm SIZE]
 # --agents: with --topology split, A agents (default 2); rank r joins through agent r mod A.
+# --agent-arg K ARG: with --topology split, ARG for agent K alone (1..A, as agentK in the logs),
+# after the --daemon-arg ones (a flag given again there wins).
 # --agent-machines: with --topology split, each agent says it is on a machine of its own
 # (--machine-id machine-A); otherwise they share this one's boot id.
 # --private-shm: daemons and workers share a /dev/shm of SIZE of their own (a mount namespace;
@@ -24,7 +27,7 @@ set -u
 
 daemon= worker= scenario= example= expect= np=2 jobs=1 topology=embedded init=env nagents=2
 sigterm_after= then= timeout=150 agent_machines=
-daemon_args=() example_args=() extra_env=() metric_checks=()
+daemon_args=() agent_args=() example_args=() extra_env=() metric_checks=()
 orig_args=("$@")
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -41,6 +44,7 @@ while [ $# -gt 0 ]; do
     --agent-machines) agent_machines=1 ;;
     --init) init=$2; shift ;;
     --daemon-arg) daemon_args+=("$2"); shift ;;
+    --agent-arg) agent_args+=("$2" "$3"); shift 2 ;;
     --env) extra_env+=("$2"); shift ;;
     --sigterm-after) sigterm_after=$2; shift ;;
     --then) then=$2; shift ;;
@@ -128,10 +132,13 @@ if [ "$topology" = split ]; then
   start_daemon coordinator --role coordinator --listen 127.0.0.1:0 "${daemon_args[@]}"
   coord=$(wait_listening coordinator) || { dump_logs; exit 1; }
   for a in $(seq "$nagents"); do
-    machine=()
+    machine=() own=()
     [ -n "$agent_machines" ] && machine=(--machine-id "machine-$a")
+    for ((i = 0; i < ${#agent_args[@]}; i += 2)); do
+      [ "${agent_args[i]}" = "$a" ] && own+=("${agent_args[i + 1]}")
+    done
     start_daemon agent$a --role agent --coordinator "$coord" --listen 127.0.0.1:0 \
-      "${machine[@]}" "${daemon_args[@]}"
+      "${machine[@]}" "${daemon_args[@]}" "${own[@]}"
     agent_addrs+=("$(wait_listening agent$a)") || { dump_logs; exit 1; }
   done
 else

@@ -2309,6 +2309,29 @@ static int sc_join_bad_rank(ctx_t *cx)
     return join_expect(&o, PS_EINVAL, "rank", "rank 5 of 2");
 }
 
+/* Agents that disagree on settings their collectives between agents depend
+ * on (e.g. --rd-max-bytes at one: run.sh --agent-arg; its all_reduces would take
+ * recursive doubling where the others' go round the ring): the job is not
+ * formed, and every rank's init fails soon with a message naming the
+ * settings to compare, rather than a first collective that fails naming
+ * something else, or waits. */
+static int sc_flags_differ(ctx_t *cx)
+{
+    (void)cx;
+    ps_init_options_t o;
+    ps_init_options_default(&o);
+    o.join_timeout_ms = 20000;
+    /* PS_TEST_FLAG: the flag that differs (default --rd-max-bytes). */
+    const char *flag = getenv("PS_TEST_FLAG") ? getenv("PS_TEST_FLAG") : "--rd-max-bytes";
+    char want[64];
+    snprintf(want, sizeof(want), "%s ", flag);
+    int64_t t0 = now_ms();
+    TRY(join_expect(&o, PS_EPRECOND, want, "agents with different settings"));
+    int64_t took = now_ms() - t0;
+    CHECK(took < 10000, "agents with different settings: refused after %lld ms", (long long)took);
+    return 0;
+}
+
 /* A joiner whose world size differs from the job's is refused, naming it;
  * the job it tried to join cannot form either. */
 static int sc_join_world_mismatch(ctx_t *cx)
@@ -2656,6 +2679,7 @@ static const scenario_t scenarios[] = {
     {"join_world_mismatch", sc_join_world_mismatch, 0, 0},
     {"join_duplicate", sc_join_duplicate, 0, 0},
     {"join_timeout", sc_join_timeout, 0, 0},
+    {"flags_differ", sc_flags_differ, 0, 0},
 };
 
 int main(int argc, char **argv)
