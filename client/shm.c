@@ -300,8 +300,10 @@ int ps_mem_is_shared(ps_comm_t *comm, const void *ptr)
  */
 void *ps__mem_stage_alloc(ps_comm_t *comm, size_t bytes, size_t *size)
 {
-    if (!comm->channel || comm->stage_segments_off || shm_off() || !bytes ||
-        bytes > SIZE_MAX - PS__SHM_ALIGN)
+    pthread_mutex_lock(&comm->lock);
+    int off = comm->stage_segments_off;
+    pthread_mutex_unlock(&comm->lock);
+    if (!comm->channel || off || shm_off() || !bytes || bytes > SIZE_MAX - PS__SHM_ALIGN)
         return NULL;
     struct ps__mem *m = calloc(1, sizeof(*m));
     if (!m)
@@ -309,8 +311,11 @@ void *ps__mem_stage_alloc(ps_comm_t *comm, size_t bytes, size_t *size)
     int rc = segment_create(comm, &m->seg, page_round(bytes), SEG_REGISTERED);
     if (rc < 0) {
         /* An agent that cannot map ours never will. */
-        if (rc == PS_ENOTSUP || rc == PS_EUNAVAIL)
+        if (rc == PS_ENOTSUP || rc == PS_EUNAVAIL) {
+            pthread_mutex_lock(&comm->lock);
             comm->stage_segments_off = 1;
+            pthread_mutex_unlock(&comm->lock);
+        }
         free(m);
         return NULL;
     }

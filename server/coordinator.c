@@ -219,7 +219,6 @@ static uint32_t *peer_sets(const job_t *j)
     return sets;
 }
 
-/* Registers the joiner; returns the rank or a negative code with msg set. */
 /* Frees the jobs refused (settings_differ) whose window is over and that no
  * rank holds. Lock held. */
 static void job_purge_refused(ps__coordinator_t *c)
@@ -299,6 +298,7 @@ static int settings_differ(ps__coordinator_t *c, job_t *j, const Paramsync__V1__
     return 0;
 }
 
+/* Registers the joiner; returns the rank or a negative code with msg set. */
 static int join_register(ps__coordinator_t *c, const Paramsync__V1__JoinRequest *req,
                          const char *peer, job_t **jobp, char *msg, size_t msglen)
 {
