@@ -75,7 +75,9 @@ int ps_gpu_device_count(int *count)
 
 int ps_gpu_get_device(int *device)
 {
+    pthread_mutex_lock(&lock);
     *device = device_now;
+    pthread_mutex_unlock(&lock);
     return 0;
 }
 
@@ -83,7 +85,9 @@ int ps_gpu_set_device(int device)
 {
     if (device != 0)
         return PS_EINVAL;
+    pthread_mutex_lock(&lock);
     device_now = device;
+    pthread_mutex_unlock(&lock);
     return 0;
 }
 
