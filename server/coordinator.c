@@ -962,10 +962,15 @@ int ps__coordinator_status(ps__coordinator_t *c, const char *job,
         js->world_size = j->world_size;
         js->incarnation = j->incarnation;
         js->job = strdup(j->name);
-        js->state = strdup(j->aborted ? "aborted" : j->ready ? "running" : "rendezvous");
+        int refused = j->refused && !j->ready;
+        js->state = strdup(j->aborted ? "aborted"
+                           : j->ready ? "running"
+                           : refused  ? "refused"
+                                      : "rendezvous");
+        js->message = strdup(refused ? j->refused : "");
         js->hub = strdup(j->ready && j->members[0].agent ? j->members[0].agent : "");
         js->ranks = calloc((size_t)j->world_size, sizeof(*js->ranks));
-        if (!js->job || !js->state || !js->hub || !js->ranks) {
+        if (!js->job || !js->state || !js->message || !js->hub || !js->ranks) {
             rc = PS_ENOMEM;
             break;
         }
@@ -979,7 +984,8 @@ int ps__coordinator_status(ps__coordinator_t *c, const char *job,
             paramsync__v1__rank_status__init(rs);
             js->ranks[js->n_ranks++] = rs;
             rs->rank = r;
-            rs->state = strdup(member_state_names[m->state]);
+            rs->state =
+                strdup(refused && m->state == M_FREE ? "refused" : member_state_names[m->state]);
             rs->peer = strdup(m->peer ? m->peer : "");
             rs->agent = strdup(m->agent ? m->agent : "");
             rs->machine = strdup(m->machine ? m->machine : "");

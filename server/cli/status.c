@@ -315,6 +315,10 @@ static void print_json(FILE *f, const view_t *v)
         ps__cli_json_string(f, js->job);
         fputs(",\"state\":", f);
         ps__cli_json_string(f, js->state);
+        if (js->message && *js->message) {
+            fputs(",\"message\":", f);
+            ps__cli_json_string(f, js->message);
+        }
         fprintf(f, ",\"world_size\":%d,\"incarnation\":%llu,\"hub\":", js->world_size,
                 (unsigned long long)js->incarnation);
         ps__cli_json_string(f, js->hub);
@@ -481,6 +485,10 @@ static void print_job(FILE *f, const job_t *js, const view_t *v)
     if (js->hub && *js->hub) {
         fputs(", hub ", f);
         ps__cli_text(f, js->hub);
+    }
+    if (js->message && *js->message) {
+        fputs("\n  ", f);
+        ps__cli_text(f, js->message);
     }
     fputs("\n  RANK  STATE     AGENT                  MACHINE   PEER\n", f);
     for (size_t k = 0; k < js->n_ranks; k++) {

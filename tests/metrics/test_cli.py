@@ -111,6 +111,7 @@ def main():
         h.check(gone in st["agents"], f"the registered agent is listed: {st['agents']}")
         h.expect_equal("silent agent: errors", [e["agent"] for e in st["errors"]], [gone])
         h.check("warning" in err and gone in err, f"silent agent: warning on stderr: {err!r}")
+        check_refused(d, cli, pb, pbg, grpc)
         status = d.stop()
         h.expect_equal("daemon exit after SIGTERM", status, 0)
     except BaseException:
@@ -122,6 +123,54 @@ def main():
     check_tls(args, cli, wd)
     wd.cleanup()
     h.finish()
+
+
+def check_refused(d, cli, pb, pbg, grpc):
+    """A job whose ranks come through agents with different settings (the
+    JoinRequest.agent_settings agents fill in; sent here as an agent would) is
+    refused: the waiting rank and the one that differs both end with
+    FAILED_PRECONDITION naming the flag, and status shows the job refused, why,
+    and its ranks as refused."""
+    import threading
+    settings = "--ring auto --ring-min-bytes 1048576 --rd-max-bytes %d --step-bytes 1048576"
+    hold = threading.Event()
+
+    def requests(rank, agent, rd):
+        yield pb.JoinRequest(job="refused", world_size=3, rank=rank, timeout_ms=10000,
+                             agent=agent, agent_settings=settings % rd)
+        hold.wait(20)  # the stream stays open, as a rank's does
+
+    with grpc.insecure_channel(d.addr) as ch:
+        stub = pbg.CoordinatorStub(ch)
+        codes = {}
+        first = stub.Join(requests(0, "127.0.0.1:1", 65536), timeout=15)
+        time.sleep(0.3)  # rank 0 waits in the rendezvous
+        second = stub.Join(requests(1, "127.0.0.1:2", 0), timeout=15)
+        for rank, call in ((1, second), (0, first)):
+            try:
+                for _ in call:
+                    pass
+                codes[rank] = ("OK", "")
+            except grpc.RpcError as e:
+                codes[rank] = (e.code().name, e.details())
+        for rank in (0, 1):
+            code, msg = codes[rank]
+            h.expect_equal(f"refused job: rank {rank}'s code", code, "FAILED_PRECONDITION")
+            h.check("--rd-max-bytes 65536" in msg and "--rd-max-bytes 0" in msg
+                    and "127.0.0.1:2" in msg, f"refused job: rank {rank}'s message {msg!r}")
+        rc, out, err, _ = run(cli, "status", "--addr", d.addr, "--json", "--job", "refused")
+        h.expect_equal("refused job: status exit", rc, 0)
+        job = json.loads(out)["jobs"][0]
+        h.expect_equal("refused job: state", job["state"], "refused")
+        h.check("--rd-max-bytes 0" in job.get("message", ""),
+                f"refused job: status says why: {job}")
+        h.expect_equal("refused job: rank states", [r["state"] for r in job["ranks"]],
+                       ["refused"] * 3)
+        rc, out, err, _ = run(cli, "status", "--addr", d.addr, "--job", "refused")
+        h.check("refused" in out and "different settings" in out,
+                f"refused job: the text says so: {out}")
+        hold.set()
+    h.log("ok: a job whose agents' settings differ is refused, and status says why")
 
 
 def make_certs(wd):
