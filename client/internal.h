@@ -143,8 +143,9 @@ struct ps_comm {
     struct ps__shm *process;         /* the process segment (shm.c), or NULL */
     struct ps__mem *mem;             /* registered memory, ps_mem_alloc (shm.c) */
 
-    /* One pinned staging buffer kept between calls on device buffers (device.c;
-     * guarded by lock): page-locking memory costs far more than the copy. */
+    /* Pinned staging buffers kept between calls on device buffers, one of each
+     * slot (device.c; guarded by lock): page-locking memory costs far more
+     * than the copy. */
     ps__pinned_t stage_cache[2]; /* [0] memory of our own, [1] a segment the agent maps */
     int stage_segments_off;      /* the agent cannot map our staging segments (shm.c) */
 };

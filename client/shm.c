@@ -571,7 +571,8 @@ static void collapse(const void *buf, size_t len)
 
 void ps__collapse_buffers(const ps__coll_t *c)
 {
-    if (c->stage_kind) /* device.c made that one of huge pages, and pinned it */
+    /* device.c made that one of huge pages and pinned it, or it is a segment. */
+    if (c->stage_pinned && c->stage_kind != PS__STAGE_DRIVER)
         return;
     collapse(c->in, c->in_bytes);
     if (c->out != c->in || c->out_bytes != c->in_bytes) /* all_reduce's one buffer: once */
