@@ -916,6 +916,7 @@ static void *health_main(void *arg)
             Paramsync__V1__RegisterAgentRequest req = PARAMSYNC__V1__REGISTER_AGENT_REQUEST__INIT;
             Paramsync__V1__RegisterAgentResponse *resp = NULL;
             req.address = a->self;
+            req.agent_settings = a->settings;
             if (ps__rpc_unary(a->coord, PS_M_COORD_REGISTER, &req.base,
                               &paramsync__v1__register_agent_response__descriptor,
                               (ProtobufCMessage **)&resp, 5000, NULL) == 0)

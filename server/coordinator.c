@@ -71,8 +71,11 @@ struct ps__coordinator {
     job_t *jobs;
     uint64_t next_incarnation;
     int nagents;
-    char **agent_addrs;   /* registered agents, each once */
-    ps__tokens_t *tokens; /* NULL: no authentication */
+    char **agent_addrs;        /* registered agents, each once */
+    char *last_settings;       /* RegisterAgentRequest.agent_settings of the last agent that
+                                  said */
+    char *last_settings_agent; /* that agent's address */
+    ps__tokens_t *tokens;      /* NULL: no authentication */
     int nagent_addrs;
 };
 
@@ -613,16 +616,50 @@ static void serve_unary(ps__coordinator_t *c, ps__rpc_call_t *call,
     protobuf_c_message_free_unpacked(req, NULL);
 }
 
+/* An agent that registers with settings other than those of the agent that
+ * registered before it is told of at once, in the log: a job with ranks on
+ * both would be refused (settings_differ), which is better known before any
+ * job. (The one before, not the first: in a rolling change of a flag, only
+ * the first agent with the new value warns.) Lock held. */
+static void settings_registered(ps__coordinator_t *c,
+                                const Paramsync__V1__RegisterAgentRequest *req)
+{
+    const char *mine = req->agent_settings ? req->agent_settings : "";
+    char *s = *mine ? strdup(mine) : NULL, *who = *mine ? strdup(req->address) : NULL;
+    if (!s || !who) {
+        free(s);
+        free(who);
+        return;
+    }
+    if (c->last_settings && strcmp(c->last_settings, mine) != 0) {
+        char theirs[160], ours[160];
+        if (!settings_diff(c->last_settings, mine, theirs, ours, sizeof(theirs))) {
+            snprintf(theirs, sizeof(theirs), "%s", c->last_settings);
+            snprintf(ours, sizeof(ours), "%s", mine);
+        }
+        PS_LOG(PS_LOG_WARN,
+               "agent %s registered with %s, but agent %s with %s: a job with ranks on both "
+               "will be refused; give every agent the same --ring, --ring-min-bytes, "
+               "--rd-max-bytes and --step-bytes",
+               req->address, ours, c->last_settings_agent, theirs);
+    }
+    free(c->last_settings);
+    free(c->last_settings_agent);
+    c->last_settings = s;
+    c->last_settings_agent = who;
+}
+
 static int do_register(ps__coordinator_t *c, const ProtobufCMessage *rq, ProtobufCMessage *rs,
                        char *msg, size_t msglen)
 {
     const Paramsync__V1__RegisterAgentRequest *req = (const void *)rq;
     Paramsync__V1__RegisterAgentResponse *resp = (void *)rs;
-    static char id[32];
+    char id[32];
     (void)msg;
     (void)msglen;
     pthread_mutex_lock(&c->lock);
     snprintf(id, sizeof(id), "agent-%d", ++c->nagents);
+    settings_registered(c, req);
     int known = 0;
     for (int i = 0; i < c->nagent_addrs; i++)
         known |= strcmp(c->agent_addrs[i], req->address) == 0;
@@ -635,16 +672,28 @@ static int do_register(ps__coordinator_t *c, const ProtobufCMessage *rq, Protobu
             c->agent_addrs[c->nagent_addrs++] = addr;
     }
     pthread_mutex_unlock(&c->lock);
-    resp->agent_id = id;
+    resp->agent_id = strdup(id);
     PS_LOG(PS_LOG_INFO, "agent %s registered at %s", id, req->address);
+    if (!resp->agent_id) {
+        resp->agent_id = (char *)protobuf_c_empty_string;
+        snprintf(msg, msglen, "register: out of memory");
+        return PS_ENOMEM;
+    }
     return 0;
+}
+
+static void register_clear(ProtobufCMessage *m)
+{
+    Paramsync__V1__RegisterAgentResponse *r = (void *)m;
+    if (r->agent_id != protobuf_c_empty_string)
+        free(r->agent_id);
 }
 
 static void coord_register(ps__rpc_call_t *call, void *arg)
 {
     Paramsync__V1__RegisterAgentResponse resp = PARAMSYNC__V1__REGISTER_AGENT_RESPONSE__INIT;
     serve_unary(arg, call, &paramsync__v1__register_agent_request__descriptor, &resp.base,
-                do_register, NULL);
+                do_register, register_clear);
 }
 
 static int do_leave(ps__coordinator_t *c, const ProtobufCMessage *rq, ProtobufCMessage *rs,
@@ -932,6 +981,8 @@ void ps__coordinator_destroy(ps__coordinator_t *c)
     for (int i = 0; i < c->nagent_addrs; i++)
         free(c->agent_addrs[i]);
     free(c->agent_addrs);
+    free(c->last_settings);
+    free(c->last_settings_agent);
     pthread_mutex_destroy(&c->lock);
     pthread_cond_destroy(&c->changed);
     free(c);

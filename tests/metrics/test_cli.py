@@ -126,9 +126,9 @@ def main():
 
 
 def check_refused(d, cli, pb, pbg, grpc):
-    """A job whose ranks come through agents with different settings (the
-    JoinRequest.agent_settings agents fill in; sent here as an agent would) is
-    refused: the waiting rank and the one that differs both end with
+    """Agents that register with different settings are warned of at once, and
+    a job whose ranks come through them (the JoinRequest.agent_settings agents
+    fill in; sent here as agents would) is refused: the waiting rank and the one that differs both end with
     FAILED_PRECONDITION naming the flag, and status shows the job refused, why,
     and its ranks as refused."""
     import threading
@@ -142,6 +142,13 @@ def check_refused(d, cli, pb, pbg, grpc):
 
     with grpc.insecure_channel(d.addr) as ch:
         stub = pbg.CoordinatorStub(ch)
+        # The coordinator says so as soon as the second agent registers.
+        for agent, rd in (("127.0.0.1:1", 65536), ("127.0.0.1:2", 0)):
+            stub.RegisterAgent(pb.RegisterAgentRequest(address=agent,
+                                                       agent_settings=settings % rd), timeout=5)
+        warn = ("agent 127.0.0.1:2 registered with --rd-max-bytes 0, but agent 127.0.0.1:1 "
+                "with --rd-max-bytes 65536")
+        h.check(warn in d.text(), f"agents' settings differ: no warning at registration:\n{d.text()}")
         codes = {}
         first = stub.Join(requests(0, "127.0.0.1:1", 65536), timeout=15)
         time.sleep(0.3)  # rank 0 waits in the rendezvous
