@@ -238,10 +238,14 @@ static void job_purge_refused(ps__coordinator_t *c)
     }
 }
 
-/* Two agents' settings ("--flag value ..."): when both name the same flags
- * in the same order, writes the pairs whose values differ into a (x's) and b
- * (y's), each of size bytes, and returns 1; else 0. */
-static int settings_diff(const char *x, const char *y, char *a, char *b, size_t size)
+/* What to do about agents' settings that differ, for the messages. */
+#define PS_SETTINGS_ALIKE                                                                          \
+    "give every agent the same --ring, --ring-min-bytes, --rd-max-bytes and --step-bytes"
+
+/* Two agents' settings ("--flag value ...") for a message, into a (x's) and
+ * b (y's), each of size bytes: the pairs whose values differ where both
+ * name the same flags in the same order, else the whole of each. */
+static void settings_diff(const char *x, const char *y, char *a, char *b, size_t size)
 {
     char xs[160], ys[160], *xp, *yp;
     snprintf(xs, sizeof(xs), "%s", x);
@@ -249,18 +253,21 @@ static int settings_diff(const char *x, const char *y, char *a, char *b, size_t 
     size_t na = 0, nb = 0;
     a[0] = b[0] = '\0';
     char *xf = strtok_r(xs, " ", &xp), *yf = strtok_r(ys, " ", &yp);
-    while (xf && yf) {
+    int same = 1;
+    while (same && xf && yf) {
         char *xv = strtok_r(NULL, " ", &xp), *yv = strtok_r(NULL, " ", &yp);
-        if (!xv || !yv || strcmp(xf, yf) != 0)
-            return 0;
-        if (strcmp(xv, yv) != 0 && na < size && nb < size) {
+        same = xv && yv && strcmp(xf, yf) == 0;
+        if (same && strcmp(xv, yv) != 0 && na < size && nb < size) {
             na += (size_t)snprintf(a + na, size - na, "%s%s %s", na ? " " : "", xf, xv);
             nb += (size_t)snprintf(b + nb, size - nb, "%s%s %s", nb ? " " : "", yf, yv);
         }
         xf = strtok_r(NULL, " ", &xp);
         yf = strtok_r(NULL, " ", &yp);
     }
-    return !xf && !yf && a[0];
+    if (!same || xf || yf || !a[0]) {
+        snprintf(a, size, "%s", x);
+        snprintf(b, size, "%s", y);
+    }
 }
 
 /*
@@ -280,16 +287,11 @@ static int settings_differ(ps__coordinator_t *c, job_t *j, const Paramsync__V1__
         const member_t *o = &j->members[r];
         if (o->state != M_JOINED || !o->settings || !*o->settings || !strcmp(o->settings, mine))
             continue;
-        /* Only the flags that differ, where both agents name the same ones. */
         char theirs[160], ours[160];
-        if (!settings_diff(o->settings, mine, theirs, ours, sizeof(theirs))) {
-            snprintf(theirs, sizeof(theirs), "%s", o->settings);
-            snprintf(ours, sizeof(ours), "%s", mine);
-        }
+        settings_diff(o->settings, mine, theirs, ours, sizeof(theirs));
         snprintf(msg, msglen,
                  "join job %s: its agents run with different settings: %s at agent %s (rank %d) "
-                 "but %s at agent %s (rank %d); give every agent the same --ring, "
-                 "--ring-min-bytes, --rd-max-bytes and --step-bytes",
+                 "but %s at agent %s (rank %d); " PS_SETTINGS_ALIKE,
                  req->job, theirs, o->agent, r, ours, req->agent ? req->agent : "?", rank);
         free(j->refused);
         j->refused = strdup(msg);
@@ -328,22 +330,16 @@ static int join_register(ps__coordinator_t *c, const Paramsync__V1__JoinRequest 
     }
     job_purge_refused(c);
     job_t *j = job_find(c, req->job);
-    if (j && j->refused && !j->ready) {
-        if (ps__now_ms() < j->refused_until) {
-            snprintf(msg, msglen, "%s", j->refused);
-            return PS_EPRECOND;
-        }
-        /* Told for long enough: the job forms anew. */
-        job_unlink(c, j);
-        j->detached = 1;
-        if (j->njoined == 0)
-            job_free(j);
-        j = NULL;
+    int refused = j && j->refused && !j->ready;
+    if (refused && ps__now_ms() < j->refused_until) {
+        snprintf(msg, msglen, "%s", j->refused);
+        return PS_EPRECOND;
     }
-    if (j && j->aborted) {
+    if (j && (j->aborted || refused)) {
         /* Elastic restart: after a failure the survivors (and replacements)
-         * form the job anew, with any world size. The broken incarnation is
-         * detached; its last members free it when they go. */
+         * form the job anew, with any world size; a refused job, once told
+         * for long enough, too. The old one is detached; its last members
+         * free it when they go. */
         job_unlink(c, j);
         j->detached = 1;
         if (j->njoined == 0)
@@ -633,14 +629,10 @@ static void settings_registered(ps__coordinator_t *c,
     }
     if (c->last_settings && strcmp(c->last_settings, mine) != 0) {
         char theirs[160], ours[160];
-        if (!settings_diff(c->last_settings, mine, theirs, ours, sizeof(theirs))) {
-            snprintf(theirs, sizeof(theirs), "%s", c->last_settings);
-            snprintf(ours, sizeof(ours), "%s", mine);
-        }
+        settings_diff(c->last_settings, mine, theirs, ours, sizeof(theirs));
         PS_LOG(PS_LOG_WARN,
                "agent %s registered with %s, but agent %s with %s: a job with ranks on both "
-               "will be refused; give every agent the same --ring, --ring-min-bytes, "
-               "--rd-max-bytes and --step-bytes",
+               "will be refused; " PS_SETTINGS_ALIKE,
                req->address, ours, c->last_settings_agent, theirs);
     }
     free(c->last_settings);
