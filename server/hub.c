@@ -4303,8 +4303,9 @@ static ring_frame_t *rd_wait(coll_t *c, int from, int t, int64_t start)
     int theirs = rd_opens(rg->nagents, from, rg->pos);
     ring_link_t *l = ring_link_of(rg, from, !theirs);
     ring_frame_t *q = NULL;
-    /* rd_take fails c itself on a frame of another round: asked again after it. */
-    while (!c->failed && !(q = rd_take(c, from, t)) && !c->failed) {
+    /* After rd_take: it fails c itself on a frame of another round. (A frame
+     * taken once c failed is the caller's to drop.) */
+    while (!(q = rd_take(c, from, t)) && !c->failed) {
         if (theirs ? l->seen : l->call != NULL) {
             pthread_cond_wait(&c->cond, c->lock);
         } else if (ps__now_ms() - start >= rg->timeout_ms) {
@@ -4503,10 +4504,8 @@ void ps__hub_ring_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
                       kind_name(hd->kind), hd->group, hd->seq, plan.agents[from], h->self);
     }
     ring_link_t *l = NULL;
-    if (c->ring && from == c->ring->in.peer)
-        l = &c->ring->in;
-    else if (c->ring && c->ring->xin)
-        l = &c->ring->xin[(c->ring->pos - from + c->ring->nagents) % c->ring->nagents - 2];
+    if (c->ring && (from == c->ring->in.peer || c->ring->xin))
+        l = ring_link_of(c->ring, from, 0);
     if (c->ring && !c->failed && !l)
         coll_fail(c, GRPC_STATUS_FAILED_PRECONDITION,
                   "%s (group %u, seq %" PRIu64 "): a ring link from agent %s, not next to this one",
