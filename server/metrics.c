@@ -470,7 +470,7 @@ static void render_traffic(strbuf_t *b)
     sb_family(b, "paramsync_agent_collectives_total", "counter",
               "Collectives this agent combined with other agents rather than at a hub, by "
               "algorithm: round the ring, over the mesh (all_to_all), or by recursive doubling "
-              "(barriers and small all_reduces, --rd-max-bytes).");
+              "(all_reduces of at most --rd-max-bytes per rank).");
     for (int k = 0; k < PS_M_RING_COUNT; k++)
         sb_printf(b, "paramsync_agent_collectives_total{algorithm=\"%s\"} %llu\n", ring_algos[k],
                   (unsigned long long)get(&g_ring[k]));
