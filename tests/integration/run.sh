@@ -66,6 +66,14 @@ while [ $# -gt 0 ]; do
   shift
 done
 [ -x "$daemon" ] || { echo "run.sh: no paramsyncd at '$daemon'" >&2; exit 1; }
+# An --agent-arg no agent would take is a mistake in the test, not a flag to drop.
+for ((i = 0; i < ${#agent_args[@]}; i += 2)); do
+  k=${agent_args[i]}
+  if [ "$topology" != split ] || ! [[ "$k" =~ ^[0-9]+$ ]] || [ "$k" -lt 1 ] || [ "$k" -gt "$nagents" ]; then
+    echo "run.sh: --agent-arg $k: no such agent (--topology split, agents 1 to $nagents)" >&2
+    exit 2
+  fi
+done
 name=${scenario:-$(basename "${example:-?}")}
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/ps-it.XXXXXX") || exit 1
