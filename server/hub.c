@@ -5005,9 +5005,9 @@ static void doorbell_serve(ps__hub_t *h, shm_map_t *map)
     ps__rpc_call_destroy(call);
 }
 
-/* One thread per doorbell segment: waits for the worker's requests and
- * answers each, until the segment is dropped (the worker left) or the agent
- * stops. */
+/* One thread per doorbell segment (a kept one, ps__task_run): waits for the
+ * worker's requests and answers each, until the segment is dropped (the
+ * worker left) or the agent stops. */
 typedef struct doorbell_arg {
     ps__hub_t *h;
     shm_map_t *map; /* referenced by the thread */
@@ -5238,16 +5238,12 @@ int ps__hub_shm_attach(ps__hub_t *h, const char *job, int rank, const char *name
         shms_drop(h, job, rank, kind, doorbell ? -1 : slot, doorbell ? PS_HUB_DOORBELLS - 1 : 0);
     sm->next = h->shms;
     h->shms = sm;
-    pthread_t t;
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
     int ok = !doorbell || (d && !h->stopping);
     if (ok && doorbell) {
         d->h = h;
         d->map = sm;
         shm_ref(sm); /* the thread's */
-        if (pthread_create(&t, &attr, doorbell_main, d) == 0) {
+        if (ps__task_run(doorbell_main, d) == 0) {
             h->helpers++;
             d = NULL;
         } else {
@@ -5255,7 +5251,6 @@ int ps__hub_shm_attach(ps__hub_t *h, const char *job, int rank, const char *name
             ok = 0;
         }
     }
-    pthread_attr_destroy(&attr);
     free(d);
     if (!ok) {
         /* Only the new one: it is first in the list. */

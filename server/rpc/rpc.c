@@ -20,6 +20,12 @@
  * ranks arriving at once) do not wait for a request to be made again. */
 #define PS_RPC_PENDING_PER_METHOD 8
 #define PS_RPC_MAX_METHODS        32
+/* A channel's longest wait between connection attempts (gRPC's default is
+ * 120 s). A subchannel waiting to reconnect is destroyed only when that wait
+ * ends, even after its channel is, and gRPC shuts down only then: a process
+ * exits that much later (ps__rpc_wait_shutdown). A peer that comes back is
+ * also found sooner. */
+#define PS_RPC_RECONNECT_MAX_MS 1000
 
 struct ps__rpc_call {
     grpc_call *call;
@@ -94,6 +100,10 @@ struct ps__rpc_server {
      * these VMs, more than the rest of a small collective. pool_idle counts
      * those waiting on the server's queue. */
     int pool_threads, pool_idle;
+    /* Handler threads that have ended, still to be joined (pool_reap): a
+     * thread's exit runs OpenSSL's and gRPC's per-thread clean-up, which must
+     * be over before the process exits. */
+    struct pool_thread *ended;
     ps__rpc_observer_fn observer;
     char tag_shutdown;
 };
@@ -128,6 +138,34 @@ void ps__rpc_release(void)
     if (g_init_refs > 0 && --g_init_refs == 0)
         grpc_shutdown();
     pthread_mutex_unlock(&g_init_lock);
+}
+
+int ps__rpc_wait_shutdown(int64_t timeout_ms)
+{
+    int64_t end = ps__now_ms() + timeout_ms;
+    /* grpc_is_initialized takes gRPC's init lock, which its clean-up thread
+     * holds until the shutdown is done. */
+    while (grpc_is_initialized()) {
+        if (ps__now_ms() >= end)
+            return PS_ETIMEDOUT;
+        /* Once the last channel is gone nothing polls: a connection attempt
+         * being cancelled (a TLS handshake) would wait for gRPC's backup
+         * poller. Poll here, holding gRPC up meanwhile; whichever of this
+         * grpc_shutdown and gRPC's own comes last shuts gRPC down (this one
+         * here, in this thread). */
+        grpc_init();
+        grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
+        grpc_completion_queue_next(
+            cq, gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(10, GPR_TIMESPAN)),
+            NULL);
+        grpc_completion_queue_shutdown(cq);
+        while (grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
+               GRPC_QUEUE_SHUTDOWN)
+            ;
+        grpc_completion_queue_destroy(cq);
+        grpc_shutdown();
+    }
+    return 0;
 }
 
 int64_t ps__now_ms(void)
@@ -192,6 +230,8 @@ static grpc_channel_args *rpc_args(rpc_args_t *a, const ps__rpc_options_t *o, in
         if (server)
             args_int(a, GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, ka / 2);
     }
+    if (!server)
+        args_int(a, GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, PS_RPC_RECONNECT_MAX_MS);
     if (!server && o && o->tls_server_name)
         args_str(a, GRPC_SSL_TARGET_NAME_OVERRIDE_ARG, o->tls_server_name);
     return &a->ch;
@@ -546,20 +586,39 @@ static void serve_call(ps__rpc_call_t *c)
 #define PS_RPC_POOL_KEEP    16
 #define PS_RPC_POOL_IDLE_MS 5000
 
+typedef struct pool_thread {
+    ps__rpc_server_t *server;
+    pthread_t id;
+    struct pool_thread *next; /* on server->ended */
+} pool_thread_t;
+
 static void *pool_main(void *arg);
+
+/* Joins the handler threads that have ended. Lock held: an ended thread
+ * takes the lock no more. */
+static void pool_reap(ps__rpc_server_t *s)
+{
+    while (s->ended) {
+        pool_thread_t *t = s->ended;
+        s->ended = t->next;
+        pthread_join(t->id, NULL);
+        free(t);
+    }
+}
 
 /* Starts one more handler thread, waiting on the server's queue. Lock
  * held. 0, or PS_ENOMEM. */
 static int pool_grow(ps__rpc_server_t *s)
 {
-    pthread_t t;
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    int failed = pthread_create(&t, &attr, pool_main, s) != 0;
-    pthread_attr_destroy(&attr);
-    if (failed)
+    pool_reap(s);
+    pool_thread_t *t = calloc(1, sizeof(*t));
+    if (!t)
         return PS_ENOMEM;
+    t->server = s;
+    if (pthread_create(&t->id, NULL, pool_main, t) != 0) {
+        free(t);
+        return PS_ENOMEM;
+    }
     s->pool_threads++;
     s->pool_idle++;
     return 0;
@@ -670,7 +729,8 @@ static void handle_event(ps__rpc_server_t *s, grpc_event ev)
  * idle, because handlers block on each other inside a collective. */
 static void *pool_main(void *arg)
 {
-    ps__rpc_server_t *s = arg;
+    pool_thread_t *self = arg;
+    ps__rpc_server_t *s = self->server;
     int shutdown = 0;
     for (;;) {
         gpr_timespec until = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
@@ -696,6 +756,8 @@ static void *pool_main(void *arg)
     }
     s->pool_idle--;
     s->pool_threads--;
+    self->next = s->ended;
+    s->ended = self;
     pthread_cond_broadcast(&s->idle);
     /* A burst is over: hand back what the tuned allocator keeps for reuse,
      * once per 256 threads gone (trimming walks every arena). */
@@ -743,12 +805,13 @@ void ps__rpc_server_shutdown(ps__rpc_server_t *s)
     pthread_mutex_unlock(&s->lock);
     grpc_server_destroy(s->server);
     s->server = NULL;
-    /* Handler threads are detached; each ends at the queue's shutdown and
-     * says when it is gone. */
+    /* Each handler thread ends at the queue's shutdown and says when it is
+     * gone; all are joined. */
     grpc_completion_queue_shutdown(s->cq);
     pthread_mutex_lock(&s->lock);
     while (s->pool_threads > 0)
         pthread_cond_wait(&s->idle, &s->lock);
+    pool_reap(s);
     pthread_mutex_unlock(&s->lock);
     grpc_completion_queue_destroy(s->cq);
     s->cq = NULL;

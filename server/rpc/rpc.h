@@ -48,6 +48,15 @@ typedef struct ps__rpc_options {
 void ps__rpc_acquire(void);
 void ps__rpc_release(void);
 
+/** Waits, up to timeout_ms, until gRPC has shut down after the last
+ * ps__rpc_release, polling meanwhile. gRPC's subchannels hold grpc_init of
+ * their own and are destroyed after their channel, by gRPC's threads; the
+ * last of them shuts gRPC down on a thread of its own. A process that exits
+ * before then has OpenSSL's and gRPC's atexit clean-up run beside that work
+ * (a connection retry's handshake in freed OpenSSL state). 0 when gRPC is
+ * down, PS_ETIMEDOUT when something still holds it. */
+int ps__rpc_wait_shutdown(int64_t timeout_ms);
+
 /** Monotonic milliseconds. */
 int64_t ps__now_ms(void);
 

@@ -12,16 +12,48 @@ typedef struct item {
     struct item *next;
 } item_t;
 
+/* A pool thread, joined once it has ended (pool_reap). */
+typedef struct pool_thread {
+    pthread_t id;
+    item_t *first; /* its first task */
+    struct pool_thread *next;
+} pool_thread_t;
+
 static struct {
     pthread_mutex_t lock;
-    pthread_cond_t more; /* queue not empty */
+    pthread_cond_t more;  /* queue not empty, or quit */
+    pthread_cond_t ended; /* a thread ended */
     item_t *head, *tail;
-    int idle; /* threads waiting for a task, none promised one yet */
-} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, NULL, 0};
+    int idle;            /* threads waiting for a task, none promised one yet */
+    int threads;         /* threads not yet ended */
+    int quit;            /* ps__task_quiesce: idle threads end now */
+    pool_thread_t *gone; /* ended, to be joined */
+} pool = {PTHREAD_MUTEX_INITIALIZER,
+          PTHREAD_COND_INITIALIZER,
+          PTHREAD_COND_INITIALIZER,
+          NULL,
+          NULL,
+          0,
+          0,
+          0,
+          NULL};
+
+/* Joins the threads that have ended. Lock held: an ended thread takes it no
+ * more. */
+static void pool_reap(void)
+{
+    while (pool.gone) {
+        pool_thread_t *t = pool.gone;
+        pool.gone = t->next;
+        pthread_join(t->id, NULL);
+        free(t);
+    }
+}
 
 static void *pool_main(void *arg)
 {
-    item_t *it = arg;
+    pool_thread_t *self = arg;
+    item_t *it = self->first;
     for (;;) {
         void *(*fn)(void *) = it->fn;
         void *fa = it->arg;
@@ -31,7 +63,7 @@ static void *pool_main(void *arg)
         pool.idle++;
         struct timespec until = ps__abs_time(CLOCK_REALTIME, PS_TASK_IDLE_MS);
         int rc = 0;
-        while (!pool.head && rc != ETIMEDOUT)
+        while (!pool.head && rc != ETIMEDOUT && !pool.quit)
             rc = pthread_cond_timedwait(&pool.more, &pool.lock, &until);
         /* A task queued was promised to an idle thread (ps__task_run took
          * idle down for it): take it even when the wait timed out. */
@@ -42,6 +74,12 @@ static void *pool_main(void *arg)
                 pool.tail = NULL;
         } else {
             pool.idle--;
+            /* Ends: the thread's exit (OpenSSL's and gRPC's per-thread
+             * clean-up among it) is over once it is joined. */
+            pool.threads--;
+            self->next = pool.gone;
+            pool.gone = self;
+            pthread_cond_broadcast(&pool.ended);
         }
         pthread_mutex_unlock(&pool.lock);
         if (!it)
@@ -54,8 +92,10 @@ static void pool_after_fork(void)
 {
     pthread_mutex_init(&pool.lock, NULL);
     pthread_cond_init(&pool.more, NULL);
+    pthread_cond_init(&pool.ended, NULL);
     pool.head = pool.tail = NULL;
-    pool.idle = 0;
+    pool.idle = pool.threads = pool.quit = 0;
+    pool.gone = NULL;
 }
 
 static void pool_init(void)
@@ -85,21 +125,36 @@ int ps__task_run(void *(*fn)(void *), void *arg)
         pthread_mutex_unlock(&pool.lock);
         return 0;
     }
+    pool_reap();
+    pool_thread_t *t = malloc(sizeof(*t));
+    if (t) {
+        t->first = it;
+        if (pthread_create(&t->id, NULL, pool_main, t) == 0) {
+            pool.threads++;
+            pthread_mutex_unlock(&pool.lock);
+            return 0;
+        }
+        free(t);
+    }
     pthread_mutex_unlock(&pool.lock);
-    pthread_attr_t attr;
-    pthread_t t;
-    if (pthread_attr_init(&attr) != 0) {
-        free(it);
-        return -1;
-    }
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    int rc = pthread_create(&t, &attr, pool_main, it);
-    pthread_attr_destroy(&attr);
-    if (rc != 0) {
-        free(it);
-        return -1;
-    }
-    return 0;
+    free(it);
+    return -1;
+}
+
+int ps__task_quiesce(int64_t timeout_ms)
+{
+    struct timespec until = ps__abs_time(CLOCK_REALTIME, timeout_ms);
+    int rc = 0;
+    pthread_mutex_lock(&pool.lock);
+    pool.quit = 1;
+    pthread_cond_broadcast(&pool.more);
+    while (pool.threads > 0 && rc != ETIMEDOUT)
+        rc = pthread_cond_timedwait(&pool.ended, &pool.lock, &until);
+    pool_reap();
+    int left = pool.threads;
+    pool.quit = 0;
+    pthread_mutex_unlock(&pool.lock);
+    return left;
 }
 
 int ps__task_idle(void)

@@ -3,6 +3,7 @@
 #define PS_RPC_TASK_H
 
 #include <pthread.h>
+#include <stdint.h>
 
 /* Runs fn(arg), its return value unused, on a thread of its own: an idle
  * thread of the pool, or a new one (never a wait for a busy one: tasks may
@@ -15,6 +16,12 @@ int ps__task_run(void *(*fn)(void *), void *arg);
 
 /* The pool's threads that wait for a task now (for tests). */
 int ps__task_idle(void);
+
+/* Ends the pool's idle threads, and waits up to timeout_ms for those running
+ * a task to finish it and end: each is joined, so its exit, with OpenSSL's and
+ * gRPC's per-thread clean-up, is over. For a process about to exit, once it
+ * starts no more tasks. Returns how many threads are left (0: none). */
+int ps__task_quiesce(int64_t timeout_ms);
 
 #define PS_TASK_IDLE_MS 2000
 

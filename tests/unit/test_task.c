@@ -7,6 +7,7 @@
 #include <cmocka.h>
 
 #include <pthread.h>
+#include <stdio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -106,12 +107,87 @@ static void test_idle_threads_end(void **state)
     assert_false(pthread_equal(ran, pthread_self()));
 }
 
+/* The threads of this process, from /proc/self/task. */
+static int thread_count(void)
+{
+    int n = 0;
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    while (f && fgets(line, sizeof(line), f))
+        if (sscanf(line, "Threads: %d", &n) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return n;
+}
+
+static int gate_open;
+static pthread_mutex_t gate_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t gate_cond = PTHREAD_COND_INITIALIZER;
+
+/* Waits until the gate opens (20 s at most). */
+static void *gate_main(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&gate_lock);
+    struct timespec until = ps__abs_time(CLOCK_REALTIME, 20000);
+    while (!gate_open && pthread_cond_timedwait(&gate_cond, &gate_lock, &until) == 0)
+        ;
+    pthread_mutex_unlock(&gate_lock);
+    return NULL;
+}
+
+static void *nap_main(void *arg)
+{
+    (void)arg;
+    usleep(30000);
+    return NULL;
+}
+
+static void test_quiesce_joins_every_thread(void **state)
+{
+    (void)state;
+    /* The thread of the test before is idle now. */
+    assert_int_equal(ps__task_quiesce(5000), 0);
+    int before = thread_count();
+    assert_true(before >= 1);
+    /* Idle threads and threads still running a task: each ends and is joined. */
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(ps__task_run(nap_main, NULL), 0);
+    usleep(100000);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(ps__task_run(nap_main, NULL), 0);
+    assert_true(thread_count() > before);
+    assert_int_equal(ps__task_quiesce(5000), 0);
+    assert_int_equal(ps__task_idle(), 0);
+    assert_int_equal(thread_count(), before);
+
+    /* A task that does not end in time is left running, and counted. */
+    assert_int_equal(ps__task_run(gate_main, NULL), 0);
+    assert_int_equal(ps__task_quiesce(100), 1);
+    pthread_mutex_lock(&gate_lock);
+    gate_open = 1;
+    pthread_cond_broadcast(&gate_cond);
+    pthread_mutex_unlock(&gate_lock);
+    assert_int_equal(ps__task_quiesce(5000), 0);
+    assert_int_equal(thread_count(), before);
+
+    /* The pool still runs tasks afterwards. */
+    pthread_t ran = pthread_self();
+    ps__task_t t;
+    assert_int_equal(ps__task_start(&t, self_main, &ran), 0);
+    ps__task_join(&t);
+    assert_false(pthread_equal(ran, pthread_self()));
+    assert_int_equal(ps__task_quiesce(5000), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tasks_waiting_on_each_other_all_run),
         cmocka_unit_test(test_join_waits_and_threads_are_kept),
         cmocka_unit_test(test_idle_threads_end),
+        cmocka_unit_test(test_quiesce_joins_every_thread),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
