@@ -232,6 +232,10 @@ static grpc_channel_args *rpc_args(rpc_args_t *a, const ps__rpc_options_t *o, in
     }
     if (!server)
         args_int(a, GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, PS_RPC_RECONNECT_MAX_MS);
+    /* gRPC binds with SO_REUSEPORT by default: a second daemon on a port in
+     * use would start and take a share of its connections. It fails instead. */
+    if (server)
+        args_int(a, GRPC_ARG_ALLOW_REUSEPORT, 0);
     if (!server && o && o->tls_server_name)
         args_str(a, GRPC_SSL_TARGET_NAME_OVERRIDE_ARG, o->tls_server_name);
     return &a->ch;

@@ -209,6 +209,7 @@ class Daemon:
         self.binary, self.workdir, self.name = binary, workdir, name
         self.args = list(args)
         self.port = port or free_port()
+        self.port_chosen = port is None  # free_port's: another test may bind it first
         # The metrics port is the daemon's choice (127.0.0.1:0), read from its log at each
         # start: one picked here could be taken by a parallel test before the daemon binds it.
         self.want_metrics = metrics
@@ -218,7 +219,7 @@ class Daemon:
         self.logpath = os.path.join(workdir, name + ".log")
         self.addr = "127.0.0.1:%d" % self.port
 
-    def start(self, timeout=15):
+    def start(self, timeout=15, tries=3):
         args = [self.binary] + self.args
         if "--listen" not in self.args:
             args += ["--listen", self.addr]
@@ -235,14 +236,24 @@ class Daemon:
         while time.monotonic() < end:
             text = self.log_text(since_start=True)
             if "listening on" in text:
+                self.port_chosen = False  # known to others from now on
                 m = re.search(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", text)
                 self.metrics_port = int(m.group(1)) if m else None
                 if self.want_metrics and not m:
                     fail("%s does not say where it serves metrics:\n%s" % (self.name, text))
                 return self
             if self.proc.poll() is not None:
+                said = self.log_text(since_start=True)
+                if (self.port_chosen and tries > 1 and "--listen" not in self.args and
+                        "cannot listen on %s" % self.addr in said):
+                    # free_port's port was taken between its check and this first bind
+                    # (tests run in parallel): start again on another. A restart keeps
+                    # its address, which others know.
+                    self.port = free_port()
+                    self.addr = "127.0.0.1:%d" % self.port
+                    return self.start(timeout, tries - 1)
                 fail("%s exited with %s at start-up:\n%s" % (self.name, self.proc.returncode,
-                                                             self.log_text(since_start=True)))
+                                                             said))
             time.sleep(0.05)
         fail("%s did not start within %ss:\n%s" % (self.name, timeout, self.log_text()))
 

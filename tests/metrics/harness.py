@@ -127,24 +127,30 @@ class Daemon:
     def __init__(self, binary, workdir, name, role="embedded", extra=(), metrics=True, env=None,
                  port=None):
         self.name = name
-        self.port = port or free_port()
-        self.addr = f"127.0.0.1:{self.port}"
-        self.metrics_url = None
         self.log_path = os.path.join(workdir.path, f"{name}.log")
-        cmd = [binary, "--role", role, "--listen", self.addr, "--log-level", "info"]
-        if metrics:
-            cmd += ["--metrics-addr", "127.0.0.1:0"]
-        else:
-            cmd += ["--metrics-addr", "off"]
-        cmd += list(extra)
-        self.cmd = cmd
-        self.log = open(self.log_path, "w+")
         e = dict(os.environ)
         e.update(env or {})
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=e)
-        self._wait_started(metrics)
+        # free_port's port may be bound by a test beside this one before the daemon binds
+        # it (the daemon then refuses to start): another port is tried.
+        for tries in range(3, 0, -1):
+            self.port = port or free_port()
+            self.addr = f"127.0.0.1:{self.port}"
+            self.metrics_url = None
+            cmd = [binary, "--role", role, "--listen", self.addr, "--log-level", "info"]
+            if metrics:
+                cmd += ["--metrics-addr", "127.0.0.1:0"]
+            else:
+                cmd += ["--metrics-addr", "off"]
+            cmd += list(extra)
+            self.cmd = cmd
+            self.log = open(self.log_path, "w+")
+            self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=e)
+            if self._wait_started(metrics, retry=port is None and tries > 1):
+                return
+            self.log.close()
 
-    def _wait_started(self, metrics):
+    def _wait_started(self, metrics, retry):
+        """True once started; False when the port was in use and retry allows another."""
         deadline = time.time() + 20
         while time.time() < deadline:
             text = self.text()
@@ -153,8 +159,10 @@ class Daemon:
                 if m:
                     self.metrics_url = m.group(1)
             if "listening on" in text and (self.metrics_url or not metrics):
-                return
+                return True
             if self.proc.poll() is not None:
+                if retry and f"cannot listen on {self.addr}" in text:
+                    return False
                 fail(f"{self.name} exited with {self.proc.returncode} at start:\n{text}")
             time.sleep(0.05)
         fail(f"{self.name} did not start within 20 s:\n{self.text()}")
