@@ -766,9 +766,10 @@ out:
     ps__agent_drain(agent);
     ps__rpc_server_shutdown(srv);
     ps__rpc_server_destroy(health_srv);
+    /* A scrape reads the hub and the coordinator: none after this. */
+    ps__metrics_stop();
     ps__agent_destroy(agent);
     ps__health_destroy(health);
-    ps__metrics_stop();
     ps__coordinator_destroy(coord);
     ps__rpc_server_destroy(srv);
     if (announce && status == 0)
