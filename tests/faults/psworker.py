@@ -289,11 +289,18 @@ class Daemon:
             return self.proc.returncode if self.proc else None
         self.proc.send_signal(signal.SIGTERM)
         try:
-            return self.proc.wait(timeout=timeout)
+            rc = self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-            return "hung on SIGTERM"
+            rc = "hung on SIGTERM"
+        if rc != 0:
+            # The log is removed when the test passes and out of reach on a CI machine:
+            # what the daemon said last (a sanitizer's report, an assertion) is the cause.
+            tail = self.log_text(since_start=True).splitlines()[-80:]
+            print("---- %s exited %s on SIGTERM; the end of its log:\n%s\n----" %
+                  (self.name, rc, "\n".join(tail)), flush=True)
+        return rc
 
     def metrics(self):
         import urllib.request
