@@ -73,12 +73,18 @@ def main():
         h.check(len(cs) == 1, f"one collective of job st in flight: {st['collectives']}")
         c = cs[0]
         h.expect_equal("in-flight kind", c["kind"], "all_reduce")
-        h.expect_equal("in-flight seq", c["seq"], 0)
+        # seq 0 unless the status call took longer than rank 2's sleep (seen once under
+        # ASan, with the whole suite starting at once: the CLI answered 2 s after the
+        # scrape, in seq 1, 0.1 s into its wait). Every seq waits for rank 2 alike.
+        h.check(c["seq"] in range(M), f"in-flight seq {c['seq']} is one of the {M}")
+        if c["seq"] != 0:
+            h.log(f"note: status came {c['seq']} all_reduce(s) late; seq {c['seq']} checked")
         h.expect_equal("in-flight group", c["group"], 0)
         h.expect_equal("in-flight reported by", c["agent"], a.addr)
         h.expect_equal("waiting_for", c["waiting_for"], [2])
         h.expect_equal("arrived", sorted(c["arrived"]), [0, 1])
-        h.check(0.2 <= c["waiting_seconds"] <= SLOW + 5,
+        least = 0.2 if c["seq"] == 0 else 0.0
+        h.check(least <= c["waiting_seconds"] <= SLOW + 5,
                 f"waiting_seconds {c['waiting_seconds']} for a rank {SLOW / 2} s late")
         h.log(f"ok: waiting {c['waiting_seconds']:.2f} s")
         h.expect_equal("errors", st["errors"], [])
