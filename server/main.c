@@ -25,7 +25,7 @@
 
 /* How long the exit waits for the task threads to end and then for gRPC to
  * shut down (ps__task_quiesce, ps__rpc_wait_shutdown). */
-#define PS_SHUTDOWN_GRPC_MS 5000
+#define PS_EXIT_WAIT_MS 5000
 
 static void usage(FILE *out)
 {
@@ -778,15 +778,15 @@ out:
     free(dial);
     /* Exit only once every thread that used gRPC or OpenSSL has ended, and
      * gRPC is down: its subchannels outlive their channels. */
-    int left = ps__task_quiesce(PS_SHUTDOWN_GRPC_MS);
+    int left = ps__task_quiesce(PS_EXIT_WAIT_MS);
     if (left > 0)
         PS_LOG(PS_LOG_WARN, "%d task thread(s) still running at exit", left);
     ps__rpc_release();
-    if (ps__rpc_wait_shutdown(PS_SHUTDOWN_GRPC_MS) < 0)
+    if (ps__rpc_wait_shutdown(PS_EXIT_WAIT_MS) < 0)
         PS_LOG(PS_LOG_WARN,
                "gRPC had not shut down %d ms after the last channel closed; "
                "exiting anyway",
-               PS_SHUTDOWN_GRPC_MS);
+               PS_EXIT_WAIT_MS);
     if (status == 0)
         PS_LOG(PS_LOG_INFO, "stopped");
     return status;

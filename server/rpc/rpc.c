@@ -1,5 +1,6 @@
 /* The thin gRPC core wrapper: blocking per-call operations on per-call pluck queues. */
 #include "rpc.h"
+#include "task.h"
 
 #include <errno.h>
 #include <malloc.h>
@@ -100,10 +101,7 @@ struct ps__rpc_server {
      * these VMs, more than the rest of a small collective. pool_idle counts
      * those waiting on the server's queue. */
     int pool_threads, pool_idle;
-    /* Handler threads that have ended, still to be joined (pool_reap): a
-     * thread's exit runs OpenSSL's and gRPC's per-thread clean-up, which must
-     * be over before the process exits. */
-    struct pool_thread *ended;
+    ps__thread_t *ended; /* handler threads that have ended, to be joined */
     ps__rpc_observer_fn observer;
     char tag_shutdown;
 };
@@ -590,39 +588,15 @@ static void serve_call(ps__rpc_call_t *c)
 #define PS_RPC_POOL_KEEP    16
 #define PS_RPC_POOL_IDLE_MS 5000
 
-typedef struct pool_thread {
-    ps__rpc_server_t *server;
-    pthread_t id;
-    struct pool_thread *next; /* on server->ended */
-} pool_thread_t;
-
 static void *pool_main(void *arg);
-
-/* Joins the handler threads that have ended. Lock held: an ended thread
- * takes the lock no more. */
-static void pool_reap(ps__rpc_server_t *s)
-{
-    while (s->ended) {
-        pool_thread_t *t = s->ended;
-        s->ended = t->next;
-        pthread_join(t->id, NULL);
-        free(t);
-    }
-}
 
 /* Starts one more handler thread, waiting on the server's queue. Lock
  * held. 0, or PS_ENOMEM. */
 static int pool_grow(ps__rpc_server_t *s)
 {
-    pool_reap(s);
-    pool_thread_t *t = calloc(1, sizeof(*t));
-    if (!t)
+    ps__thread_reap(&s->ended);
+    if (!ps__thread_start(pool_main, s))
         return PS_ENOMEM;
-    t->server = s;
-    if (pthread_create(&t->id, NULL, pool_main, t) != 0) {
-        free(t);
-        return PS_ENOMEM;
-    }
     s->pool_threads++;
     s->pool_idle++;
     return 0;
@@ -733,8 +707,8 @@ static void handle_event(ps__rpc_server_t *s, grpc_event ev)
  * idle, because handlers block on each other inside a collective. */
 static void *pool_main(void *arg)
 {
-    pool_thread_t *self = arg;
-    ps__rpc_server_t *s = self->server;
+    ps__thread_t *self = arg;
+    ps__rpc_server_t *s = self->arg;
     int shutdown = 0;
     for (;;) {
         gpr_timespec until = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
@@ -760,8 +734,7 @@ static void *pool_main(void *arg)
     }
     s->pool_idle--;
     s->pool_threads--;
-    self->next = s->ended;
-    s->ended = self;
+    ps__thread_ended(&s->ended, self);
     pthread_cond_broadcast(&s->idle);
     /* A burst is over: hand back what the tuned allocator keeps for reuse,
      * once per 256 threads gone (trimming walks every arena). */
@@ -815,7 +788,7 @@ void ps__rpc_server_shutdown(ps__rpc_server_t *s)
     pthread_mutex_lock(&s->lock);
     while (s->pool_threads > 0)
         pthread_cond_wait(&s->idle, &s->lock);
-    pool_reap(s);
+    ps__thread_reap(&s->ended);
     pthread_mutex_unlock(&s->lock);
     grpc_completion_queue_destroy(s->cq);
     s->cq = NULL;

@@ -12,48 +12,53 @@ typedef struct item {
     struct item *next;
 } item_t;
 
-/* A pool thread, joined once it has ended (pool_reap). */
-typedef struct pool_thread {
-    pthread_t id;
-    item_t *first; /* its first task */
-    struct pool_thread *next;
-} pool_thread_t;
+ps__thread_t *ps__thread_start(void *(*fn)(void *), void *arg)
+{
+    ps__thread_t *t = malloc(sizeof(*t));
+    if (!t)
+        return NULL;
+    t->arg = arg;
+    t->next = NULL;
+    if (pthread_create(&t->id, NULL, fn, t) != 0) {
+        free(t);
+        return NULL;
+    }
+    return t;
+}
+
+void ps__thread_ended(ps__thread_t **ended, ps__thread_t *t)
+{
+    t->next = *ended;
+    *ended = t;
+}
+
+void ps__thread_reap(ps__thread_t **ended)
+{
+    while (*ended) {
+        ps__thread_t *t = *ended;
+        *ended = t->next;
+        pthread_join(t->id, NULL);
+        free(t);
+    }
+}
 
 static struct {
     pthread_mutex_t lock;
     pthread_cond_t more;  /* queue not empty, or quit */
     pthread_cond_t ended; /* a thread ended */
     item_t *head, *tail;
-    int idle;            /* threads waiting for a task, none promised one yet */
-    int threads;         /* threads not yet ended */
-    int quit;            /* ps__task_quiesce: idle threads end now */
-    pool_thread_t *gone; /* ended, to be joined */
-} pool = {PTHREAD_MUTEX_INITIALIZER,
-          PTHREAD_COND_INITIALIZER,
-          PTHREAD_COND_INITIALIZER,
-          NULL,
-          NULL,
-          0,
-          0,
-          0,
-          NULL};
-
-/* Joins the threads that have ended. Lock held: an ended thread takes it no
- * more. */
-static void pool_reap(void)
-{
-    while (pool.gone) {
-        pool_thread_t *t = pool.gone;
-        pool.gone = t->next;
-        pthread_join(t->id, NULL);
-        free(t);
-    }
-}
+    int idle;           /* threads waiting for a task, none promised one yet */
+    int threads;        /* threads not yet ended */
+    int quit;           /* ps__task_quiesce: idle threads end now */
+    ps__thread_t *gone; /* ended, to be joined */
+} pool = {.lock = PTHREAD_MUTEX_INITIALIZER,
+          .more = PTHREAD_COND_INITIALIZER,
+          .ended = PTHREAD_COND_INITIALIZER};
 
 static void *pool_main(void *arg)
 {
-    pool_thread_t *self = arg;
-    item_t *it = self->first;
+    ps__thread_t *self = arg;
+    item_t *it = self->arg; /* its first task */
     for (;;) {
         void *(*fn)(void *) = it->fn;
         void *fa = it->arg;
@@ -77,8 +82,7 @@ static void *pool_main(void *arg)
             /* Ends: the thread's exit (OpenSSL's and gRPC's per-thread
              * clean-up among it) is over once it is joined. */
             pool.threads--;
-            self->next = pool.gone;
-            pool.gone = self;
+            ps__thread_ended(&pool.gone, self);
             pthread_cond_broadcast(&pool.ended);
         }
         pthread_mutex_unlock(&pool.lock);
@@ -125,20 +129,13 @@ int ps__task_run(void *(*fn)(void *), void *arg)
         pthread_mutex_unlock(&pool.lock);
         return 0;
     }
-    pool_reap();
-    pool_thread_t *t = malloc(sizeof(*t));
-    if (t) {
-        t->first = it;
-        if (pthread_create(&t->id, NULL, pool_main, t) == 0) {
-            pool.threads++;
-            pthread_mutex_unlock(&pool.lock);
-            return 0;
-        }
-        free(t);
-    }
+    ps__thread_reap(&pool.gone);
+    int started = ps__thread_start(pool_main, it) != NULL;
+    pool.threads += started;
     pthread_mutex_unlock(&pool.lock);
-    free(it);
-    return -1;
+    if (!started)
+        free(it);
+    return started ? 0 : -1;
 }
 
 int ps__task_quiesce(int64_t timeout_ms)
@@ -150,7 +147,7 @@ int ps__task_quiesce(int64_t timeout_ms)
     pthread_cond_broadcast(&pool.more);
     while (pool.threads > 0 && rc != ETIMEDOUT)
         rc = pthread_cond_timedwait(&pool.ended, &pool.lock, &until);
-    pool_reap();
+    ps__thread_reap(&pool.gone);
     int left = pool.threads;
     pool.quit = 0;
     pthread_mutex_unlock(&pool.lock);
