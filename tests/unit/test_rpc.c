@@ -19,6 +19,7 @@
 #include <paramsync/common.h>
 
 #include "loopback.h"
+#include "threads.h"
 #include "rpc/rpc.h"
 
 /* More calls at once than the server keeps idle threads for (16). */
@@ -275,6 +276,48 @@ static void test_cancel_before_sending(void **state)
     ps__rpc_call_destroy(c);
 }
 
+static void test_shutdown_ends_every_thread(void **state)
+{
+    (void)state;
+    /* The tests before released gRPC; it may still be shutting down. */
+    assert_int_equal(ps__rpc_wait_shutdown(5000), 0);
+    int before = thread_count();
+    assert_true(before >= 1);
+    void *f = NULL;
+    setup(&f);
+    pthread_mutex_lock(&meet.lock);
+    meet.arrived = 0; /* each handler waits for all: NCALLS threads at once */
+    pthread_mutex_unlock(&meet.lock);
+    meeter_t m[NCALLS];
+    pthread_t t[NCALLS];
+    for (int i = 0; i < NCALLS; i++) {
+        m[i] = (meeter_t){f, -1, ""};
+        assert_int_equal(pthread_create(&t[i], NULL, meeter_main, &m[i]), 0);
+    }
+    for (int i = 0; i < NCALLS; i++) {
+        pthread_join(t[i], NULL);
+        assert_int_equal(m[i].rc, 0);
+    }
+    int idle = 0;
+    assert_true(ps__rpc_server_threads(((fixture_t *)f)->srv, &idle) > NCALLS);
+    /* A channel to a port nobody listens on leaves a subchannel waiting to
+     * reconnect after the channel is gone, holding gRPC up past the last
+     * release: the wait sees it through. */
+    ps__rpc_channel_t *dead = NULL;
+    assert_int_equal(ps__rpc_channel_create("127.0.0.1:1", &dead), 0);
+    ps__rpc_call_t *c = NULL;
+    assert_int_equal(ps__rpc_call_start(dead, "/t.T/First", 300, &c), 0);
+    assert_true(ps__rpc_call_finish(c, NULL) < 0);
+    ps__rpc_call_destroy(c);
+    ps__rpc_channel_destroy(dead);
+    /* Handler threads are joined, and gRPC's own end with its shutdown. */
+    teardown(&f);
+    assert_true(grpc_is_initialized());
+    assert_int_equal(ps__rpc_wait_shutdown(5000), 0);
+    assert_false(grpc_is_initialized());
+    assert_int_equal(thread_count(), before);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -284,6 +327,7 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_headers_go_with_the_first_message, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cancel_before_sending, setup, teardown),
+        cmocka_unit_test(test_shutdown_ends_every_thread),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -13,6 +13,7 @@
 
 #include "rpc/rpc.h"
 #include "rpc/task.h"
+#include "threads.h"
 
 #define NTASKS 24
 
@@ -105,20 +106,6 @@ static void test_idle_threads_end(void **state)
     assert_int_equal(ps__task_start(&t, self_main, &ran), 0);
     ps__task_join(&t);
     assert_false(pthread_equal(ran, pthread_self()));
-}
-
-/* The threads of this process, from /proc/self/task. */
-static int thread_count(void)
-{
-    int n = 0;
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    while (f && fgets(line, sizeof(line), f))
-        if (sscanf(line, "Threads: %d", &n) == 1)
-            break;
-    if (f)
-        fclose(f);
-    return n;
 }
 
 static int gate_open;
