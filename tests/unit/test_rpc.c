@@ -190,9 +190,13 @@ static void *meeter_main(void *arg)
     return NULL;
 }
 
-static void test_handlers_blocking_on_each_other_all_run(void **state)
+/* NCALLS calls at once, each of whose handlers waits for all of them: each
+ * must be answered "met". */
+static void meet_all(fixture_t *f)
 {
-    fixture_t *f = *state;
+    pthread_mutex_lock(&meet.lock);
+    meet.arrived = 0;
+    pthread_mutex_unlock(&meet.lock);
     meeter_t m[NCALLS];
     pthread_t t[NCALLS];
     for (int i = 0; i < NCALLS; i++) {
@@ -204,6 +208,12 @@ static void test_handlers_blocking_on_each_other_all_run(void **state)
         assert_int_equal(m[i].rc, 0);
         assert_string_equal(m[i].reply, "met");
     }
+}
+
+static void test_handlers_blocking_on_each_other_all_run(void **state)
+{
+    fixture_t *f = *state;
+    meet_all(f);
     int idle = 0;
     int threads = ps__rpc_server_threads(f->srv, &idle);
     assert_true(threads > NCALLS); /* one each, and one more waiting for the next call */
@@ -285,19 +295,7 @@ static void test_shutdown_ends_every_thread(void **state)
     assert_true(before >= 1);
     void *f = NULL;
     setup(&f);
-    pthread_mutex_lock(&meet.lock);
-    meet.arrived = 0; /* each handler waits for all: NCALLS threads at once */
-    pthread_mutex_unlock(&meet.lock);
-    meeter_t m[NCALLS];
-    pthread_t t[NCALLS];
-    for (int i = 0; i < NCALLS; i++) {
-        m[i] = (meeter_t){f, -1, ""};
-        assert_int_equal(pthread_create(&t[i], NULL, meeter_main, &m[i]), 0);
-    }
-    for (int i = 0; i < NCALLS; i++) {
-        pthread_join(t[i], NULL);
-        assert_int_equal(m[i].rc, 0);
-    }
+    meet_all(f); /* NCALLS handler threads at once */
     int idle = 0;
     assert_true(ps__rpc_server_threads(((fixture_t *)f)->srv, &idle) > NCALLS);
     /* A channel to a port nobody listens on leaves a subchannel waiting to
