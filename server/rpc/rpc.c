@@ -1,6 +1,5 @@
 /* The thin gRPC core wrapper: blocking per-call operations on per-call pluck queues. */
 #include "rpc.h"
-#include "task.h"
 
 #include <errno.h>
 #include <malloc.h>
@@ -164,6 +163,36 @@ int ps__rpc_wait_shutdown(int64_t timeout_ms)
         grpc_shutdown();
     }
     return 0;
+}
+
+ps__thread_t *ps__thread_start(void *(*fn)(void *), void *arg)
+{
+    ps__thread_t *t = malloc(sizeof(*t));
+    if (!t)
+        return NULL;
+    t->arg = arg;
+    t->next = NULL;
+    if (pthread_create(&t->id, NULL, fn, t) != 0) {
+        free(t);
+        return NULL;
+    }
+    return t;
+}
+
+void ps__thread_ended(ps__thread_t **ended, ps__thread_t *t)
+{
+    t->next = *ended;
+    *ended = t;
+}
+
+void ps__thread_reap(ps__thread_t **ended)
+{
+    while (*ended) {
+        ps__thread_t *t = *ended;
+        *ended = t->next;
+        pthread_join(t->id, NULL);
+        free(t);
+    }
 }
 
 int64_t ps__now_ms(void)

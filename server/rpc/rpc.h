@@ -3,6 +3,7 @@
 #define PS_RPC_H
 
 #include <stddef.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <time.h>
 
@@ -56,6 +57,30 @@ void ps__rpc_release(void);
  * (a connection retry's handshake in freed OpenSSL state). 0 when gRPC is
  * down, PS_ETIMEDOUT when something still holds it. */
 int ps__rpc_wait_shutdown(int64_t timeout_ms);
+
+/* A thread that ends on its own and is joined later, not detached: its exit
+ * runs OpenSSL's and gRPC's per-thread clean-up, which must be over before
+ * the process exits. It puts itself on a list of ended threads
+ * (ps__thread_ended) under that list's lock, and whoever takes the lock
+ * joins them (ps__thread_reap). The task pool and the RPC server's handler
+ * threads are such threads. */
+typedef struct ps__thread {
+    pthread_t id;
+    void *arg;               /* the function's */
+    struct ps__thread *next; /* on a list of ended threads */
+} ps__thread_t;
+
+/* Starts fn(t) on a new thread t, with t->arg = arg. Call with the lock of
+ * the list t will end on held, so that t->id is set before anyone joins t.
+ * NULL when no thread could be had. */
+ps__thread_t *ps__thread_start(void *(*fn)(void *), void *arg);
+
+/* t, about to return from its function, goes on *ended. Lock held. */
+void ps__thread_ended(ps__thread_t **ended, ps__thread_t *t);
+
+/* Joins and frees every thread on *ended. Lock held: an ended thread takes it
+ * no more. */
+void ps__thread_reap(ps__thread_t **ended);
 
 /** Monotonic milliseconds. */
 int64_t ps__now_ms(void);

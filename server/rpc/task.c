@@ -12,36 +12,6 @@ typedef struct item {
     struct item *next;
 } item_t;
 
-ps__thread_t *ps__thread_start(void *(*fn)(void *), void *arg)
-{
-    ps__thread_t *t = malloc(sizeof(*t));
-    if (!t)
-        return NULL;
-    t->arg = arg;
-    t->next = NULL;
-    if (pthread_create(&t->id, NULL, fn, t) != 0) {
-        free(t);
-        return NULL;
-    }
-    return t;
-}
-
-void ps__thread_ended(ps__thread_t **ended, ps__thread_t *t)
-{
-    t->next = *ended;
-    *ended = t;
-}
-
-void ps__thread_reap(ps__thread_t **ended)
-{
-    while (*ended) {
-        ps__thread_t *t = *ended;
-        *ended = t->next;
-        pthread_join(t->id, NULL);
-        free(t);
-    }
-}
-
 static struct {
     pthread_mutex_t lock;
     pthread_cond_t more;  /* queue not empty, or quit */

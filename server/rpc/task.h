@@ -5,30 +5,6 @@
 #include <pthread.h>
 #include <stdint.h>
 
-/* A thread that ends on its own and is joined later, not detached: its exit
- * runs OpenSSL's and gRPC's per-thread clean-up, which must be over before
- * the process exits. It puts itself on a list of ended threads
- * (ps__thread_ended) under that list's lock, and whoever takes the lock
- * joins them (ps__thread_reap). The task pool and the RPC server's handler
- * threads are such threads. */
-typedef struct ps__thread {
-    pthread_t id;
-    void *arg;               /* the function's */
-    struct ps__thread *next; /* on a list of ended threads */
-} ps__thread_t;
-
-/* Starts fn(t) on a new thread t, with t->arg = arg. Call with the lock of
- * the list t will end on held, so that t->id is set before anyone joins t.
- * NULL when no thread could be had. */
-ps__thread_t *ps__thread_start(void *(*fn)(void *), void *arg);
-
-/* t, about to return from its function, goes on *ended. Lock held. */
-void ps__thread_ended(ps__thread_t **ended, ps__thread_t *t);
-
-/* Joins and frees every thread on *ended. Lock held: an ended thread takes it
- * no more. */
-void ps__thread_reap(ps__thread_t **ended);
-
 /* Runs fn(arg), its return value unused, on a thread of its own: an idle
  * thread of the pool, or a new one (never a wait for a busy one: tasks may
  * wait on each other). A thread that finished its task waits up to
