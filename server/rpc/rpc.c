@@ -763,12 +763,19 @@ static void *pool_main(void *arg)
     }
     s->pool_idle--;
     s->pool_threads--;
+    /* Threads that ended before this one are joined by it, outside the lock
+     * (they may still be trimming): a joinable thread's stack stays mapped
+     * until it is joined, and a burst of streams ends thousands. */
+    ps__thread_t *before = shutdown ? NULL : s->ended;
+    if (!shutdown)
+        s->ended = NULL;
     ps__thread_ended(&s->ended, self);
     pthread_cond_broadcast(&s->idle);
     /* A burst is over: hand back what the tuned allocator keeps for reuse,
      * once per 256 threads gone (trimming walks every arena). */
     int trim = !shutdown && s->pool_threads % 256 == PS_RPC_POOL_KEEP % 256;
     pthread_mutex_unlock(&s->lock);
+    ps__thread_reap(&before);
     if (trim)
         malloc_trim(0);
     return NULL;
