@@ -1,5 +1,6 @@
 /* The communicator: joining a job, the membership stream, groups, errors, leaving. */
 #include "internal.h"
+#include "task.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -294,8 +295,16 @@ static void comm_free(ps_comm_t *comm, int rpc_acquired)
     pthread_cond_destroy(&comm->cond);
     pthread_mutex_destroy(&comm->lock);
     free(comm);
-    if (rpc_acquired)
-        ps__rpc_release();
+    /* The last communicator gone, the process may exit next: its atexit
+     * clean-up (OpenSSL's, gRPC's) must not run beside threads of this
+     * library's that are still ending, nor beside gRPC's subchannels, which
+     * outlive their channel (rpc.h, ps__rpc_wait_shutdown). So the kept
+     * threads are joined and gRPC is let shut down here, as the daemon does
+     * at its exit. */
+    if (rpc_acquired && ps__rpc_release() == 0) {
+        ps__task_quiesce(PS__FINALIZE_WAIT_MS);
+        ps__rpc_wait_shutdown(PS__FINALIZE_WAIT_MS);
+    }
 }
 
 /* Settles every option from opts, the init method and the environment.

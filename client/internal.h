@@ -28,6 +28,9 @@
 #define PS__DEADLINE_GRACE_MS 5000
 /* Control calls (Leave) that must not hold up shutdown. */
 #define PS__CONTROL_TIMEOUT_MS 10000
+/* The last ps_finalize waits at most this long for the library's kept
+ * threads to end and for gRPC to shut down (comm.c, comm_free). */
+#define PS__FINALIZE_WAIT_MS 2000
 
 struct ps_group {
     ps_comm_t *comm;

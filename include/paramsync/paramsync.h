@@ -74,8 +74,10 @@ PS_EXPORT int ps_init(const ps_init_options_t *opts, ps_comm_t **out);
 /**
  * Leaves the job and frees comm and its groups. Accepts NULL. Operations
  * still in flight are cancelled (PS_ECANCELLED) first; their work handles
- * stay valid until ps_work_free. Returns 0, or the error of Leave (comm is
- * freed all the same).
+ * stay valid until ps_work_free. The process's last communicator's
+ * ps_finalize also waits, 2 s at most, until the library's threads have
+ * ended and gRPC is shut down, so that the process may exit right after.
+ * Returns 0, or the error of Leave (comm is freed all the same).
  */
 PS_EXPORT int ps_finalize(ps_comm_t *comm);
 

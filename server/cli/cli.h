@@ -9,6 +9,8 @@
 enum { PS_CLI_OK = 0, PS_CLI_FAILED = 1, PS_CLI_USAGE = 2 };
 
 #define PS_CLI_DEFAULT_ADDR "127.0.0.1:29500"
+/* At most this long at exit waiting for gRPC to shut down (status.c). */
+#define PS_CLI_EXIT_WAIT_MS 2000
 
 /** `paramsync status ...` (argv[0] is "status"). Returns an exit code. */
 int ps__cli_status(int argc, char **argv);

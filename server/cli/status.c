@@ -712,6 +712,10 @@ int ps__cli_status(int argc, char **argv)
         }
     }
     view_free(&v);
-    ps__rpc_release();
+    /* Exit only once gRPC is down: a channel to an agent that did not answer
+     * may still be retrying, and its TLS handshake would run beside OpenSSL's
+     * atexit clean-up (rpc.h). */
+    if (ps__rpc_release() == 0)
+        ps__rpc_wait_shutdown(PS_CLI_EXIT_WAIT_MS);
     return status;
 }

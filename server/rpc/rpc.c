@@ -129,12 +129,22 @@ void ps__rpc_acquire(void)
     pthread_mutex_unlock(&g_init_lock);
 }
 
-void ps__rpc_release(void)
+int ps__rpc_release(void)
 {
     pthread_mutex_lock(&g_init_lock);
     if (g_init_refs > 0 && --g_init_refs == 0)
         grpc_shutdown();
+    int left = g_init_refs;
     pthread_mutex_unlock(&g_init_lock);
+    return left;
+}
+
+static int rpc_refs(void)
+{
+    pthread_mutex_lock(&g_init_lock);
+    int n = g_init_refs;
+    pthread_mutex_unlock(&g_init_lock);
+    return n;
 }
 
 int ps__rpc_wait_shutdown(int64_t timeout_ms)
@@ -142,7 +152,7 @@ int ps__rpc_wait_shutdown(int64_t timeout_ms)
     int64_t end = ps__now_ms() + timeout_ms;
     /* grpc_is_initialized takes gRPC's init lock, which its clean-up thread
      * holds until the shutdown is done. */
-    while (grpc_is_initialized()) {
+    while (rpc_refs() == 0 && grpc_is_initialized()) {
         if (ps__now_ms() >= end)
             return PS_ETIMEDOUT;
         /* Once the last channel is gone nothing polls: a connection attempt

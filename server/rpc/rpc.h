@@ -45,9 +45,10 @@ typedef struct ps__rpc_options {
 } ps__rpc_options_t;
 
 /** grpc_init, and glibc malloc tuning that doubles streaming throughput (see
- * docs/ARCHITECTURE.md). Reference counted; pair with ps__rpc_release. */
+ * docs/ARCHITECTURE.md). Reference counted; pair with ps__rpc_release, which
+ * returns the references left (0: it was the last). */
 void ps__rpc_acquire(void);
-void ps__rpc_release(void);
+int ps__rpc_release(void);
 
 /** Waits, up to timeout_ms, until gRPC has shut down after the last
  * ps__rpc_release, polling meanwhile. gRPC's subchannels hold grpc_init of
@@ -55,7 +56,8 @@ void ps__rpc_release(void);
  * last of them shuts gRPC down on a thread of its own. A process that exits
  * before then has OpenSSL's and gRPC's atexit clean-up run beside that work
  * (a connection retry's handshake in freed OpenSSL state). 0 when gRPC is
- * down, PS_ETIMEDOUT when something still holds it. */
+ * down or acquired again (ps__rpc_acquire: no longer this caller's to wait
+ * for), PS_ETIMEDOUT when something still holds it. */
 int ps__rpc_wait_shutdown(int64_t timeout_ms);
 
 /* A thread that ends on its own and is joined later, not detached: its exit

@@ -37,6 +37,7 @@
 /* The doorbell's layout, part of the wire contract (sc_doorbell). */
 #include "paramsync/v1/doorbell.h"
 #include "paramsync/v1/paramsync.pb-c.h"
+#include "../unit/threads.h"
 #ifdef PS_TEST_FAKE_CLIENT_GPU
 #include "fake_client_gpu.h"
 #endif
@@ -2726,6 +2727,7 @@ int main(int argc, char **argv)
     g_small = strcmp(sc->name, "all_gather_small") == 0;
 
     int64_t t0 = now_ms();
+    int threads0 = thread_count();
     if (sc->joins) {
         ps_init_options_t o;
         ps_init_options_default(&o);
@@ -2745,6 +2747,19 @@ int main(int argc, char **argv)
         if (frc != 0 && rc == 0 && strcmp(sc->name, "sigterm") != 0 &&
             strcmp(sc->name, "member_lost") != 0) {
             fail("ps_finalize: %d (%s)", frc, ps_strerror(frc));
+            rc = -1;
+        }
+        /* The last ps_finalize leaves no thread of the library's or gRPC's
+         * behind (a real GPU's driver keeps threads of its own). gRPC's
+         * event engine lets its threads end detached: they may still be
+         * exiting, for a moment. Kept threads of the library's would stay for
+         * PS_TASK_IDLE_MS (2 s), gRPC's for as long as a subchannel holds it. */
+        int threads = thread_count();
+        for (int64_t end = now_ms() + 500; threads != threads0 && now_ms() < end;
+             threads = thread_count())
+            sleep_ms(10);
+        if (threads != threads0 && rc == 0 && strcmp(sc->name, "device") != 0) {
+            fail("ps_finalize left %d threads running (%d before ps_init)", threads, threads0);
             rc = -1;
         }
     }
