@@ -1,6 +1,7 @@
 /* The thin gRPC core wrapper: blocking per-call operations on per-call pluck queues. */
 #include "rpc.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <malloc.h>
 #include <pthread.h>
@@ -147,6 +148,28 @@ static int rpc_refs(void)
     return n;
 }
 
+/* Threads of gRPC's event engine (named so by gRPC) in this process. */
+static int event_engine_threads(void)
+{
+    DIR *d = opendir("/proc/self/task");
+    int n = 0;
+    for (struct dirent *e; d && (e = readdir(d));) {
+        if (e->d_name[0] == '.')
+            continue;
+        char path[64], name[32] = "";
+        snprintf(path, sizeof(path), "/proc/self/task/%.16s/comm", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue; /* gone meanwhile */
+        if (fgets(name, sizeof(name), f) && strncmp(name, "event_engine", 12) == 0)
+            n++;
+        fclose(f);
+    }
+    if (d)
+        closedir(d);
+    return n;
+}
+
 int ps__rpc_wait_shutdown(int64_t timeout_ms)
 {
     int64_t end = ps__now_ms() + timeout_ms;
@@ -171,6 +194,15 @@ int ps__rpc_wait_shutdown(int64_t timeout_ms)
             ;
         grpc_completion_queue_destroy(cq);
         grpc_shutdown();
+    }
+    /* gRPC's event engine lets the threads of its pool end detached: after
+     * the shutdown they may still be running their exit (thread-local
+     * clean-up). Wait until the kernel has them gone. */
+    while (rpc_refs() == 0 && event_engine_threads() > 0) {
+        if (ps__now_ms() >= end)
+            return PS_ETIMEDOUT;
+        struct timespec ms = {0, 1000000};
+        nanosleep(&ms, NULL);
     }
     return 0;
 }

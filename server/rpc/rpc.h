@@ -55,9 +55,10 @@ int ps__rpc_release(void);
  * their own and are destroyed after their channel, by gRPC's threads; the
  * last of them shuts gRPC down on a thread of its own. A process that exits
  * before then has OpenSSL's and gRPC's atexit clean-up run beside that work
- * (a connection retry's handshake in freed OpenSSL state). 0 when gRPC is
- * down or acquired again (ps__rpc_acquire: no longer this caller's to wait
- * for), PS_ETIMEDOUT when something still holds it. */
+ * (a connection retry's handshake in freed OpenSSL state). It also waits
+ * until the threads gRPC's event engine lets end detached are gone. 0 when
+ * gRPC is down or acquired again (ps__rpc_acquire: no longer this caller's
+ * to wait for), PS_ETIMEDOUT when something still holds it. */
 int ps__rpc_wait_shutdown(int64_t timeout_ms);
 
 /* A thread that ends on its own and is joined later, not detached: its exit

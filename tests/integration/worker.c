@@ -2750,14 +2750,8 @@ int main(int argc, char **argv)
             rc = -1;
         }
         /* The last ps_finalize leaves no thread of the library's or gRPC's
-         * behind (a real GPU's driver keeps threads of its own). gRPC's
-         * event engine lets its threads end detached: they may still be
-         * exiting, for a moment. Kept threads of the library's would stay for
-         * PS_TASK_IDLE_MS (2 s), gRPC's for as long as a subchannel holds it. */
+         * behind (a real GPU's driver keeps threads of its own). */
         int threads = thread_count();
-        for (int64_t end = now_ms() + 500; threads != threads0 && now_ms() < end;
-             threads = thread_count())
-            sleep_ms(10);
         if (threads != threads0 && rc == 0 && strcmp(sc->name, "device") != 0) {
             fail("ps_finalize left %d threads running (%d before ps_init)", threads, threads0);
             rc = -1;
