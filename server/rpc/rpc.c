@@ -114,6 +114,9 @@ struct ps__rpc_channel {
 
 static pthread_mutex_t g_init_lock = PTHREAD_MUTEX_INITIALIZER;
 static int g_init_refs;
+/* gRPC was up before this module's first grpc_init: the process has another
+ * user of it, whose shutdown is not this module's to wait for. */
+static int g_grpc_shared;
 
 void ps__rpc_acquire(void)
 {
@@ -125,6 +128,7 @@ void ps__rpc_acquire(void)
          * mmap threshold must be set too, or it freezes at 128 KiB. */
         mallopt(M_TRIM_THRESHOLD, 512 << 20);
         mallopt(M_MMAP_THRESHOLD, 32 << 20);
+        g_grpc_shared = grpc_is_initialized();
         grpc_init();
     }
     pthread_mutex_unlock(&g_init_lock);
@@ -140,10 +144,11 @@ int ps__rpc_release(void)
     return left;
 }
 
+/* This module's references to gRPC, or 1 when gRPC has another user too. */
 static int rpc_refs(void)
 {
     pthread_mutex_lock(&g_init_lock);
-    int n = g_init_refs;
+    int n = g_init_refs || g_grpc_shared;
     pthread_mutex_unlock(&g_init_lock);
     return n;
 }

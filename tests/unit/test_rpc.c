@@ -316,6 +316,35 @@ static void test_shutdown_ends_every_thread(void **state)
     assert_int_equal(thread_count(), before);
 }
 
+/* A process whose gRPC has another user (up before the first acquire): the
+ * wait is not for that user's shutdown, and returns at once. */
+static void test_shutdown_wait_leaves_another_users_grpc(void **state)
+{
+    (void)state;
+    assert_int_equal(ps__rpc_wait_shutdown(5000), 0);
+    assert_false(grpc_is_initialized());
+    grpc_init(); /* the other user */
+    ps__rpc_acquire();
+    ps__rpc_channel_t *ch = NULL;
+    assert_int_equal(ps__rpc_channel_create("127.0.0.1:1", &ch), 0);
+    ps__rpc_channel_destroy(ch);
+    assert_int_equal(ps__rpc_release(), 0);
+    int64_t t0 = ps__now_ms();
+    assert_int_equal(ps__rpc_wait_shutdown(5000), 0);
+    assert_true(ps__now_ms() - t0 < 1000);
+    assert_true(grpc_is_initialized());
+    grpc_shutdown();
+    /* Alone again (once the channel's subchannel has let go: its reconnect
+     * wait is at most 1 s), the wait is for gRPC's shutdown once more. */
+    for (int i = 0; i < 500 && grpc_is_initialized(); i++)
+        usleep(10000);
+    assert_false(grpc_is_initialized());
+    ps__rpc_acquire();
+    assert_int_equal(ps__rpc_release(), 0);
+    assert_int_equal(ps__rpc_wait_shutdown(5000), 0);
+    assert_false(grpc_is_initialized());
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -326,6 +355,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_headers_go_with_the_first_message, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cancel_before_sending, setup, teardown),
         cmocka_unit_test(test_shutdown_ends_every_thread),
+        cmocka_unit_test(test_shutdown_wait_leaves_another_users_grpc),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
