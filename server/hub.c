@@ -468,6 +468,27 @@ static int blob_flatten(blob_t *b)
  * fewer; IOV_MAX is 1024). */
 #define PS_HUB_FRAME_IOV 256
 
+/* Where bytes [off, off+len) of a blob held in pieces lie: fills iov (max
+ * entries) and returns their count, or -1 when they need more. */
+static int blob_piece_iov(const blob_t *b, size_t off, size_t len, struct iovec *iov, int max)
+{
+    int n = 0;
+    for (int i = 0; i < b->npieces && len > 0; i++) {
+        size_t l = GRPC_SLICE_LENGTH(b->held[i]);
+        if (off >= l) {
+            off -= l;
+            continue;
+        }
+        if (n == max)
+            return -1;
+        size_t take = l - off < len ? l - off : len;
+        iov[n++] = (struct iovec){GRPC_SLICE_START_PTR(b->held[i]) + off, take};
+        len -= take;
+        off = 0;
+    }
+    return n;
+}
+
 /* A blob that reads len bytes of a segment in place (no copy). */
 static blob_t *blob_view(shm_map_t *map, uint8_t *data, size_t len)
 {
@@ -2449,13 +2470,30 @@ static int member_write(member_t *m, int finish)
         int placed = sl->placed && sl->placed[m->index];
         pthread_mutex_unlock(c->lock);
         size_t soff = step_slice(&p, m->index), len = p.slice;
-        uint8_t *src = out->data + soff;
+        uint8_t *src = out->data ? out->data + soff : NULL;
         int rc = 0;
         if (step_own_placed(m, &p)) {
             /* in place: the block holds the member's input already */
         } else if (placed) {
             /* the device wrote it there (step_places) */
             ps__metrics_shm_bytes(PS_M_TX, PS_M_SHM_DEVICE, len);
+        } else if (m->shm && !src) {
+            /* Still in the frames it came in (ring_pass_apply): from their
+             * slices into the segment, its file or the worker's memory. */
+            struct iovec iov[PS_HUB_FRAME_IOV];
+            int n = blob_piece_iov(out, soff, len, iov, PS_HUB_FRAME_IOV);
+            if (n < 0) {
+                rc = PS_EINTERNAL; /* not reached: held only in that many */
+            } else if (m->by_file) {
+                rc = seg_iov(m->shm, 1, iov, n, &m->shm_out, off);
+                seg_failed(m, 1, rc);
+            } else {
+                uint8_t *dst = m->shm->base + m->shm_out.at + off;
+                for (int i = 0; i < n; dst += iov[i].iov_len, i++)
+                    memcpy(dst, iov[i].iov_base, iov[i].iov_len);
+            }
+            if (rc == 0)
+                ps__metrics_shm_bytes(PS_M_TX, shm_access(m->shm, m->by_file), len);
         } else if (m->shm) { /* the result frame follows the data, below */
             if (m->by_file) {
                 rc = seg_io(m->shm, 1, src, len, &m->shm_out, off);
@@ -3970,6 +4008,22 @@ static void ring_receive(ring_link_t *l, ps__rpc_call_t *call)
  * step (its owner's data, for the local ranks and the next agent), lowest
  * first among those whose slot is free, so that a step sent ahead of an
  * earlier one cannot hold the window. Lock held. */
+/* Whether the mesh step s, arriving in frame f, stays in the frame's slices
+ * until its rank's answer writes it out (member_write): its one receiver
+ * here uses shared memory, so the bytes are copied once, from the slices
+ * into the segment or the worker's memory, not into a buffer first. Steps
+ * that are passed on (a ring's all_gather, broadcast) or answered in frames
+ * are copied as before. Lock held. */
+static int mesh_step_held(const coll_t *c, int64_t s, const ps__frame_t *f)
+{
+    if (!c->ring->mesh || f->nslices > PS_HUB_FRAME_IOV)
+        return 0;
+    step_plan_t p;
+    plan_step(c, s, &p);
+    const member_t *m = p.recv_one >= 0 && p.recv_one < c->n ? c->members[p.recv_one] : NULL;
+    return m && m->shm && !(c->slots[s % c->window].placed);
+}
+
 static void ring_pass_apply(coll_t *c)
 {
     ring_t *rg = c->ring;
@@ -4009,7 +4063,10 @@ static void ring_pass_apply(coll_t *c)
             rg->q_tail = before;
         left--;
         slot_t *sl = slot_take(c, best) > 0 ? &c->slots[best % c->window] : NULL;
-        blob_t *b = sl && q->f.data_len == sl->len ? blob_new(sl->len) : NULL;
+        int hold = sl && mesh_step_held(c, best, &q->f);
+        blob_t *b = !sl || q->f.data_len != sl->len ? NULL
+                    : hold                          ? blob_pieces(sl->len)
+                                                    : blob_new(sl->len);
         if (sl && q->f.data_len != sl->len)
             coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
                       "%s (group %u, seq %" PRIu64 "): agent %s sent %zu bytes for a step of %zu",
@@ -4019,9 +4076,20 @@ static void ring_pass_apply(coll_t *c)
         if (b) {
             /* Claimed and not computed: nobody else touches the slot. */
             pthread_mutex_unlock(c->lock);
-            ps__frame_copy_data(&q->f, 0, b->data, sl->len);
+            int rc = 0;
+            if (hold)
+                rc = blob_hold(b, &q->f, 0, sl->len);
+            else
+                ps__frame_copy_data(&q->f, 0, b->data, sl->len);
             ps__metrics_bytes(PS_M_RX, PS_M_LINK_AGENT, sl->len);
             pthread_mutex_lock(c->lock);
+            if (rc < 0) {
+                coll_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", pre);
+                blob_unref(b);
+                ps__frame_clear(&q->f);
+                free(q);
+                break;
+            }
             sl->out = b;
             sl->have = sl->need;
             sl->computed = 1;
