@@ -26,18 +26,17 @@ static size_t varint_put(uint8_t *p, uint64_t v)
     return n;
 }
 
-grpc_byte_buffer *ps__frame_encode(const Paramsync__V1__CollectiveHeader *header,
-                                   const Paramsync__V1__CollectiveResult *result, uint64_t offset,
-                                   const void *data, size_t len, ps__frame_release_fn release,
-                                   void *release_arg)
+/* The frame's bytes before its data: the small fields, and the data field's
+ * tag and length when len > 0. */
+static grpc_slice frame_head(const Paramsync__V1__CollectiveHeader *header,
+                             const Paramsync__V1__CollectiveResult *result, uint64_t offset,
+                             size_t len)
 {
     Paramsync__V1__Frame meta = PARAMSYNC__V1__FRAME__INIT;
     meta.header = (Paramsync__V1__CollectiveHeader *)header;
     meta.result = (Paramsync__V1__CollectiveResult *)result;
     meta.offset = offset;
     size_t msize = protobuf_c_message_get_packed_size(&meta.base);
-    grpc_slice slices[2];
-    size_t n = 0;
     grpc_slice head = grpc_slice_malloc(msize + (len ? 11 : 0));
     uint8_t *p = GRPC_SLICE_START_PTR(head);
     protobuf_c_message_pack(&meta.base, p);
@@ -46,7 +45,17 @@ grpc_byte_buffer *ps__frame_encode(const Paramsync__V1__CollectiveHeader *header
         p[used++] = (FRAME_DATA_FIELD << 3) | WIRE_LEN;
         used += varint_put(p + used, len);
     }
-    slices[n++] = grpc_slice_sub_no_ref(head, 0, used);
+    return grpc_slice_sub_no_ref(head, 0, used);
+}
+
+grpc_byte_buffer *ps__frame_encode(const Paramsync__V1__CollectiveHeader *header,
+                                   const Paramsync__V1__CollectiveResult *result, uint64_t offset,
+                                   const void *data, size_t len, ps__frame_release_fn release,
+                                   void *release_arg)
+{
+    grpc_slice slices[2];
+    size_t n = 0;
+    slices[n++] = frame_head(header, result, offset, len);
     if (len) {
         if (release)
             slices[n++] = grpc_slice_new_with_user_data((void *)data, len, release, release_arg);
@@ -58,6 +67,26 @@ grpc_byte_buffer *ps__frame_encode(const Paramsync__V1__CollectiveHeader *header
     grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(slices, n);
     for (size_t i = 0; i < n; i++)
         grpc_slice_unref(slices[i]);
+    return bb;
+}
+
+grpc_byte_buffer *ps__frame_encode_slices(const Paramsync__V1__CollectiveHeader *header,
+                                          const Paramsync__V1__CollectiveResult *result,
+                                          uint64_t offset, const grpc_slice *data, int n)
+{
+    size_t len = 0;
+    for (int i = 0; i < n; i++)
+        len += GRPC_SLICE_LENGTH(data[i]);
+    grpc_slice *all = malloc(((size_t)n + 1) * sizeof(*all));
+    if (!all)
+        return NULL;
+    all[0] = frame_head(header, result, offset, len);
+    for (int i = 0; i < n; i++)
+        all[i + 1] = data[i];
+    /* The byte buffer takes references of its own. */
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(all, (size_t)n + 1);
+    grpc_slice_unref(all[0]);
+    free(all);
     return bb;
 }
 
