@@ -469,8 +469,10 @@ static int blob_flatten(blob_t *b)
 #define PS_HUB_FRAME_IOV 256
 
 /* Where bytes [off, off+len) of a blob held in pieces lie: fills iov (max
- * entries) and returns their count, or -1 when they need more. */
-static int blob_piece_iov(const blob_t *b, size_t off, size_t len, struct iovec *iov, int max)
+ * entries) and returns their count, or -1 when they need more. With subs,
+ * also a new reference to each range as a slice (grpc_slice_sub). */
+static int blob_piece_iov(const blob_t *b, size_t off, size_t len, struct iovec *iov,
+                          grpc_slice *subs, int max)
 {
     int n = 0;
     for (int i = 0; i < b->npieces && len > 0; i++) {
@@ -479,10 +481,16 @@ static int blob_piece_iov(const blob_t *b, size_t off, size_t len, struct iovec 
             off -= l;
             continue;
         }
-        if (n == max)
+        if (n == max) {
+            while (subs && n > 0)
+                grpc_slice_unref(subs[--n]);
             return -1;
+        }
         size_t take = l - off < len ? l - off : len;
-        iov[n++] = (struct iovec){GRPC_SLICE_START_PTR(b->held[i]) + off, take};
+        iov[n] = (struct iovec){GRPC_SLICE_START_PTR(b->held[i]) + off, take};
+        if (subs)
+            subs[n] = grpc_slice_sub(b->held[i], off, off + take);
+        n++;
         len -= take;
         off = 0;
     }
@@ -531,6 +539,21 @@ static void blob_unref(void *arg)
             pinned_put(pinned_class(b->len), b->data);
         free(b);
     }
+}
+
+/* A frame (offset tag) of bytes [off, off+len) of blob b, held in pieces:
+ * made of the very slices, which the frame references. Drops the caller's
+ * reference to b. NULL on ENOMEM. */
+static grpc_byte_buffer *blob_pieces_encode(blob_t *b, uint64_t tag, size_t off, size_t len)
+{
+    struct iovec iov[PS_HUB_FRAME_IOV];
+    grpc_slice subs[PS_HUB_FRAME_IOV];
+    int n = blob_piece_iov(b, off, len, iov, subs, PS_HUB_FRAME_IOV);
+    grpc_byte_buffer *bb = n < 0 ? NULL : ps__frame_encode_slices(NULL, NULL, tag, subs, n);
+    for (int i = 0; i < n; i++)
+        grpc_slice_unref(subs[i]);
+    blob_unref(b);
+    return bb;
 }
 
 typedef struct slot {
@@ -2478,10 +2501,10 @@ static int member_write(member_t *m, int finish)
             /* the device wrote it there (step_places) */
             ps__metrics_shm_bytes(PS_M_TX, PS_M_SHM_DEVICE, len);
         } else if (m->shm && !src) {
-            /* Still in the frames it came in (ring_pass_apply): from their
+            /* Still in the frames it came in (pass_step_held): from their
              * slices into the segment, its file or the worker's memory. */
             struct iovec iov[PS_HUB_FRAME_IOV];
-            int n = blob_piece_iov(out, soff, len, iov, PS_HUB_FRAME_IOV);
+            int n = blob_piece_iov(out, soff, len, iov, NULL, PS_HUB_FRAME_IOV);
             if (n < 0) {
                 rc = PS_EINTERNAL; /* not reached: held only in that many */
             } else if (m->by_file) {
@@ -3712,9 +3735,10 @@ static void *ring_send_main(void *arg)
         size_t off = 0, len = sl->len;
         if (!ring_whole(c))
             ring_piece(c, sl->len, ring_piece_of_round(rg, r, 0), &off, &len);
+        uint64_t tag = (uint64_t)s * (uint64_t)rounds + (uint64_t)r;
         grpc_byte_buffer *bb =
-            ps__frame_encode(NULL, NULL, (uint64_t)s * (uint64_t)rounds + (uint64_t)r,
-                             b->data + off, len, blob_unref, b);
+            b->data ? ps__frame_encode(NULL, NULL, tag, b->data + off, len, blob_unref, b)
+                    : blob_pieces_encode(b, tag, off, len);
         rc = bb ? ps__rpc_call_send(out, bb) : PS_ENOMEM;
         if (bb)
             grpc_byte_buffer_destroy(bb);
@@ -4008,20 +4032,23 @@ static void ring_receive(ring_link_t *l, ps__rpc_call_t *call)
  * step (its owner's data, for the local ranks and the next agent), lowest
  * first among those whose slot is free, so that a step sent ahead of an
  * earlier one cannot hold the window. Lock held. */
-/* Whether the mesh step s, arriving in frame f, stays in the frame's slices
- * until its rank's answer writes it out (member_write): its one receiver
- * here uses shared memory, so the bytes are copied once, from the slices
- * into the segment or the worker's memory, not into a buffer first. Steps
- * that are passed on (a ring's all_gather, broadcast) or answered in frames
- * are copied as before. Lock held. */
-static int mesh_step_held(const coll_t *c, int64_t s, const ps__frame_t *f)
+/* Whether the passed-on step s, arriving in frame f, stays in the frame's
+ * slices: until each rank here it is for writes it out (member_write) and
+ * the next agent's frame is made of the same slices (ring_out_main). So the
+ * bytes are copied once on this agent, from the slices into a segment or a
+ * worker's memory, not into a buffer first. When a rank here that receives
+ * it is answered in frames, or the agent reduces on a device, it is copied
+ * as before. Lock held. */
+static int pass_step_held(const coll_t *c, int64_t s, const ps__frame_t *f)
 {
-    if (!c->ring->mesh || f->nslices > PS_HUB_FRAME_IOV)
+    if (f->nslices > PS_HUB_FRAME_IOV || c->slots[s % c->window].placed)
         return 0;
     step_plan_t p;
     plan_step(c, s, &p);
-    const member_t *m = p.recv_one >= 0 && p.recv_one < c->n ? c->members[p.recv_one] : NULL;
-    return m && m->shm && !(c->slots[s % c->window].placed);
+    for (int i = 0; i < c->n; i++)
+        if (step_receives(c, &p, i) && coll_serves(c, i) && (!c->members[i] || !c->members[i]->shm))
+            return 0;
+    return 1;
 }
 
 static void ring_pass_apply(coll_t *c)
@@ -4063,7 +4090,7 @@ static void ring_pass_apply(coll_t *c)
             rg->q_tail = before;
         left--;
         slot_t *sl = slot_take(c, best) > 0 ? &c->slots[best % c->window] : NULL;
-        int hold = sl && mesh_step_held(c, best, &q->f);
+        int hold = sl && pass_step_held(c, best, &q->f);
         blob_t *b = !sl || q->f.data_len != sl->len ? NULL
                     : hold                          ? blob_pieces(sl->len)
                                                     : blob_new(sl->len);
