@@ -4028,13 +4028,9 @@ static void ring_receive(ring_link_t *l, ps__rpc_call_t *call)
     }
 }
 
-/* Passing ring: takes the queued steps, each as this agent's copy of the
- * step (its owner's data, for the local ranks and the next agent), lowest
- * first among those whose slot is free, so that a step sent ahead of an
- * earlier one cannot hold the window. Lock held. */
 /* Whether the passed-on step s, arriving in frame f, stays in the frame's
  * slices: until each rank here it is for writes it out (member_write) and
- * the next agent's frame is made of the same slices (ring_out_main). So the
+ * the next agent's frame is made of the same slices (ring_send_main). So the
  * bytes are copied once on this agent, from the slices into a segment or a
  * worker's memory, not into a buffer first. When a rank here that receives
  * it is answered in frames, or the agent reduces on a device, it is copied
@@ -4051,6 +4047,10 @@ static int pass_step_held(const coll_t *c, int64_t s, const ps__frame_t *f)
     return 1;
 }
 
+/* Passing ring: takes the queued steps, each as this agent's copy of the
+ * step (its owner's data, for the local ranks and the next agent), lowest
+ * first among those whose slot is free, so that a step sent ahead of an
+ * earlier one cannot hold the window. Lock held. */
 static void ring_pass_apply(coll_t *c)
 {
     ring_t *rg = c->ring;
