@@ -226,10 +226,12 @@ ps__thread_t *ps__thread_start(void *(*fn)(void *), void *arg)
     return t;
 }
 
-void ps__thread_ended(ps__thread_t **ended, ps__thread_t *t)
+ps__thread_t *ps__thread_ended(ps__thread_t **ended, ps__thread_t *t)
 {
-    t->next = *ended;
+    ps__thread_t *before = *ended;
+    t->next = NULL;
     *ended = t;
+    return before;
 }
 
 void ps__thread_reap(ps__thread_t **ended)
@@ -670,7 +672,6 @@ static void *pool_main(void *arg);
  * held. 0, or PS_ENOMEM. */
 static int pool_grow(ps__rpc_server_t *s)
 {
-    ps__thread_reap(&s->ended);
     if (!ps__thread_start(pool_main, s))
         return PS_ENOMEM;
     s->pool_threads++;
@@ -810,13 +811,7 @@ static void *pool_main(void *arg)
     }
     s->pool_idle--;
     s->pool_threads--;
-    /* Threads that ended before this one are joined by it, outside the lock
-     * (they may still be trimming): a joinable thread's stack stays mapped
-     * until it is joined, and a burst of streams ends thousands. */
-    ps__thread_t *before = shutdown ? NULL : s->ended;
-    if (!shutdown)
-        s->ended = NULL;
-    ps__thread_ended(&s->ended, self);
+    ps__thread_t *before = ps__thread_ended(&s->ended, self);
     pthread_cond_broadcast(&s->idle);
     /* A burst is over: hand back what the tuned allocator keeps for reuse,
      * once per 256 threads gone (trimming walks every arena). */

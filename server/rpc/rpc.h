@@ -65,10 +65,14 @@ int ps__rpc_wait_shutdown(int64_t timeout_ms);
 
 /* A thread that ends on its own and is joined later, not detached: its exit
  * runs OpenSSL's and gRPC's per-thread clean-up, which must be over before
- * the process exits. It puts itself on a list of ended threads
- * (ps__thread_ended) under that list's lock, and whoever takes the lock
- * joins them (ps__thread_reap). The task pool and the RPC server's handler
- * threads are such threads. */
+ * the process exits, and its stack stays mapped until it is joined. Under
+ * the lock of a list of ended threads, it takes the threads that ended before
+ * it off the list and puts itself on (ps__thread_ended); once the lock is
+ * down it joins those (ps__thread_reap). So at most one ended thread per list
+ * waits to be joined (a burst of thousands leaves no stacks behind), and
+ * whoever ends the threads (a shutdown) joins that last one under the lock:
+ * joining it waits for the joins it does. The task pool and the RPC server's
+ * handler threads are such threads. */
 typedef struct ps__thread {
     pthread_t id;
     void *arg;               /* the function's */
@@ -80,11 +84,14 @@ typedef struct ps__thread {
  * NULL when no thread could be had. */
 ps__thread_t *ps__thread_start(void *(*fn)(void *), void *arg);
 
-/* t, about to return from its function, goes on *ended. Lock held. */
-void ps__thread_ended(ps__thread_t **ended, ps__thread_t *t);
+/* t, about to return from its function, goes on *ended, and the threads
+ * that were on it come off: returned, for t to reap once it has let go of
+ * the list's lock. Lock held. */
+ps__thread_t *ps__thread_ended(ps__thread_t **ended, ps__thread_t *t);
 
-/* Joins and frees every thread on *ended. Lock held: an ended thread takes it
- * no more. */
+/* Joins and frees every thread on *ended. A list taken off its owner's
+ * (ps__thread_ended), or the owner's with its lock held once no thread is
+ * left to end. */
 void ps__thread_reap(ps__thread_t **ended);
 
 /** Monotonic milliseconds. */

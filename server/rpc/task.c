@@ -27,7 +27,7 @@ static struct {
 
 static void *pool_main(void *arg)
 {
-    ps__thread_t *self = arg;
+    ps__thread_t *self = arg, *before = NULL;
     item_t *it = self->arg; /* its first task */
     for (;;) {
         void *(*fn)(void *) = it->fn;
@@ -52,12 +52,14 @@ static void *pool_main(void *arg)
             /* Ends: the thread's exit (OpenSSL's and gRPC's per-thread
              * clean-up among it) is over once it is joined. */
             pool.threads--;
-            ps__thread_ended(&pool.gone, self);
+            before = ps__thread_ended(&pool.gone, self);
             pthread_cond_broadcast(&pool.ended);
         }
         pthread_mutex_unlock(&pool.lock);
-        if (!it)
+        if (!it) {
+            ps__thread_reap(&before);
             return NULL;
+        }
     }
 }
 
@@ -99,7 +101,6 @@ int ps__task_run(void *(*fn)(void *), void *arg)
         pthread_mutex_unlock(&pool.lock);
         return 0;
     }
-    ps__thread_reap(&pool.gone);
     int started = ps__thread_start(pool_main, it) != NULL;
     pool.threads += started;
     pthread_mutex_unlock(&pool.lock);
