@@ -2454,6 +2454,32 @@ static int step_own_placed(const member_t *m, const step_plan_t *p)
     return m->shm && m->first->header->own_block && p->contrib_one == m->index;
 }
 
+/* Writes bytes [soff, soff+len) of a step's output into the shared-memory
+ * member's output at off: through the segment's mapping, its file or the
+ * worker's memory, from the blob's own bytes or, held in pieces (a passed-on
+ * step, pass_step_held), from the slices it came in. 0 or < 0. */
+static int member_put(member_t *m, const blob_t *out, size_t soff, size_t len, uint64_t off)
+{
+    struct iovec iov[PS_HUB_FRAME_IOV];
+    int n = len ? 1 : 0, rc = 0;
+    if (out->data)
+        iov[0] = (struct iovec){out->data + soff, len};
+    else if ((n = blob_piece_iov(out, soff, len, iov, NULL, PS_HUB_FRAME_IOV)) < 0)
+        return PS_EINTERNAL; /* not reached: held only in that many */
+    if (m->by_file) {
+        rc = seg_iov(m->shm, 1, iov, n, &m->shm_out, off);
+        seg_failed(m, 1, rc);
+    } else {
+        uint8_t *dst = m->shm->base + m->shm_out.at + off;
+        for (int i = 0; i < n; dst += iov[i].iov_len, i++)
+            if (dst != iov[i].iov_base) /* else reduced in place */
+                memcpy(dst, iov[i].iov_base, iov[i].iov_len);
+    }
+    if (rc == 0)
+        ps__metrics_shm_bytes(PS_M_TX, shm_access(m->shm, m->by_file), len);
+    return rc;
+}
+
 /* Sends the member's outputs; the first frame also carries the result.
  * With `finish` (the member's input is already consumed) the last frame
  * carries the OK status too. Returns 1 when it sent the status. */
@@ -2493,41 +2519,14 @@ static int member_write(member_t *m, int finish)
         int placed = sl->placed && sl->placed[m->index];
         pthread_mutex_unlock(c->lock);
         size_t soff = step_slice(&p, m->index), len = p.slice;
-        uint8_t *src = out->data ? out->data + soff : NULL;
         int rc = 0;
         if (step_own_placed(m, &p)) {
             /* in place: the block holds the member's input already */
         } else if (placed) {
             /* the device wrote it there (step_places) */
             ps__metrics_shm_bytes(PS_M_TX, PS_M_SHM_DEVICE, len);
-        } else if (m->shm && !src) {
-            /* Still in the frames it came in (pass_step_held): from their
-             * slices into the segment, its file or the worker's memory. */
-            struct iovec iov[PS_HUB_FRAME_IOV];
-            int n = blob_piece_iov(out, soff, len, iov, NULL, PS_HUB_FRAME_IOV);
-            if (n < 0) {
-                rc = PS_EINTERNAL; /* not reached: held only in that many */
-            } else if (m->by_file) {
-                rc = seg_iov(m->shm, 1, iov, n, &m->shm_out, off);
-                seg_failed(m, 1, rc);
-            } else {
-                uint8_t *dst = m->shm->base + m->shm_out.at + off;
-                for (int i = 0; i < n; dst += iov[i].iov_len, i++)
-                    memcpy(dst, iov[i].iov_base, iov[i].iov_len);
-            }
-            if (rc == 0)
-                ps__metrics_shm_bytes(PS_M_TX, shm_access(m->shm, m->by_file), len);
         } else if (m->shm) { /* the result frame follows the data, below */
-            if (m->by_file) {
-                rc = seg_io(m->shm, 1, src, len, &m->shm_out, off);
-                seg_failed(m, 1, rc);
-            } else {
-                uint8_t *dst = m->shm->base + m->shm_out.at + off;
-                if (dst != src) /* else reduced in place */
-                    memcpy(dst, src, len);
-            }
-            if (rc == 0)
-                ps__metrics_shm_bytes(PS_M_TX, shm_access(m->shm, m->by_file), len);
+            rc = member_put(m, out, soff, len, off);
         } else {
             rc = send_frame(m, first ? &res : NULL, off, out, soff, len, s == last_step);
         }
