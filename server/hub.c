@@ -468,9 +468,9 @@ static int blob_flatten(blob_t *b)
  * fewer; IOV_MAX is 1024). */
 #define PS_HUB_FRAME_IOV 256
 
-/* Where bytes [off, off+len) of a blob held in pieces lie: fills iov (max
- * entries) and returns their count, or -1 when they need more. With subs,
- * also a new reference to each range as a slice (grpc_slice_sub). */
+/* Where bytes [off, off+len) of a blob held in pieces lie: their count of
+ * pieces (at most max), each into iov or, with subs, as a new reference to
+ * the range (grpc_slice_sub); -1 (nothing referenced) when they need more. */
 static int blob_piece_iov(const blob_t *b, size_t off, size_t len, struct iovec *iov,
                           grpc_slice *subs, int max)
 {
@@ -487,9 +487,10 @@ static int blob_piece_iov(const blob_t *b, size_t off, size_t len, struct iovec 
             return -1;
         }
         size_t take = l - off < len ? l - off : len;
-        iov[n] = (struct iovec){GRPC_SLICE_START_PTR(b->held[i]) + off, take};
         if (subs)
             subs[n] = grpc_slice_sub(b->held[i], off, off + take);
+        else
+            iov[n] = (struct iovec){GRPC_SLICE_START_PTR(b->held[i]) + off, take};
         n++;
         len -= take;
         off = 0;
@@ -543,15 +544,13 @@ static void blob_unref(void *arg)
 
 /* A frame (offset tag) of bytes [off, off+len) of blob b, held in pieces:
  * made of the very slices, which the frame references. Drops the caller's
- * reference to b. NULL on ENOMEM. */
+ * reference to b. NULL (not reached) when the range lies in more pieces than
+ * a frame is held in. */
 static grpc_byte_buffer *blob_pieces_encode(blob_t *b, uint64_t tag, size_t off, size_t len)
 {
-    struct iovec iov[PS_HUB_FRAME_IOV];
     grpc_slice subs[PS_HUB_FRAME_IOV];
-    int n = blob_piece_iov(b, off, len, iov, subs, PS_HUB_FRAME_IOV);
+    int n = blob_piece_iov(b, off, len, NULL, subs, PS_HUB_FRAME_IOV);
     grpc_byte_buffer *bb = n < 0 ? NULL : ps__frame_encode_slices(NULL, NULL, tag, subs, n);
-    for (int i = 0; i < n; i++)
-        grpc_slice_unref(subs[i]);
     blob_unref(b);
     return bb;
 }

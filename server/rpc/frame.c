@@ -6,6 +6,7 @@
 
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/slice.h>
+#include <grpc/slice_buffer.h>
 
 #include <paramsync/common.h>
 
@@ -72,21 +73,16 @@ grpc_byte_buffer *ps__frame_encode(const Paramsync__V1__CollectiveHeader *header
 
 grpc_byte_buffer *ps__frame_encode_slices(const Paramsync__V1__CollectiveHeader *header,
                                           const Paramsync__V1__CollectiveResult *result,
-                                          uint64_t offset, const grpc_slice *data, int n)
+                                          uint64_t offset, grpc_slice *data, int n)
 {
     size_t len = 0;
     for (int i = 0; i < n; i++)
         len += GRPC_SLICE_LENGTH(data[i]);
-    grpc_slice *all = malloc(((size_t)n + 1) * sizeof(*all));
-    if (!all)
-        return NULL;
-    all[0] = frame_head(header, result, offset, len);
+    grpc_slice head = frame_head(header, result, offset, len);
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&head, 1);
+    grpc_slice_unref(head);
     for (int i = 0; i < n; i++)
-        all[i + 1] = data[i];
-    /* The byte buffer takes references of its own. */
-    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(all, (size_t)n + 1);
-    grpc_slice_unref(all[0]);
-    free(all);
+        grpc_slice_buffer_add(&bb->data.raw.slice_buffer, data[i]);
     return bb;
 }
 

@@ -41,12 +41,11 @@ grpc_byte_buffer *ps__frame_encode(const Paramsync__V1__CollectiveHeader *header
 
 /**
  * Builds a frame whose data is the n slices in order (received slices passed
- * on without a copy); the byte buffer holds references of its own. NULL on
- * ENOMEM.
+ * on without a copy), taking the caller's references to them.
  */
 grpc_byte_buffer *ps__frame_encode_slices(const Paramsync__V1__CollectiveHeader *header,
                                           const Paramsync__V1__CollectiveResult *result,
-                                          uint64_t offset, const grpc_slice *data, int n);
+                                          uint64_t offset, grpc_slice *data, int n);
 
 /** A decoded frame: the small fields unpacked, the data located in place. */
 typedef struct ps__frame {

@@ -40,7 +40,10 @@ static void test_encode_slices_matches_encode(void **state)
         size_t len = n ? cuts[n - 1][1] : 0;
         uint64_t offset = 12345 + (uint64_t)n;
         grpc_byte_buffer *a = ps__frame_encode(NULL, NULL, offset, data, len, NULL, NULL);
-        grpc_byte_buffer *b = ps__frame_encode_slices(NULL, NULL, offset, parts, n);
+        grpc_slice refs[4]; /* ps__frame_encode_slices takes these */
+        for (int i = 0; i < n; i++)
+            refs[i] = grpc_slice_ref(parts[i]);
+        grpc_byte_buffer *b = ps__frame_encode_slices(NULL, NULL, offset, refs, n);
         assert_non_null(a);
         assert_non_null(b);
         grpc_slice fa = flat(a), fb = flat(b);
@@ -63,7 +66,7 @@ static void test_encode_slices_matches_encode(void **state)
         grpc_byte_buffer_destroy(a);
         grpc_byte_buffer_destroy(b);
     }
-    /* The byte buffers held references of their own: the parts are still ours. */
+    /* The frames took only the references given them: the parts are still ours. */
     for (int i = 0; i < 4; i++)
         grpc_slice_unref(parts[i]);
     grpc_slice_unref(big);
