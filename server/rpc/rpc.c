@@ -144,13 +144,15 @@ int ps__rpc_release(void)
     return left;
 }
 
-/* This module's references to gRPC, or 1 when gRPC has another user too. */
-static int rpc_refs(void)
+/* Whether gRPC is still wanted: by this module (a reference), or by another
+ * user of it in the process (up before this module's). Not this module's to
+ * wait for, then. */
+static int grpc_still_wanted(void)
 {
     pthread_mutex_lock(&g_init_lock);
-    int n = g_init_refs || g_grpc_shared;
+    int wanted = g_init_refs > 0 || g_grpc_shared;
     pthread_mutex_unlock(&g_init_lock);
-    return n;
+    return wanted;
 }
 
 /* Threads of gRPC's event engine (named so by gRPC) in this process. */
@@ -180,7 +182,7 @@ int ps__rpc_wait_shutdown(int64_t timeout_ms)
     int64_t end = ps__now_ms() + timeout_ms;
     /* grpc_is_initialized takes gRPC's init lock, which its clean-up thread
      * holds until the shutdown is done. */
-    while (rpc_refs() == 0 && grpc_is_initialized()) {
+    while (!grpc_still_wanted() && grpc_is_initialized()) {
         if (ps__now_ms() >= end)
             return PS_ETIMEDOUT;
         /* Once the last channel is gone nothing polls: a connection attempt
@@ -203,7 +205,7 @@ int ps__rpc_wait_shutdown(int64_t timeout_ms)
     /* gRPC's event engine lets the threads of its pool end detached: after
      * the shutdown they may still be running their exit (thread-local
      * clean-up). Wait until the kernel has them gone. */
-    while (rpc_refs() == 0 && event_engine_threads() > 0) {
+    while (!grpc_still_wanted() && event_engine_threads() > 0) {
         if (ps__now_ms() >= end)
             return PS_ETIMEDOUT;
         struct timespec ms = {0, 1000000};
