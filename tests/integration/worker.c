@@ -2749,13 +2749,14 @@ int main(int argc, char **argv)
             fail("ps_finalize: %d (%s)", frc, ps_strerror(frc));
             rc = -1;
         }
-        /* The last ps_finalize leaves no thread of the library's or gRPC's
-         * behind (a real GPU's driver keeps threads of its own). */
-        int threads = thread_count();
-        if (threads != threads0 && rc == 0 && strcmp(sc->name, "device") != 0) {
-            fail("ps_finalize left %d threads running (%d before ps_init)", threads, threads0);
-            rc = -1;
-        }
+    }
+    /* The last ps_finalize, or a ps_init that failed, leaves no thread of the
+     * library's or gRPC's behind (a real GPU's driver keeps threads of its
+     * own). */
+    int threads = thread_count();
+    if (threads != threads0 && rc == 0 && strcmp(sc->name, "device") != 0) {
+        fail("the library left %d threads running (%d before ps_init)", threads, threads0);
+        rc = -1;
     }
     if (rc == SKIP)
         return SKIP;
