@@ -196,7 +196,7 @@ static int submit(ps_comm_t *comm, const request_t *r, ps_work_t **work, int *so
         return rc;
     /* Before the sequence number: a call that cannot stage its device
      * buffers is not started, so no other rank waits for it. */
-    rc = ps__stage_begin(&c);
+    rc = ps__stage_prepare(&c);
     if (rc < 0)
         return rc;
     rc = ps__peer_takes(&c) ? ps__peer_prepare(&c) : 0;

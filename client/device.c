@@ -285,6 +285,32 @@ int ps__stage_begin(ps__coll_t *c)
     return rc < 0 ? rc : ps__stage_buffers(c, in_dev, out_dev);
 }
 
+int ps__stage_prepare(ps__coll_t *c)
+{
+    int in_dev, out_dev;
+    int rc = ps__stage_classify(c, &in_dev, &out_dev);
+    if (rc < 0)
+        return rc;
+    /* The other ranks read a device input where it lies, and this rank
+     * writes its output itself (peer.c): no pinned memory, no copy through
+     * the host. */
+    if (in_dev && ps__peer_takes(c) && ps__peer_ipc_wanted() &&
+        ps_gpu_ipc_export(c->in, &c->peer_ipc) == 0 && ps_gpu_get_device(&c->stage_device) == 0) {
+        c->peer_dev = 1;
+        c->defer_out_dev = out_dev;
+        return 0;
+    }
+    return ps__stage_buffers(c, in_dev, out_dev);
+}
+
+int ps__stage_deferred(ps__coll_t *c)
+{
+    if (!c->peer_dev)
+        return 0;
+    c->peer_dev = 0;
+    return ps__stage_buffers(c, 1, c->defer_out_dev);
+}
+
 int ps__stage_end(ps__coll_t *c, int rc)
 {
     if (!c->stage_pinned)
@@ -326,4 +352,5 @@ void ps__stage_free(ps_comm_t *comm)
         pinned_free(comm, comm->stage_cache[slot], 0);
         comm->stage_cache[slot] = (pinned_t){NULL, 0, PS__STAGE_DRIVER};
     }
+    ps__peer_ipc_close_all(comm);
 }

@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <paramsync/gpu.h>
 #include <paramsync/paramsync.h>
 
 #include "frame.h"
@@ -64,7 +65,14 @@ typedef struct ps__coll {
     int stage_kind; /* what stage_pinned is: PS__STAGE_DRIVER... (device.c) */
     void *stage_dev_out;
     int stage_device; /* the caller's current CUDA device, for the copy back */
-    int source;       /* RECV: the sender's group rank, once done */
+    /* Device peer copies (peer.c): the input is device memory, described by
+     * peer_ipc, that the other ranks read where it lies (CUDA IPC); nothing
+     * is staged unless the call goes through the agent after all, and then
+     * the output too when defer_out_dev (ps__stage_deferred). */
+    int peer_dev;
+    int defer_out_dev;
+    ps_gpu_ipc_t peer_ipc;
+    int source; /* RECV: the sender's group rank, once done */
     struct ps_group *group;
     /* Peer copies (peer.c): room for every rank's descriptor, set when this
      * call takes them and so holds seqs hdr.seq .. hdr.seq + 2 (NULL once
@@ -94,6 +102,16 @@ typedef struct ps__pinned {
     size_t size;
     int kind;
 } ps__pinned_t;
+
+/* Another rank's device allocation opened here (peer.c). */
+#define PS__IPC_MAPS 16
+typedef struct ps__ipc_map {
+    void *at;     /* where it is mapped here; NULL: a free slot */
+    uint32_t pid; /* the process that exported it */
+    unsigned char handle[PS_GPU_IPC_HANDLE_BYTES];
+    int users;     /* copies reading it now */
+    uint64_t used; /* the comm's ipc_clock when last used: the oldest unused one goes */
+} ps__ipc_map_t;
 
 struct ps_comm {
     pthread_mutex_t lock;
@@ -151,6 +169,12 @@ struct ps_comm {
      * than the copy. */
     ps__pinned_t stage_cache[2]; /* [0] memory of our own, [1] a segment the agent maps */
     int stage_segments_off;      /* the agent cannot map our staging segments (shm.c) */
+
+    /* Other ranks' device allocations mapped here for device peer copies
+     * (peer.c; guarded by lock), kept for the next call on the same buffers:
+     * opening one costs more than copying a few MiB. */
+    ps__ipc_map_t ipc_maps[PS__IPC_MAPS];
+    uint64_t ipc_clock;
 };
 
 /* ---- device buffers (device.c) ---- */
@@ -170,13 +194,24 @@ int ps__stage_buffers(ps__coll_t *c, int in_dev, int out_dev);
 /** ps__stage_classify, then ps__stage_buffers. */
 int ps__stage_begin(ps__coll_t *c);
 
+/** ps__stage_begin for a call about to take its sequence number, but a
+ * device input that device peer copies can read where it lies (CUDA IPC) is
+ * left there: c->peer_dev set, nothing staged. Returns as ps__stage_begin. */
+int ps__stage_prepare(ps__coll_t *c);
+
+/** Stages what ps__stage_prepare left unstaged, when the call is to go
+ * through the agent after all. Returns as ps__stage_buffers; 0 when nothing
+ * was left. */
+int ps__stage_deferred(ps__coll_t *c);
+
 /** Ends c's staging before c's last use of comm: when rc is 0, copies the
  * result to the caller's device buffer (which is untouched otherwise);
  * gives the pinned buffer back. Returns rc, or the copy's error, reported.
  * No-op returning rc when c staged nothing. */
 int ps__stage_end(ps__coll_t *c, int rc);
 
-/** Frees the comm's cached pinned buffer (finalize). */
+/** Frees the comm's cached pinned buffer and closes the other ranks'
+ * device allocations it mapped (finalize). */
 void ps__stage_free(ps_comm_t *comm);
 
 /* ---- shared memory (shm.c) ---- */
@@ -309,6 +344,13 @@ int ps__peer_wanted(ps_comm_t *comm);
 /** Whether c takes peer copies: decided alike on every rank of its group,
  * before it takes a sequence number. */
 int ps__peer_takes(const ps__coll_t *c);
+
+/** Whether device peer copies may read device inputs where they lie (CUDA
+ * IPC): not with PARAMSYNC_CUDA_IPC=0. */
+int ps__peer_ipc_wanted(void);
+
+/** Closes every device allocation of another rank that comm mapped. */
+void ps__peer_ipc_close_all(ps_comm_t *comm);
 
 /** Makes room for the ranks' descriptors: 0 or PS_ENOMEM (c->peer_descs). */
 int ps__peer_prepare(ps__coll_t *c);

@@ -26,6 +26,17 @@
  * and before it takes a sequence number, from JoinEvent.peer_sets, whether
  * a call takes this path at all: the daemon matches calls by (group, seq)
  * and needs no numbers in order, so the unused ones are simply skipped.
+ *
+ * Device peer copies: when every rank's input is CUDA device memory (and
+ * PARAMSYNC_CUDA_IPC is not 0), the descriptors also carry the CUDA IPC
+ * handle of the allocation each input lies in. A rank opens the others'
+ * (once: the mappings are kept for later calls, 16 at most) and copies its
+ * blocks device to device, into a device or host output; nothing crosses
+ * host memory, and the client stages nothing (device.c). Each rank waits
+ * for the work before its call on the legacy default stream (and so on
+ * blocking streams) before step 1, and for its copies before step 3. A mix
+ * of device and host inputs, or a handle a rank cannot open, sends the call
+ * through the agent as above, the device buffers staged only then.
  */
 #include "internal.h"
 
@@ -54,7 +65,7 @@
  * all. Past this many ranks (on one host) they would outweigh the blocks. */
 #define PEER_MAX_ALL_TO_ALL_RANKS 64
 
-#define PEER_MAGIC UINT64_C(0x3170656572737370) /* "pssreep1" */
+#define PEER_MAGIC UINT64_C(0x3270656572737370) /* "pssreep2" */
 
 /*
  * What each rank tells the others (step 1), as 64-bit words in this host's
@@ -63,14 +74,30 @@
  *
  *   0 PEER_MAGIC      1 the device and 2 the inode of its PID namespace
  *   3 the address of its nonce and 4 the nonce
- *   5 its pid (low 32 bits) and whether its buffers suit peer copies (bit 32:
+ *   5 its pid (low 32 bits), whether its buffers suit peer copies (bit 32:
  *     no overlap between input and output, but an all_gather's own block;
- *     neither in memory from ps_mem_alloc)
- *   6.. where its input's blocks are: an all_to_all's block for rank j in
- *     word 6 + j (a list of buffers need not lie end to end), an
- *     all_gather's one block in word 6
+ *     neither in memory from ps_mem_alloc) and whether its input is CUDA
+ *     device memory that the others may open (bit 33: device peer copies)
+ *   6 and 7, with bit 33: where the device allocation the input lies in
+ *     starts in this process, and its bytes; 8..15 its CUDA IPC handle
+ *   16.. where its input's blocks are: an all_to_all's block for rank j in
+ *     word 16 + j (a list of buffers need not lie end to end), an
+ *     all_gather's one block in word 16
  */
-enum { W_MAGIC, W_PIDNS_DEV, W_PIDNS_INO, W_NONCE_ADDR, W_NONCE, W_PID_FITS, W_BLOCKS };
+enum {
+    W_MAGIC,
+    W_PIDNS_DEV,
+    W_PIDNS_INO,
+    W_NONCE_ADDR,
+    W_NONCE,
+    W_PID_FITS,
+    W_DEV_BASE,
+    W_DEV_SIZE,
+    W_HANDLE,
+    W_BLOCKS = W_HANDLE + PS_GPU_IPC_HANDLE_BYTES / 8
+};
+#define FITS_HOST   (UINT64_C(1) << 32)
+#define FITS_DEVICE (UINT64_C(1) << 33)
 
 /* Whether each rank's input holds a block for every rank (all_to_all, a
  * scatter's root) rather than one (all_gather, gather). */
@@ -166,7 +193,7 @@ static void describe(const ps__coll_t *c, size_t block, uint64_t *d)
     int in_place = blocks_per_rank(c) ? c->hdr.kind == K(SCATTER) && c->out &&
                                             c->out == (const char *)c->in + me * block
                                       : c->out && c->in == (const char *)c->out + me * block;
-    uint64_t fits = in_place || !overlap(c->in, c->in_bytes, c->out, c->out_bytes);
+    int fits = in_place || !overlap(c->in, c->in_bytes, c->out, c->out_bytes);
     /* Memory from ps_mem_alloc the agent copies in place, between its
      * mappings: 1.1-2.2x faster at 16-64 MiB than reads that pin its shared
      * pages one by one (PERFORMANCE.md, "Peer copies"). */
@@ -177,22 +204,42 @@ static void describe(const ps__coll_t *c, size_t block, uint64_t *d)
      * payloads over gRPC, as asked. */
     if (ps__shm_off())
         fits = 0;
-    d[W_PID_FITS] = (uint64_t)(uint32_t)getpid() | fits << 32;
+    /* A device input is complete before any rank can read it. */
+    int device =
+        fits && c->peer_dev && ps_gpu_set_device(c->stage_device) == 0 && ps_gpu_fence() == 0;
+    if (c->peer_dev && !device)
+        fits = 0;
+    d[W_PID_FITS] = (uint64_t)(uint32_t)getpid() | (fits ? FITS_HOST : 0);
+    if (device) {
+        d[W_PID_FITS] |= FITS_DEVICE;
+        d[W_DEV_BASE] = c->peer_ipc.base;
+        d[W_DEV_SIZE] = c->peer_ipc.size;
+        memcpy(&d[W_HANDLE], c->peer_ipc.handle, PS_GPU_IPC_HANDLE_BYTES);
+    }
     for (size_t j = 0; c->in && j < nb; j++)
         d[W_BLOCKS + j] = (uint64_t)(uintptr_t)((const char *)c->in + j * block);
 }
 
-/* Whether every rank of the n descriptors at d (w words each) can be read
- * by every other. */
-static int all_fit(const uint64_t *d, int n, size_t w)
+/* How the n descriptors at d (w words each, blocks of `block` bytes) let
+ * every rank read every other: FITS_HOST from host memory, FITS_DEVICE from
+ * device memory (every rank's input, its blocks inside the allocation it
+ * names), or 0 not at all (a mix of the two among them). */
+static uint64_t all_fit(const uint64_t *d, int n, size_t w, size_t block)
 {
+    uint64_t how = d[W_PID_FITS] & FITS_DEVICE ? FITS_DEVICE : FITS_HOST;
     for (int i = 0; i < n; i++) {
         const uint64_t *x = d + (size_t)i * w;
-        if (x[W_MAGIC] != PEER_MAGIC || !(x[W_PID_FITS] >> 32) || !(uint32_t)x[W_PID_FITS] ||
+        if (x[W_MAGIC] != PEER_MAGIC || !(x[W_PID_FITS] & FITS_HOST) ||
+            (x[W_PID_FITS] & FITS_DEVICE) != (how & FITS_DEVICE) || !(uint32_t)x[W_PID_FITS] ||
             !x[W_PIDNS_INO] || x[W_PIDNS_DEV] != d[W_PIDNS_DEV] || x[W_PIDNS_INO] != d[W_PIDNS_INO])
             return 0;
+        /* A read past an allocation would fault the reader's CUDA context. */
+        for (size_t j = W_BLOCKS; how == FITS_DEVICE && j < w; j++)
+            if (x[j] < x[W_DEV_BASE] || x[W_DEV_SIZE] < block ||
+                x[j] - x[W_DEV_BASE] > x[W_DEV_SIZE] - block)
+                return 0;
     }
-    return 1;
+    return how;
 }
 
 /* Reads one block of rank x (its block `which`) into `to`, with x's nonce
@@ -208,30 +255,165 @@ static int read_block(const uint64_t *x, size_t which, void *to, size_t block)
     return got == (ssize_t)(sizeof(seen) + block) && seen == x[W_NONCE] ? 0 : -1;
 }
 
+int ps__peer_ipc_wanted(void)
+{
+    const char *ipc = getenv("PARAMSYNC_CUDA_IPC");
+    return !(ipc && strcmp(ipc, "0") == 0);
+}
+
+/* Maps the device allocation that descriptor x names (another process's),
+ * or finds it mapped: its address here, or NULL. *slot is its place in the
+ * comm's maps, -1 when it is mapped for this copy alone (every slot busy):
+ * ipc_unmap gives it back. */
+static void *ipc_map(ps_comm_t *comm, const uint64_t *x, int *slot)
+{
+    uint32_t pid = (uint32_t)x[W_PID_FITS];
+    void *at = NULL;
+    pthread_mutex_lock(&comm->lock);
+    int free_at = -1, oldest = -1;
+    for (int i = 0; i < PS__IPC_MAPS; i++) {
+        ps__ipc_map_t *m = &comm->ipc_maps[i];
+        if (!m->at) {
+            free_at = free_at < 0 ? i : free_at;
+        } else if (m->pid == pid && !memcmp(m->handle, &x[W_HANDLE], sizeof(m->handle))) {
+            m->users++;
+            m->used = ++comm->ipc_clock;
+            *slot = i;
+            pthread_mutex_unlock(&comm->lock);
+            return m->at;
+        } else if (!m->users && (oldest < 0 || m->used < comm->ipc_maps[oldest].used)) {
+            oldest = i;
+        }
+    }
+    /* A full table gives up the mapping used longest ago, which no copy reads now. */
+    if (free_at < 0 && oldest >= 0) {
+        (void)ps_gpu_ipc_close(comm->ipc_maps[oldest].at);
+        comm->ipc_maps[oldest].at = NULL;
+        free_at = oldest;
+    }
+    ps_gpu_ipc_t ipc;
+    memcpy(ipc.handle, &x[W_HANDLE], sizeof(ipc.handle));
+    ipc.base = x[W_DEV_BASE];
+    ipc.size = x[W_DEV_SIZE];
+    if (ps_gpu_ipc_open(&ipc, &at) != 0) {
+        at = NULL;
+    } else if (free_at >= 0) {
+        ps__ipc_map_t *m = &comm->ipc_maps[free_at];
+        m->at = at;
+        m->pid = pid;
+        memcpy(m->handle, ipc.handle, sizeof(m->handle));
+        m->users = 1;
+        m->used = ++comm->ipc_clock;
+    }
+    *slot = free_at;
+    pthread_mutex_unlock(&comm->lock);
+    return at;
+}
+
+static void ipc_unmap(ps_comm_t *comm, int slot, void *at)
+{
+    pthread_mutex_lock(&comm->lock);
+    if (slot >= 0)
+        comm->ipc_maps[slot].users--;
+    else
+        (void)ps_gpu_ipc_close(at);
+    pthread_mutex_unlock(&comm->lock);
+}
+
+void ps__peer_ipc_close_all(ps_comm_t *comm)
+{
+    for (int i = 0; i < PS__IPC_MAPS; i++) {
+        (void)ps_gpu_ipc_close(comm->ipc_maps[i].at);
+        comm->ipc_maps[i].at = NULL;
+    }
+}
+
+/* Where pull reads the other ranks' blocks: their host memory
+ * (process_vm_readv, how FITS_HOST), or their device memory (how
+ * FITS_DEVICE: copies enqueued on the legacy stream of the current device,
+ * each allocation mapped here held until they are done). */
+typedef struct source {
+    ps_comm_t *comm;
+    uint64_t how;
+    int nheld;
+    int *slots; /* ipc_map's slot of each mapping held */
+    void **at;
+} source_t;
+
+/* Reads block `which` of rank x into `to`, or enqueues the copy: 0, or -1
+ * if it cannot be read (or x's device allocation cannot be opened). */
+static int read_from(source_t *src, const uint64_t *x, size_t which, void *to, size_t block)
+{
+    if (src->how != FITS_DEVICE)
+        return read_block(x, which, to, block);
+    uint64_t addr = x[W_BLOCKS + which];
+    const void *from = (const void *)(uintptr_t)addr;
+    /* A rank of this same process: its device address is valid here. */
+    if ((uint32_t)x[W_PID_FITS] != (uint32_t)getpid()) {
+        int slot;
+        uint8_t *base = ipc_map(src->comm, x, &slot);
+        if (!base)
+            return -1;
+        src->slots[src->nheld] = slot;
+        src->at[src->nheld++] = base;
+        from = base + (addr - x[W_DEV_BASE]);
+    }
+    return ps_gpu_memcpy_async(to, from, block, NULL) == 0 ? 0 : -1;
+}
+
+/* Copies this rank's own block from its input into its output. */
+static int copy_own(const source_t *src, void *to, const void *from, size_t block)
+{
+    if (src->how == FITS_DEVICE)
+        return ps_gpu_memcpy_async(to, from, block, NULL) == 0 ? 0 : -1;
+    memcpy(to, from, block);
+    return 0;
+}
+
 /* Reads this rank's blocks from the others (all_to_all and all_gather:
  * every other rank's; a gather's root: every other rank's; a scatter's
  * other ranks: the root's) and copies its own: 0, or -1 if any could not
  * be read. */
-static int pull(const ps__coll_t *c, const uint64_t *d, int n, size_t block)
+static int pull_blocks(const ps__coll_t *c, source_t *src, const uint64_t *d, int n, size_t block)
 {
     Paramsync__V1__CollectiveKind k = c->hdr.kind;
     int me = (int)c->hdr.rank, root = (int)c->hdr.root;
     size_t w = desc_words(c), which = blocks_per_rank(c) ? (size_t)me : 0;
     char *out = c->out;
     if (k == K(SCATTER) && me != root)
-        return read_block(d + (size_t)root * w, which, out, block);
+        return read_from(src, d + (size_t)root * w, which, out, block);
     if (k == K(GATHER) && me != root)
         return 0; /* it only lends its input */
     for (int j = 1; k != K(SCATTER) && j < n; j++) {
         int i = (me + j) % n; /* not every rank at rank 0 first */
-        if (read_block(d + (size_t)i * w, which, out + (size_t)i * block, block) < 0)
+        if (read_from(src, d + (size_t)i * w, which, out + (size_t)i * block, block) < 0)
             return -1;
     }
     const char *from = (const char *)c->in + which * block;
     char *to = k == K(SCATTER) ? out : out + (size_t)me * block;
-    if (to != from)
-        memcpy(to, from, block);
-    return 0;
+    return to != from ? copy_own(src, to, from, block) : 0;
+}
+
+/* pull_blocks from memory of kind `how`: 0 or -1. From device memory every
+ * copy is done, and this rank's output written, when it returns, also after
+ * a failure: no rank says it is done (step 3) while its copies still run. */
+static int pull(const ps__coll_t *c, const uint64_t *d, int n, size_t block, uint64_t how)
+{
+    source_t src = {c->comm, how, 0, NULL, NULL};
+    if (how != FITS_DEVICE)
+        return pull_blocks(c, &src, d, n, block);
+    src.slots = calloc((size_t)n, sizeof(*src.slots));
+    src.at = calloc((size_t)n, sizeof(*src.at));
+    int rc = src.slots && src.at && ps_gpu_set_device(c->stage_device) == 0
+                 ? pull_blocks(c, &src, d, n, block)
+                 : -1;
+    if (ps_gpu_stream_synchronize(NULL) != 0)
+        rc = -1;
+    for (int i = 0; i < src.nheld; i++)
+        ipc_unmap(c->comm, src.slots[i], src.at[i]);
+    free(src.slots);
+    free(src.at);
+    return rc;
 }
 
 int ps__peer_prepare(ps__coll_t *c)
@@ -265,21 +447,21 @@ int ps__peer_run(ps__coll_t *c, int *rc)
     describe(c, block, mine);
     *rc = ps__coll_sub(c, step_name(c, 0), K(ALL_GATHER), PS_SUM, PS_UINT8, w * sizeof(*mine), mine,
                        all, seq);
-    int fit = *rc == 0 && all_fit(all, n, w);
-    if (fit)
+    uint64_t how = *rc == 0 ? all_fit(all, n, w, block) : 0;
+    if (how == FITS_HOST)
         ps__collapse_buffers(c);
-    int32_t failed = fit && pull(c, all, n, block) < 0;
+    int32_t failed = how && pull(c, all, n, block, how) < 0;
     free(all);
     if (*rc < 0)
         return 1;
-    if (!fit) {
-        c->hdr.seq = seq + 1;
-        return 0;
+    if (how) {
+        *rc = ps__coll_sub(c, step_name(c, 1), K(ALL_REDUCE), PS_MAX, PS_INT32, 1, &failed, &failed,
+                           seq + 1);
+        if (*rc < 0 || !failed)
+            return 1;
     }
-    *rc = ps__coll_sub(c, step_name(c, 1), K(ALL_REDUCE), PS_MAX, PS_INT32, 1, &failed, &failed,
-                       seq + 1);
-    if (*rc < 0 || !failed)
-        return 1;
-    c->hdr.seq = seq + 2;
-    return 0;
+    c->hdr.seq = seq + (how ? 2 : 1);
+    /* Through the agent: a device input left where it lay is staged now. */
+    *rc = ps__stage_deferred(c);
+    return *rc < 0;
 }

@@ -2,8 +2,10 @@
  *
  * Apart from the reduce launches (gpu.c), so that a program that only moves memory (the C client
  * staging device buffers) links this object and not the kernels of gpu_kernels.cu. */
+#include <pthread.h>
 #include <string.h>
 
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include "gpu_internal.h"
@@ -184,4 +186,88 @@ void ps_gpu_stream_destroy(ps_gpu_stream_t stream)
 int ps_gpu_stream_synchronize(ps_gpu_stream_t stream)
 {
     return ps__gpu_result(cudaStreamSynchronize((cudaStream_t)stream));
+}
+
+int ps_gpu_fence(void)
+{
+    cudaEvent_t ev;
+    int err = ps__gpu_result(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    if (err != 0)
+        return err;
+    /* An event recorded on the legacy stream, like any work there, comes
+     * after the work of the blocking streams enqueued before it. */
+    err = ps__gpu_result(cudaEventRecord(ev, (cudaStream_t)0));
+    if (err == 0)
+        err = ps__gpu_result(cudaEventSynchronize(ev));
+    (void)ps__gpu_result(cudaEventDestroy(ev));
+    return err;
+}
+
+/* The driver's cuMemGetAddressRange, which the runtime does not offer: the
+ * allocation a pointer lies in. Taken from the driver the runtime loaded
+ * (no link with libcuda), once. */
+typedef CUresult (*get_range_fn)(CUdeviceptr *base, size_t *size, CUdeviceptr ptr);
+static get_range_fn get_range;
+static pthread_once_t get_range_once = PTHREAD_ONCE_INIT;
+
+static void get_range_load(void)
+{
+    void *fn = NULL;
+    enum cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault,
+                                         &found) == cudaSuccess &&
+        found == cudaDriverEntryPointSuccess)
+        get_range = (get_range_fn)fn;
+    else
+        (void)cudaGetLastError();
+}
+
+int ps_gpu_ipc_export(const void *ptr, ps_gpu_ipc_t *out)
+{
+    if (ptr == NULL || out == NULL)
+        return PS_EINVAL;
+    struct cudaPointerAttributes attr;
+    int err = ps__gpu_result(cudaPointerGetAttributes(&attr, ptr));
+    if (err != 0)
+        return err;
+    if (attr.type != cudaMemoryTypeDevice)
+        return PS_EINVAL; /* host or managed memory has no IPC handle */
+    pthread_once(&get_range_once, get_range_load);
+    if (get_range == NULL)
+        return PS_EUNAVAIL;
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    if (get_range(&base, &size, (CUdeviceptr)(uintptr_t)ptr) != CUDA_SUCCESS)
+        return PS_EINVAL;
+    cudaIpcMemHandle_t h;
+    err = ps__gpu_result(cudaIpcGetMemHandle(&h, (void *)(uintptr_t)base));
+    if (err != 0)
+        return err == PS_EINTERNAL ? PS_EINVAL : err; /* e.g. memory of a VMM pool */
+    memcpy(out->handle, &h, sizeof(h) < sizeof(out->handle) ? sizeof(h) : sizeof(out->handle));
+    out->base = (uint64_t)base;
+    out->size = (uint64_t)size;
+    return 0;
+}
+
+int ps_gpu_ipc_open(const ps_gpu_ipc_t *ipc, void **base)
+{
+    if (ipc == NULL || base == NULL)
+        return PS_EINVAL;
+    cudaIpcMemHandle_t h;
+    memcpy(&h, ipc->handle, sizeof(h));
+    void *p = NULL;
+    int err = ps__gpu_result(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess));
+    /* Whatever else went wrong, the handle cannot be opened here (one of
+     * this process, of a process gone, of another host). */
+    if (err != 0)
+        return err == PS_EUNAVAIL || err == PS_ENOMEM ? err : PS_EINVAL;
+    *base = p;
+    return 0;
+}
+
+int ps_gpu_ipc_close(void *base)
+{
+    if (base == NULL)
+        return 0;
+    return ps__gpu_result(cudaIpcCloseMemHandle(base));
 }

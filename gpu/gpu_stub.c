@@ -121,6 +121,30 @@ int ps_gpu_stream_synchronize(ps_gpu_stream_t stream)
     return PS_EUNAVAIL;
 }
 
+int ps_gpu_fence(void)
+{
+    return PS_EUNAVAIL;
+}
+
+int ps_gpu_ipc_export(const void *ptr, ps_gpu_ipc_t *out)
+{
+    if (ptr == NULL || out == NULL)
+        return PS_EINVAL;
+    return PS_EUNAVAIL;
+}
+
+int ps_gpu_ipc_open(const ps_gpu_ipc_t *ipc, void **base)
+{
+    if (ipc == NULL || base == NULL)
+        return PS_EINVAL;
+    return PS_EUNAVAIL;
+}
+
+int ps_gpu_ipc_close(void *base)
+{
+    return base == NULL ? 0 : PS_EUNAVAIL;
+}
+
 int ps_gpu_stager_create(ps_gpu_stager_t **out, int device, size_t max_srcs, size_t chunk_bytes)
 {
     (void)chunk_bytes;

@@ -195,6 +195,49 @@ PS_EXPORT void ps_gpu_stream_destroy(ps_gpu_stream_t stream);
  */
 PS_EXPORT int ps_gpu_stream_synchronize(ps_gpu_stream_t stream);
 
+/**
+ * Waits until the work enqueued before it on the legacy default stream of
+ * the current device has finished, and with it the work of the blocking
+ * streams that stream waits for (what a copy on stream NULL would wait for
+ * before it started). Returns 0 or a mapped CUDA error.
+ */
+PS_EXPORT int ps_gpu_fence(void);
+
+/*
+ * Device memory of one process read by another on the same host (CUDA IPC).
+ * The exporter describes the allocation its pointer lies in; another process
+ * opens that description once, at an address of its own, and reads the
+ * bytes at the same offsets from the allocation's start.
+ */
+#define PS_GPU_IPC_HANDLE_BYTES 64
+
+typedef struct ps_gpu_ipc {
+    unsigned char handle[PS_GPU_IPC_HANDLE_BYTES]; /* cudaIpcMemHandle_t */
+    uint64_t base; /* where the allocation starts in the exporting process */
+    uint64_t size; /* its bytes */
+} ps_gpu_ipc_t;
+
+/**
+ * Describes the device allocation (cudaMalloc) that ptr lies in, for
+ * ps_gpu_ipc_open in another process. Returns 0; PS_EINVAL for NULL
+ * arguments or memory CUDA cannot export (host, managed, or from an
+ * allocator without IPC); PS_EUNAVAIL without a device.
+ */
+PS_EXPORT int ps_gpu_ipc_export(const void *ptr, ps_gpu_ipc_t *out);
+
+/**
+ * Maps another process's allocation into this one, on the current device
+ * (peer access enabled where it is another): *base is where its first byte
+ * is here, until ps_gpu_ipc_close(*base). A process cannot open its own
+ * allocations (they are at ipc->base already). Returns 0; PS_EINVAL for NULL
+ * arguments, a handle of this process or one that names no allocation; a
+ * mapped CUDA error.
+ */
+PS_EXPORT int ps_gpu_ipc_open(const ps_gpu_ipc_t *ipc, void **base);
+
+/** Unmaps what ps_gpu_ipc_open mapped at base. Accepts NULL. Returns 0 or a mapped CUDA error. */
+PS_EXPORT int ps_gpu_ipc_close(void *base);
+
 /*
  * Host data reduced on a device: the stager.
  *

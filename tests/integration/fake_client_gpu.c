@@ -10,11 +10,22 @@
  * staged its last call (fake_client_gpu_last_pinned), so the scenario can check
  * the path the bytes took. DMA, streams and devices other than one are left to
  * the real `device` scenarios on a GPU.
+ *
+ * CUDA IPC: a "device" buffer is a shared mapping of a memfd of its own, and
+ * its IPC handle names the process and that file descriptor, which another
+ * process opens through /proc/PID/fd (the same permission peer copies need)
+ * and maps: device peer copies then read the other ranks' "device" inputs
+ * across processes as CUDA IPC would. PS_FAKEGPU_IPC_OPEN=fail refuses every
+ * open, as a driver that cannot open another process's handle would.
  */
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <paramsync/gpu.h>
 
@@ -25,13 +36,18 @@
 typedef struct block {
     const uint8_t *p;
     size_t bytes;
+    int fd;          /* a device buffer's memfd; -1 for one mapped from another process */
+    uint64_t serial; /* a device buffer's number among this process's allocations */
 } block_t;
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static block_t dev[MAX_BLOCKS];    /* ps_gpu_malloc */
+static block_t dev[MAX_BLOCKS];    /* ps_gpu_malloc, and what ps_gpu_ipc_open mapped */
 static block_t pinned[MAX_BLOCKS]; /* ps_gpu_host_alloc and ps_gpu_host_register */
 static const void *last_pinned;
 static int device_now;
+static int ipc_reads; /* copies from another process's device buffer */
+
+#define IPC_MAGIC UINT64_C(0x31637069656b6166) /* "fakeipc1" */
 
 /* Lock held. */
 static block_t *find(block_t *t, const void *p)
@@ -51,20 +67,29 @@ static int add(block_t *t, const void *p, size_t bytes)
             free_slot = &t[i];
     if (!free_slot)
         return PS_ENOMEM;
-    *free_slot = (block_t){p, bytes};
+    *free_slot = (block_t){p, bytes, -1, 0};
     return 0;
 }
 
-/* Removes the block starting at p: 0, or PS_EINVAL when there is none. */
-static int drop(block_t *t, const void *p)
+/* Removes the block starting at p: 0 with its memfd in *fd (when fd is
+ * not NULL), or PS_EINVAL when there is none. */
+static int drop_fd(block_t *t, const void *p, int *fd)
 {
     pthread_mutex_lock(&lock);
     block_t *b = find(t, p);
     int ok = b && b->p == p;
-    if (ok)
-        *b = (block_t){NULL, 0};
+    if (ok) {
+        if (fd)
+            *fd = b->fd;
+        *b = (block_t){NULL, 0, -1, 0};
+    }
     pthread_mutex_unlock(&lock);
     return ok ? 0 : PS_EINVAL;
+}
+
+static int drop(block_t *t, const void *p)
+{
+    return drop_fd(t, p, NULL);
 }
 
 int ps_gpu_device_count(int *count)
@@ -116,15 +141,113 @@ static int alloc_in(block_t *t, void **ptr, size_t bytes)
     return 0;
 }
 
+/* Maps bytes of fd shared into this process and lists them as device
+ * memory (with fd, or -1): 0 with *ptr, or a PS_E* code. */
+static int map_device(int fd, size_t bytes, int own_fd, void **ptr)
+{
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED)
+        return PS_ENOMEM;
+    pthread_mutex_lock(&lock);
+    static uint64_t serials;
+    int rc = add(dev, p, bytes);
+    if (rc == 0) {
+        find(dev, p)->fd = own_fd;
+        find(dev, p)->serial = ++serials;
+    }
+    pthread_mutex_unlock(&lock);
+    if (rc < 0) {
+        munmap(p, bytes);
+        return rc;
+    }
+    *ptr = p;
+    return 0;
+}
+
 int ps_gpu_malloc(void **ptr, size_t bytes)
 {
-    return alloc_in(dev, ptr, bytes);
+    if (!ptr || !bytes)
+        return PS_EINVAL;
+    int fd = memfd_create("fake-device", MFD_CLOEXEC);
+    if (fd < 0)
+        return PS_ENOMEM;
+    int rc = ftruncate(fd, (off_t)bytes) == 0 ? map_device(fd, bytes, fd, ptr) : PS_ENOMEM;
+    if (rc < 0)
+        close(fd);
+    return rc;
+}
+
+/* Unmaps a device buffer: one of ps_gpu_malloc's (and closes its memfd) or
+ * one that ps_gpu_ipc_open mapped. */
+static int unmap_device(void *ptr)
+{
+    pthread_mutex_lock(&lock);
+    block_t *b = find(dev, ptr);
+    size_t bytes = b && b->p == ptr ? b->bytes : 0;
+    pthread_mutex_unlock(&lock);
+    int fd = -1;
+    if (!bytes || drop_fd(dev, ptr, &fd) != 0)
+        return PS_EINVAL;
+    munmap(ptr, bytes);
+    if (fd >= 0)
+        close(fd);
+    return 0;
 }
 
 void ps_gpu_free(void *ptr)
 {
-    if (ptr && drop(dev, ptr) == 0)
-        free(ptr);
+    if (ptr)
+        (void)unmap_device(ptr);
+}
+
+int ps_gpu_fence(void)
+{
+    return 0;
+}
+
+int ps_gpu_ipc_export(const void *ptr, ps_gpu_ipc_t *out)
+{
+    if (!ptr || !out)
+        return PS_EINVAL;
+    pthread_mutex_lock(&lock);
+    block_t *b = find(dev, ptr);
+    block_t at = b ? *b : (block_t){NULL, 0, -1, 0};
+    pthread_mutex_unlock(&lock);
+    if (at.fd < 0)
+        return PS_EINVAL; /* host memory, or another process's buffer */
+    /* Like CUDA's, a handle names one allocation: fd numbers come back. */
+    uint64_t h[4] = {IPC_MAGIC, (uint64_t)getpid(), (uint64_t)at.fd, at.serial};
+    memset(out, 0, sizeof(*out));
+    memcpy(out->handle, h, sizeof(h));
+    out->base = (uint64_t)(uintptr_t)at.p;
+    out->size = at.bytes;
+    return 0;
+}
+
+int ps_gpu_ipc_open(const ps_gpu_ipc_t *ipc, void **base)
+{
+    if (!ipc || !base)
+        return PS_EINVAL;
+    uint64_t h[3];
+    memcpy(h, ipc->handle, sizeof(h));
+    const char *refuse = getenv("PS_FAKEGPU_IPC_OPEN");
+    if (h[0] != IPC_MAGIC || h[1] == (uint64_t)getpid() || !ipc->size ||
+        (refuse && strcmp(refuse, "fail") == 0))
+        return PS_EINVAL;
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%llu/fd/%llu", (unsigned long long)h[1],
+             (unsigned long long)h[2]);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+        return PS_EINVAL;
+    int rc = map_device(fd, ipc->size, -1, base);
+    close(fd);
+    return rc;
+}
+
+int ps_gpu_ipc_close(void *base)
+{
+    return base ? unmap_device(base) : 0;
 }
 
 int ps_gpu_host_alloc(void **ptr, size_t bytes)
@@ -161,7 +284,10 @@ int ps_gpu_memcpy_async(void *dst, const void *src, size_t bytes, ps_gpu_stream_
     if (bytes && (!dst || !src))
         return PS_EINVAL;
     pthread_mutex_lock(&lock);
-    int dst_dev = find(dev, dst) != NULL, src_dev = find(dev, src) != NULL;
+    block_t *from = find(dev, src);
+    int dst_dev = find(dev, dst) != NULL, src_dev = from != NULL;
+    if (from && from->fd < 0)
+        ipc_reads++;
     if (dst_dev != src_dev) {
         const void *host = dst_dev ? src : dst;
         if (find(pinned, host))
@@ -185,4 +311,13 @@ const void *fake_client_gpu_last_pinned(void)
     last_pinned = NULL;
     pthread_mutex_unlock(&lock);
     return p;
+}
+
+int fake_client_gpu_ipc_reads(void)
+{
+    pthread_mutex_lock(&lock);
+    int n = ipc_reads;
+    ipc_reads = 0;
+    pthread_mutex_unlock(&lock);
+    return n;
 }

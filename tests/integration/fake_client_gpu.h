@@ -7,4 +7,8 @@
  * was none since the last ask; asking forgets it. */
 const void *fake_client_gpu_last_pinned(void);
 
+/* How many copies read another process's device buffer (device peer copies
+ * over the fake CUDA IPC) since the last call. */
+int fake_client_gpu_ipc_reads(void);
+
 #endif

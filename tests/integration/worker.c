@@ -2427,14 +2427,23 @@ static int check_i32(const char *what, const int32_t *got, size_t count,
 /* Built with the fake CUDA (ps-test-worker-fakegpu), checks where the client
  * staged the last call's device buffers: in pinned memory, and with
  * PS_TEST_STAGE_SEGMENT=1 in a segment the agent maps (the agent then works
- * in it where it lies), with 0 in memory of the client's own. A real device
- * cannot tell: nothing to check there. */
+ * in it where it lies), with 0 in memory of the client's own; with `ipc`,
+ * nowhere: the ranks read each other's device inputs (device peer copies).
+ * A real device cannot tell: nothing to check there. */
 static int staged_as(ctx_t *cx, const char *what, const char *want_var)
 {
 #ifdef PS_TEST_FAKE_CLIENT_GPU
     const void *p = fake_client_gpu_last_pinned();
+    int ipc_reads = fake_client_gpu_ipc_reads();
+    const char *want = want_var ? getenv(want_var) : NULL;
+    if (want && strcmp(want, "ipc") == 0) {
+        CHECK(p == NULL && ipc_reads == cx->size - 1,
+              "%s: staged (%d) and %d reads of other ranks' device buffers, expected none and %d",
+              what, p != NULL, ipc_reads, cx->size - 1);
+        return 0;
+    }
+    CHECK(ipc_reads == 0, "%s: %d reads of other ranks' device buffers", what, ipc_reads);
     CHECK(p != NULL, "%s: the device buffers were not staged through pinned memory", what);
-    const char *want = getenv(want_var);
     if (want) {
         int shared = ps_mem_is_shared(cx->comm, p);
         CHECK(shared == atoi(want), "%s: staged in %s", what,
@@ -2497,14 +2506,20 @@ static void fill_i32(int32_t *p, size_t count, int64_t (*f)(size_t, int, int), i
 }
 
 /* An all_gather of device buffers large enough (4 MiB a rank) for peer
- * copies where the ranks share an agent: they read each other's staged input
- * where it lies, so the client stages it in memory of its own, not in a
- * segment (PS_TEST_STAGE_PEER says which the fake CUDA must have seen). */
-static int dv_big_all_gather(ctx_t *cx)
+ * copies where the ranks share an agent: they read each other's device
+ * inputs where they lie (device peer copies: nothing staged), or, without
+ * CUDA IPC, each other's staged inputs, which the client then stages in
+ * memory of its own, not in a segment (PS_TEST_STAGE_PEER says which the
+ * fake CUDA must have seen). With `mixed`, the odd ranks' inputs are host
+ * memory: the ranks cannot all read alike, and the call goes through the
+ * agent, the even ranks' device inputs staged only then. */
+static int dv_big_all_gather(ctx_t *cx, int mixed)
 {
     int r = cx->rank, n = cx->size;
     const size_t c = ((size_t)1 << 20) + 1, all = (size_t)n * c;
     int32_t *host = malloc(all * sizeof(int32_t)), *din = NULL, *dout = NULL;
+    const char *what = mixed ? "all_gather (4 MiB a rank, odd ranks' inputs on the host)"
+                             : "all_gather (4 MiB a rank)";
     int rc = host ? 0 : fail("out of memory");
     for (size_t i = 0; rc == 0 && i < c; i++)
         host[i] = (int32_t)(r * 7 + (int)(i % 1000));
@@ -2512,20 +2527,49 @@ static int dv_big_all_gather(ctx_t *cx)
         rc = dev_put(&din, host, c);
     if (rc == 0)
         rc = dev_put(&dout, host, all);
-    if (rc == 0 && (rc = ps_all_gather(cx->comm, dout, din, c, PS_INT32, NULL)) != 0)
-        rc = fail("all_gather (4 MiB a rank) returned %d (%s)", rc, ps_strerror(rc));
+    const void *in = mixed && r % 2 ? (const void *)host : din;
+    if (rc == 0 && (rc = ps_all_gather(cx->comm, dout, in, c, PS_INT32, NULL)) != 0)
+        rc = fail("%s returned %d (%s)", what, rc, ps_strerror(rc));
     if (rc == 0)
-        rc = staged_as(cx, "all_gather (4 MiB a rank)", "PS_TEST_STAGE_PEER");
+        rc = staged_as(cx, what, mixed ? NULL : "PS_TEST_STAGE_PEER");
     if (rc == 0)
         rc = dev_get(host, dout, all);
     for (size_t i = 0; rc == 0 && i < all; i++) {
         int32_t want = (int32_t)((int)(i / c) * 7 + (int)(i % c % 1000));
         if (host[i] != want)
-            rc =
-                fail("all_gather (4 MiB a rank): element %zu is %d, expected %d", i, host[i], want);
+            rc = fail("%s: element %zu is %d, expected %d", what, i, host[i], want);
     }
     ps_gpu_free(din);
     ps_gpu_free(dout);
+    free(host);
+    return rc;
+}
+
+/* An all_to_all of device buffers, 1 MiB a block, which peer copies take
+ * where the ranks share an agent: rank r's block j holds r * 1000 + j * 7 +
+ * i % 97, and arrives as block r of rank j's output, here on the host. */
+static int dv_big_all_to_all(ctx_t *cx)
+{
+    int r = cx->rank, n = cx->size;
+    const size_t c = ((size_t)1 << 18) + 3, all = (size_t)n * c;
+    int32_t *host = malloc(all * sizeof(int32_t)), *out = calloc(all, sizeof(int32_t));
+    int32_t *din = NULL;
+    int rc = host && out ? 0 : fail("out of memory");
+    for (size_t i = 0; rc == 0 && i < all; i++)
+        host[i] = (int32_t)(r * 1000 + (int)(i / c) * 7 + (int)(i % c % 97));
+    if (rc == 0)
+        rc = dev_put(&din, host, all);
+    if (rc == 0 && (rc = ps_all_to_all(cx->comm, out, din, c, PS_INT32, NULL)) != 0)
+        rc = fail("all_to_all (1 MiB blocks) returned %d (%s)", rc, ps_strerror(rc));
+    if (rc == 0)
+        rc = staged_as(cx, "all_to_all (1 MiB blocks)", "PS_TEST_STAGE_PEER");
+    for (size_t i = 0; rc == 0 && i < all; i++) {
+        int32_t want = (int32_t)((int)(i / c) * 1000 + r * 7 + (int)(i % c % 97));
+        if (out[i] != want)
+            rc = fail("all_to_all (1 MiB blocks): element %zu is %d, expected %d", i, out[i], want);
+    }
+    ps_gpu_free(din);
+    free(out);
     free(host);
     return rc;
 }
@@ -2578,7 +2622,9 @@ static int sc_device_body(ctx_t *cx, int32_t *host, int32_t *host2, int32_t **de
     CHECK_OK(ps_all_gather(cx->comm, host2, dev[0], c, PS_INT32, NULL));
     TRY(staged(cx, "all_gather (device in, host out)"));
     TRY(check_i32("all_gather (device in, host out)", host2, all, dv_gathered, r, n));
-    TRY(dv_big_all_gather(cx));
+    TRY(dv_big_all_gather(cx, 0));
+    TRY(dv_big_all_gather(cx, 1));
+    TRY(dv_big_all_to_all(cx));
 
     /* reduce_scatter: n blocks in, one block out, both on the device. */
     fill_i32(host2, all, dv_rs_in, r, n);

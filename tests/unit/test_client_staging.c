@@ -130,6 +130,31 @@ int ps_gpu_stream_synchronize(ps_gpu_stream_t stream)
     return 0;
 }
 
+/* No CUDA IPC here: calls that peer copies take stage their device buffers
+ * as every other call does (the integration worker's fake CUDA has IPC). */
+int ps_gpu_fence(void)
+{
+    return 0;
+}
+
+int ps_gpu_ipc_export(const void *ptr, ps_gpu_ipc_t *out)
+{
+    (void)ptr, (void)out;
+    return PS_EUNAVAIL;
+}
+
+int ps_gpu_ipc_open(const ps_gpu_ipc_t *ipc, void **base)
+{
+    (void)ipc, (void)base;
+    return PS_EUNAVAIL;
+}
+
+int ps_gpu_ipc_close(void *base)
+{
+    (void)base;
+    return 0;
+}
+
 static void *dev_alloc(size_t bytes, int fill)
 {
     void *p = malloc(bytes);

@@ -117,6 +117,14 @@ static void test_other_argument_checks(void **state)
     assert_int_equal(ps_gpu_memcpy_async(&p, NULL, 8, NULL), PS_EINVAL);
     assert_int_equal(ps_gpu_memcpy_async(NULL, NULL, 0, NULL), 0);
     assert_int_equal(ps_gpu_stream_create(NULL), PS_EINVAL);
+    ps_gpu_ipc_t ipc;
+    memset(&ipc, 0, sizeof ipc);
+    assert_int_equal(ps_gpu_ipc_export(NULL, &ipc), PS_EINVAL);
+    assert_int_equal(ps_gpu_ipc_export(p, NULL), PS_EINVAL);
+    assert_int_equal(ps_gpu_ipc_open(NULL, &p), PS_EINVAL);
+    assert_int_equal(ps_gpu_ipc_open(&ipc, NULL), PS_EINVAL);
+    assert_ptr_equal(p, FAKE(0x12345678));
+    assert_int_equal(ps_gpu_ipc_close(NULL), 0);
     assert_int_equal(ps_gpu_stager_create(NULL, 0, 2, 0), PS_EINVAL);
     assert_int_equal(ps_gpu_stager_create(&stager, -1, 2, 0), PS_EINVAL);
     assert_int_equal(ps_gpu_stager_create(&stager, 0, 0, 0), PS_EINVAL);
@@ -195,6 +203,12 @@ static void test_without_a_device(void **state)
     assert_int_equal(ps_gpu_stream_synchronize(NULL), PS_EUNAVAIL);
     assert_int_equal(ps_gpu_stager_create(&stager, 0, 2, 0), PS_EUNAVAIL);
     assert_ptr_equal(stager, FAKE(0x6000));
+    assert_int_equal(ps_gpu_fence(), PS_EUNAVAIL);
+    ps_gpu_ipc_t ipc;
+    memset(&ipc, 0, sizeof ipc);
+    assert_int_equal(ps_gpu_ipc_export(d, &ipc), PS_EUNAVAIL);
+    assert_int_equal(ps_gpu_ipc_open(&ipc, &p), PS_EUNAVAIL);
+    assert_ptr_equal(p, FAKE(0x4000));
     assert_no_stale_cuda_error();
 }
 

@@ -335,6 +335,36 @@ static void test_pointers_and_errors(void **state)
     ps_gpu_host_free(h);
 }
 
+/* CUDA IPC descriptions: the allocation an interior pointer lies in, host
+ * memory refused, a process's own handle not opened here (another process
+ * opens it: integration.device's peer copies). */
+static void test_ipc_export(void **state)
+{
+    (void)state;
+    void *d = NULL, *h = NULL;
+    assert_int_equal(ps_gpu_malloc(&d, (size_t)3 << 20), 0);
+    assert_int_equal(ps_gpu_host_alloc(&h, 4096), 0);
+    ps_gpu_ipc_t a, b;
+    memset(&a, 0, sizeof a);
+    assert_int_equal(ps_gpu_ipc_export(d, &a), 0);
+    assert_int_equal(ps_gpu_ipc_export((char *)d + 12345, &b), 0);
+    assert_int_equal(a.base, (uint64_t)(uintptr_t)d);
+    assert_int_equal(b.base, (uint64_t)(uintptr_t)d);
+    assert_true(a.size >= ((size_t)3 << 20));
+    assert_memory_equal(a.handle, b.handle, sizeof a.handle);
+    memcpy(&b, &a, sizeof b);
+    assert_int_equal(ps_gpu_ipc_export(h, &b), PS_EINVAL);
+    int n = 0;
+    assert_int_equal(ps_gpu_ipc_export(&n, &b), PS_EINVAL);
+    assert_memory_equal(&a, &b, sizeof a); /* untouched by a refusal */
+    void *at = &n;
+    assert_int_equal(ps_gpu_ipc_open(&a, &at), PS_EINVAL);
+    assert_ptr_equal(at, &n);
+    assert_int_equal(ps_gpu_fence(), 0);
+    ps_gpu_free(d);
+    ps_gpu_host_free(h);
+}
+
 /*
  * ps_gpu_reduce_host: pageable, pinned and mixed host inputs, in place or
  * not, small chunks so that a run crosses many chunk (and slot) boundaries,
@@ -595,7 +625,7 @@ int main(void)
         cmocka_unit_test(test_multi_grid),          cmocka_unit_test(test_scale),
         cmocka_unit_test(test_half_exhaustive),     cmocka_unit_test(test_streams),
         cmocka_unit_test(test_reduce_host),         cmocka_unit_test(test_reduce_host_registered),
-        cmocka_unit_test(test_reduce_host_dsts),
+        cmocka_unit_test(test_reduce_host_dsts),    cmocka_unit_test(test_ipc_export),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

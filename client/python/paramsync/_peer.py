@@ -26,8 +26,13 @@ ALL_GATHER, GATHER, SCATTER, ALL_TO_ALL = (pb.CollectiveKind.ALL_GATHER, pb.Coll
                                            pb.CollectiveKind.ALL_TO_ALL)
 MIN_BYTES = {ALL_TO_ALL: 2 << 20, ALL_GATHER: 4 << 20, GATHER: 8 << 20, SCATTER: 4 << 20}
 MAX_ALL_TO_ALL_RANKS = 64  # all_to_all and scatter: descriptors of n words each
-MAGIC = 0x3170656572737370
-W_MAGIC, W_PIDNS_DEV, W_PIDNS_INO, W_NONCE_ADDR, W_NONCE, W_PID_FITS, W_BLOCKS = range(7)
+MAGIC = 0x3270656572737370
+# Words 6 to 15 describe a C rank's CUDA device input (device peer copies): 0 here, where
+# inputs are host memory; a rank whose input is device memory sets bit 33 of W_PID_FITS,
+# and a call whose ranks differ in it goes through the agent.
+W_MAGIC, W_PIDNS_DEV, W_PIDNS_INO, W_NONCE_ADDR, W_NONCE, W_PID_FITS = range(6)
+W_BLOCKS = 16
+FITS_HOST, FITS_DEVICE = 1 << 32, 1 << 33
 SEQS = 3  # sequence numbers a call that takes this path holds
 
 
@@ -120,7 +125,8 @@ def describe(me, ins, fits):
     (an all_to_all's or scatter root's n, an all_gather's or gather's one); fits: its
     buffers suit peer copies."""
     words = [MAGIC, me.pidns_dev, me.pidns_ino, me.nonce_address, me.nonce,
-             (os.getpid() & 0xFFFFFFFF) | (int(bool(fits)) << 32)]
+             (os.getpid() & 0xFFFFFFFF) | (FITS_HOST if fits else 0)]
+    words += [0] * (W_BLOCKS - len(words))
     words += ins
     return struct.pack("=%dQ" % len(words), *words)
 
@@ -130,7 +136,8 @@ def all_fit(descs, n, words):
     d = struct.unpack("=%dQ" % (n * words), descs)
     for i in range(n):
         x = d[i * words:(i + 1) * words]
-        if (x[W_MAGIC] != MAGIC or not x[W_PID_FITS] >> 32 or not x[W_PID_FITS] & 0xFFFFFFFF
+        if (x[W_MAGIC] != MAGIC or not x[W_PID_FITS] & FITS_HOST
+                or x[W_PID_FITS] & FITS_DEVICE or not x[W_PID_FITS] & 0xFFFFFFFF
                 or not x[W_PIDNS_INO] or x[W_PIDNS_DEV] != d[W_PIDNS_DEV]
                 or x[W_PIDNS_INO] != d[W_PIDNS_INO]):
             return None
