@@ -78,7 +78,7 @@ int ps_gpu_reduce_multi(ps_op_t op, ps_dtype_t dtype, void *dst, const void *con
 {
     size_t bytes;
     int err = ps__gpu_check_reduce(op, dtype, dst, srcs, nsrc, PS_GPU_MAX_SRCS, count,
-                                   ps_dtype_size(dtype), 0, &bytes);
+                                   ps_dtype_size(dtype), 1, &bytes);
     if (err != 0 || count == 0)
         return err;
     return ps__gpu_enqueue(op, dtype, dst, srcs, nsrc, count, nsrc, stream);

@@ -40,7 +40,7 @@ int ps_gpu_reduce_multi(ps_op_t op, ps_dtype_t dtype, void *dst, const void *con
     size_t bytes;
     (void)stream;
     int err = ps__gpu_check_reduce(op, dtype, dst, srcs, nsrc, PS_GPU_MAX_SRCS, count,
-                                   ps_dtype_size(dtype), 0, &bytes);
+                                   ps_dtype_size(dtype), 1, &bytes);
     return err != 0 || count == 0 ? err : PS_EUNAVAIL;
 }
 

@@ -105,7 +105,8 @@ PS_EXPORT int ps_gpu_reduce(ps_op_t op, ps_dtype_t dtype, void *dst, const void 
  * memory: the semantics of ps_reduce_multi (float16/bfloat16 accumulate in
  * float32 over all inputs and round once; AVG divides by nsrc before that
  * rounding). srcs is a host array of device pointers, read before the call
- * returns; dst may equal srcs[0] (and only srcs[0]).
+ * returns; dst may equal any srcs[j] exactly (one pass: every input of an
+ * element is read before it is written), unlike ps_reduce_multi.
  *
  * Returns as ps_gpu_reduce, and PS_EINVAL for srcs == NULL, nsrc == 0 or
  * nsrc > PS_GPU_MAX_SRCS.

@@ -80,11 +80,13 @@ static void test_reduce_argument_checks(void **state)
     assert_int_equal(ps_gpu_reduce_multi(PS_SUM, PS_INT8, d, many, PS_GPU_MAX_SRCS + 1, 16, NULL),
                      PS_EINVAL);
     assert_int_equal(ps_gpu_reduce_multi(PS_SUM, PS_INT8, d, many, PS_GPU_MAX_SRCS, 0, NULL), 0);
-    /* dst may be srcs[0] only, as in ps_reduce_multi. */
+    /* dst may be any input exactly (one pass), but no part of one. */
     const void *first_is_dst[2] = {d, s};
     const void *second_is_dst[2] = {s, d};
+    const void *second_in_dst[2] = {s, FAKE(0x100000 + 8)};
     assert_int_equal(ps_gpu_reduce_multi(PS_SUM, PS_INT32, d, first_is_dst, 2, 0, NULL), 0);
-    assert_int_equal(ps_gpu_reduce_multi(PS_SUM, PS_INT32, d, second_is_dst, 2, 16, NULL),
+    assert_int_equal(ps_gpu_reduce_multi(PS_SUM, PS_INT32, d, second_is_dst, 2, 0, NULL), 0);
+    assert_int_equal(ps_gpu_reduce_multi(PS_SUM, PS_INT32, d, second_in_dst, 2, 16, NULL),
                      PS_EINVAL);
     assert_int_equal(ps_gpu_reduce_multi(PS_BOR, PS_FLOAT64, d, two, 2, 16, NULL), PS_EINVAL);
 
