@@ -62,6 +62,10 @@ static const char usage[] =
     "  -a, --inflight K      each timed call starts K nonblocking calls at once (each\n"
     "                        on a buffer of its own) and waits for them all; time is per\n"
     "                        call (default 1: blocking calls). all_reduce and barrier\n"
+    "      --cuda 0|1        1: load CUDA before ps_init, as a GPU training process\n"
+    "                        does, so that the job joins for device collectives (its\n"
+    "                        host-buffer calls then pay for finding that out); the\n"
+    "                        default with --mem device, else 0\n"
     "      --csv FILE        append one CSV row per result to FILE (rank 0; '-' is stdout):\n"
     "                        label, collective, world, bytes, count, dtype, op, root,\n"
     "                        time_us (mean), algbw, busbw (GB/s), wrong, iters, median_us\n"
@@ -133,6 +137,7 @@ typedef struct options {
     int shared_mem; /* --mem shared */
     int huge_mem;   /* --mem huge */
     int device_mem; /* --mem device */
+    int cuda;       /* --cuda: -1 as --mem device says */
     int inflight;   /* --inflight */
     int in_place;   /* --in-place */
 } options_t;
@@ -261,6 +266,7 @@ static int parse_options(int argc, char **argv, options_t *o)
     o->dtype = PS_FLOAT32;
     o->op = PS_SUM;
     o->label = "paramsync";
+    o->cuda = -1;
     for (int c = 0; c < C_COUNT; c++)
         o->want[c] = 1;
     for (int i = 1; i < argc; i++) {
@@ -301,6 +307,8 @@ static int parse_options(int argc, char **argv, options_t *o)
             bad = parse_op(v, &o->op);
         else if (!strcmp(a, "-i") || !strcmp(a, "--init"))
             o->init = v;
+        else if (!strcmp(a, "--cuda"))
+            bad = parse_int_arg(v, 0, &o->cuda) || o->cuda > 1;
         else if (!strcmp(a, "--csv"))
             o->csv = v;
         else if (!strcmp(a, "--label"))
@@ -931,6 +939,11 @@ int main(int argc, char **argv)
     if (parse_options(argc, argv, &o) < 0)
         return 2;
 
+    /* Device buffers: CUDA is loaded before ps_init, as in a training
+     * process, so that the job joins for device collectives. */
+    int ndev = 0;
+    if ((o.cuda < 0 ? o.device_mem : o.cuda) && ps_gpu_device_count(&ndev) == 0)
+        (void)ps_gpu_set_device(0);
     ps_init_options_t io;
     ps_init_options_default(&io);
     io.init_method = o.init;

@@ -151,6 +151,17 @@ void ps__inflight_remove(ps_comm_t *comm, ps__coll_t *coll)
 
 /* Handles one membership event; called with comm->lock held. Returns a
  * message (malloc'd) when the stream must be cancelled with *code. */
+/* A copy of READY's n numbers, one per rank of a world of `world`; NULL
+ * when they are not one per rank (an older coordinator sends none) or there
+ * is no memory. */
+static uint32_t *sets_copy(const uint32_t *sets, size_t n, int world)
+{
+    uint32_t *copy = n == (size_t)world && n ? malloc(n * sizeof(*copy)) : NULL;
+    if (copy)
+        memcpy(copy, sets, n * sizeof(*copy));
+    return copy;
+}
+
 static char *join_event(ps_comm_t *comm, const Paramsync__V1__JoinEvent *ev, int *code)
 {
     switch (ev->kind) {
@@ -167,12 +178,10 @@ static char *join_event(ps_comm_t *comm, const Paramsync__V1__JoinEvent *ev, int
         }
         comm->rank = ev->rank;
         comm->incarnation = ev->incarnation;
-        if (ev->n_peer_sets == (size_t)ev->world_size) {
-            /* Without memory for it, no collective takes peer copies. */
-            comm->peer_sets = malloc(ev->n_peer_sets * sizeof(*comm->peer_sets));
-            if (comm->peer_sets)
-                memcpy(comm->peer_sets, ev->peer_sets, ev->n_peer_sets * sizeof(*ev->peer_sets));
-        }
+        /* Without memory for them, no collective takes peer copies (device
+         * collectives). */
+        comm->peer_sets = sets_copy(ev->peer_sets, ev->n_peer_sets, ev->world_size);
+        comm->device_sets = sets_copy(ev->device_sets, ev->n_device_sets, ev->world_size);
         comm->ready = 1;
         comm->world.rank = ev->rank;
         pthread_cond_broadcast(&comm->cond);
@@ -207,6 +216,7 @@ static void *join_main(void *arg)
         comm->join_timeout_ms > UINT32_MAX ? UINT32_MAX : (uint32_t)comm->join_timeout_ms;
     req.peer_copies = ps__peer_wanted(comm);
     req.pid_namespace = comm->peer_pidns_ino;
+    req.cuda = ps__device_wanted();
     /* Failures to send show in the status below. The request side stays
      * open: the agent learns that this rank died when the stream breaks, and
      * that it left when ps_finalize half-closes it. */
@@ -289,6 +299,7 @@ static void comm_free(ps_comm_t *comm, int rpc_acquired)
     group_free(&comm->world);
     free(comm->job);
     free(comm->peer_sets);
+    free(comm->device_sets);
     free(comm->target);
     free(comm->broken_msg);
     free(comm->join_msg);
@@ -377,6 +388,13 @@ static int resolve_options(const ps_init_options_t *opts, ps__endpoint_t *ep, ps
         return PS_EINVAL;
     }
     comm->chunk_bytes = rc == 1 ? PS__DEFAULT_CHUNK_BYTES : (size_t)v;
+
+    rc = ps__env_int("PARAMSYNC_DEVICE_MIN_BYTES", 0, INT64_MAX, &v);
+    if (rc < 0) {
+        *errmsg = strdup("PARAMSYNC_DEVICE_MIN_BYTES is not a number of bytes");
+        return PS_EINVAL;
+    }
+    comm->device_min_bytes = rc == 1 ? -1 : v;
     return 0;
 }
 

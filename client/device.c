@@ -247,7 +247,10 @@ int ps__stage_buffers(ps__coll_t *c, int in_dev, int out_dev)
     const char *step = "cannot allocate pinned host memory to stage the device buffers";
     pinned_t buf = {NULL, 0, 0};
     int device = 0;
-    int rc = pinned_take(c->comm, bytes, !ps__peer_takes(c), &buf);
+    /* Peer copies read the staged input where it lies (not device
+     * collectives: their fallback goes through the agent, as do their
+     * ranks whose buffers are host memory). */
+    int rc = pinned_take(c->comm, bytes, !ps__peer_takes(c) || ps__devcoll_kind(c), &buf);
     void *pinned = buf.p;
     if (rc == 0) {
         step = "cannot read the current CUDA device";
@@ -292,11 +295,19 @@ int ps__stage_prepare(ps__coll_t *c)
     if (rc < 0)
         return rc;
     /* The other ranks read a device input where it lies, and this rank
-     * writes its output itself (peer.c): no pinned memory, no copy through
-     * the host. */
-    if (in_dev && ps__peer_takes(c) && ps__peer_ipc_wanted() &&
-        ps_gpu_ipc_export(c->in, &c->peer_ipc) == 0 && ps_gpu_get_device(&c->stage_device) == 0) {
+     * writes its output itself (peer.c, devcoll.c): no pinned memory, no
+     * copy through the host. */
+    int ready = 0;
+    if (ps__peer_takes(c) && ps__peer_ipc_wanted()) {
+        if (ps__devcoll_kind(c))
+            ready = ps__devcoll_export(c, in_dev, out_dev);
+        else
+            ready = in_dev && ps_gpu_ipc_export(c->in, &c->peer_ipc) == 0 &&
+                    ps_gpu_get_device(&c->stage_device) == 0;
+    }
+    if (ready) {
         c->peer_dev = 1;
+        c->defer_in_dev = in_dev;
         c->defer_out_dev = out_dev;
         return 0;
     }
@@ -308,7 +319,12 @@ int ps__stage_deferred(ps__coll_t *c)
     if (!c->peer_dev)
         return 0;
     c->peer_dev = 0;
-    return ps__stage_buffers(c, 1, c->defer_out_dev);
+    return ps__stage_buffers(c, c->defer_in_dev, c->defer_out_dev);
+}
+
+int ps__device_wanted(void)
+{
+    return cuda_usable() && ps__peer_ipc_wanted() && !ps__shm_off();
 }
 
 int ps__stage_end(ps__coll_t *c, int rc)

@@ -70,9 +70,10 @@ typedef struct ps__coll {
      * is staged unless the call goes through the agent after all, and then
      * the output too when defer_out_dev (ps__stage_deferred). */
     int peer_dev;
-    int defer_out_dev;
-    ps_gpu_ipc_t peer_ipc;
-    int source; /* RECV: the sender's group rank, once done */
+    int defer_in_dev, defer_out_dev;
+    ps_gpu_ipc_t peer_ipc; /* the input's allocation */
+    ps_gpu_ipc_t out_ipc;  /* the output's, for device collectives (devcoll.c) */
+    int source;            /* RECV: the sender's group rank, once done */
     struct ps_group *group;
     /* Peer copies (peer.c): room for every rank's descriptor, set when this
      * call takes them and so holds seqs hdr.seq .. hdr.seq + 2 (NULL once
@@ -104,7 +105,7 @@ typedef struct ps__pinned {
 } ps__pinned_t;
 
 /* Another rank's device allocation opened here (peer.c). */
-#define PS__IPC_MAPS 16
+#define PS__IPC_MAPS 32
 typedef struct ps__ipc_map {
     void *at;     /* where it is mapped here; NULL: a free slot */
     uint32_t pid; /* the process that exported it */
@@ -128,7 +129,9 @@ struct ps_comm {
     size_t chunk_bytes;
 
     ps_group_t world;
-    uint32_t *peer_sets; /* JoinEvent.peer_sets by job rank (peer.c), or NULL */
+    uint32_t *peer_sets;      /* JoinEvent.peer_sets by job rank (peer.c), or NULL */
+    uint32_t *device_sets;    /* JoinEvent.device_sets by job rank (devcoll.c), or NULL */
+    int64_t device_min_bytes; /* PARAMSYNC_DEVICE_MIN_BYTES, -1: each kind's default */
     /* This process to its peers, set at Join when it asks for peer copies:
      * its PID namespace, and a random number peers read to know they read
      * this process. */
@@ -351,6 +354,44 @@ int ps__peer_ipc_wanted(void);
 
 /** Closes every device allocation of another rank that comm mapped. */
 void ps__peer_ipc_close_all(ps_comm_t *comm);
+
+/** Maps the device allocation ipc of process pid (another rank's), or finds
+ * it mapped: its address here, or NULL. *slot is its place in comm's maps,
+ * -1 when it is mapped for this use alone: ps__ipc_unmap gives it back once
+ * the copies that read it are done. */
+void *ps__ipc_map(ps_comm_t *comm, uint32_t pid, const ps_gpu_ipc_t *ipc, int *slot);
+void ps__ipc_unmap(ps_comm_t *comm, int slot, void *at);
+
+/** Whether c's kind is one that device collectives run (devcoll.c): all_reduce,
+ * reduce, reduce_scatter, broadcast. */
+int ps__devcoll_kind(const ps__coll_t *c);
+
+/** Whether a device collective would take c: decided alike on every rank of
+ * its group (JoinEvent.device_sets, the sizes), before its sequence number. */
+int ps__devcoll_takes(const ps__coll_t *c);
+
+/** Whether this process joins with JoinRequest.cuda: CUDA is loaded here,
+ * and neither PARAMSYNC_CUDA_IPC=0 nor PARAMSYNC_SHM=0 is set (device.c). */
+int ps__device_wanted(void);
+
+/** Describes c's device buffers for a device collective: 1 when every buffer
+ * c has is device memory that could be exported (c->peer_ipc, c->out_ipc,
+ * c->stage_device set), else 0. */
+int ps__devcoll_export(ps__coll_t *c, int in_dev, int out_dev);
+
+/** The words of one rank's descriptor of a device collective. */
+size_t ps__devcoll_words(void);
+
+/** Runs c as a device collective, its descriptors at `all` (n + 1 of them):
+ * as ps__peer_run. */
+int ps__devcoll_run(ps__coll_t *c, uint64_t *all, int *rc);
+
+/** Whether every rank of group g has the caller's nonzero number in sets
+ * (by job rank): JoinEvent.peer_sets or device_sets. */
+int ps__group_shares_set(const ps_comm_t *comm, const ps_group_t *g, const uint32_t *sets);
+
+/** Whether [a, a + alen) and [b, b + blen) share a byte. */
+int ps__overlap(const void *a, size_t alen, const void *b, size_t blen);
 
 /** Makes room for the ranks' descriptors: 0 or PS_ENOMEM (c->peer_descs). */
 int ps__peer_prepare(ps__coll_t *c);

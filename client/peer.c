@@ -109,6 +109,8 @@ static int blocks_per_rank(const ps__coll_t *c)
 /* Words of one rank's descriptor for c. */
 static size_t desc_words(const ps__coll_t *c)
 {
+    if (ps__devcoll_kind(c))
+        return ps__devcoll_words();
     return W_BLOCKS + (blocks_per_rank(c) ? (size_t)c->group->size : 1);
 }
 
@@ -148,6 +150,8 @@ int ps__peer_wanted(ps_comm_t *comm)
 
 int ps__peer_takes(const ps__coll_t *c)
 {
+    if (ps__devcoll_kind(c))
+        return ps__devcoll_takes(c);
     const ps_comm_t *comm = c->comm;
     const ps_group_t *g = c->group;
     Paramsync__V1__CollectiveKind k = c->hdr.kind;
@@ -162,14 +166,19 @@ int ps__peer_takes(const ps__coll_t *c)
         block_bytes(c) * (size_t)g->size < min || !comm->peer_sets ||
         (blocks_per_rank(c) && g->size > PEER_MAX_ALL_TO_ALL_RANKS))
         return 0;
-    uint32_t set = comm->peer_sets[comm->rank];
+    return ps__group_shares_set(comm, g, comm->peer_sets);
+}
+
+int ps__group_shares_set(const ps_comm_t *comm, const ps_group_t *g, const uint32_t *sets)
+{
+    uint32_t set = sets[comm->rank];
     for (int i = 0; set && i < g->size; i++)
-        if (comm->peer_sets[g->ranks ? g->ranks[i] : i] != set)
+        if (sets[g->ranks ? g->ranks[i] : i] != set)
             return 0;
     return set != 0;
 }
 
-static int overlap(const void *a, size_t alen, const void *b, size_t blen)
+int ps__overlap(const void *a, size_t alen, const void *b, size_t blen)
 {
     uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
     return alen && blen && x < y + blen && y < x + alen;
@@ -193,7 +202,7 @@ static void describe(const ps__coll_t *c, size_t block, uint64_t *d)
     int in_place = blocks_per_rank(c) ? c->hdr.kind == K(SCATTER) && c->out &&
                                             c->out == (const char *)c->in + me * block
                                       : c->out && c->in == (const char *)c->out + me * block;
-    int fits = in_place || !overlap(c->in, c->in_bytes, c->out, c->out_bytes);
+    int fits = in_place || !ps__overlap(c->in, c->in_bytes, c->out, c->out_bytes);
     /* Memory from ps_mem_alloc the agent copies in place, between its
      * mappings: 1.1-2.2x faster at 16-64 MiB than reads that pin its shared
      * pages one by one (PERFORMANCE.md, "Peer copies"). */
@@ -261,13 +270,8 @@ int ps__peer_ipc_wanted(void)
     return !(ipc && strcmp(ipc, "0") == 0);
 }
 
-/* Maps the device allocation that descriptor x names (another process's),
- * or finds it mapped: its address here, or NULL. *slot is its place in the
- * comm's maps, -1 when it is mapped for this copy alone (every slot busy):
- * ipc_unmap gives it back. */
-static void *ipc_map(ps_comm_t *comm, const uint64_t *x, int *slot)
+void *ps__ipc_map(ps_comm_t *comm, uint32_t pid, const ps_gpu_ipc_t *ipc, int *slot)
 {
-    uint32_t pid = (uint32_t)x[W_PID_FITS];
     void *at = NULL;
     pthread_mutex_lock(&comm->lock);
     int free_at = -1, oldest = -1;
@@ -275,7 +279,7 @@ static void *ipc_map(ps_comm_t *comm, const uint64_t *x, int *slot)
         ps__ipc_map_t *m = &comm->ipc_maps[i];
         if (!m->at) {
             free_at = free_at < 0 ? i : free_at;
-        } else if (m->pid == pid && !memcmp(m->handle, &x[W_HANDLE], sizeof(m->handle))) {
+        } else if (m->pid == pid && !memcmp(m->handle, ipc->handle, sizeof(m->handle))) {
             m->users++;
             m->used = ++comm->ipc_clock;
             *slot = i;
@@ -291,17 +295,13 @@ static void *ipc_map(ps_comm_t *comm, const uint64_t *x, int *slot)
         comm->ipc_maps[oldest].at = NULL;
         free_at = oldest;
     }
-    ps_gpu_ipc_t ipc;
-    memcpy(ipc.handle, &x[W_HANDLE], sizeof(ipc.handle));
-    ipc.base = x[W_DEV_BASE];
-    ipc.size = x[W_DEV_SIZE];
-    if (ps_gpu_ipc_open(&ipc, &at) != 0) {
+    if (ps_gpu_ipc_open(ipc, &at) != 0) {
         at = NULL;
     } else if (free_at >= 0) {
         ps__ipc_map_t *m = &comm->ipc_maps[free_at];
         m->at = at;
         m->pid = pid;
-        memcpy(m->handle, ipc.handle, sizeof(m->handle));
+        memcpy(m->handle, ipc->handle, sizeof(m->handle));
         m->users = 1;
         m->used = ++comm->ipc_clock;
     }
@@ -310,7 +310,7 @@ static void *ipc_map(ps_comm_t *comm, const uint64_t *x, int *slot)
     return at;
 }
 
-static void ipc_unmap(ps_comm_t *comm, int slot, void *at)
+void ps__ipc_unmap(ps_comm_t *comm, int slot, void *at)
 {
     pthread_mutex_lock(&comm->lock);
     if (slot >= 0)
@@ -350,8 +350,12 @@ static int read_from(source_t *src, const uint64_t *x, size_t which, void *to, s
     const void *from = (const void *)(uintptr_t)addr;
     /* A rank of this same process: its device address is valid here. */
     if ((uint32_t)x[W_PID_FITS] != (uint32_t)getpid()) {
+        ps_gpu_ipc_t ipc;
+        memcpy(ipc.handle, &x[W_HANDLE], sizeof(ipc.handle));
+        ipc.base = x[W_DEV_BASE];
+        ipc.size = x[W_DEV_SIZE];
         int slot;
-        uint8_t *base = ipc_map(src->comm, x, &slot);
+        uint8_t *base = ps__ipc_map(src->comm, (uint32_t)x[W_PID_FITS], &ipc, &slot);
         if (!base)
             return -1;
         src->slots[src->nheld] = slot;
@@ -410,7 +414,7 @@ static int pull(const ps__coll_t *c, const uint64_t *d, int n, size_t block, uin
     if (ps_gpu_stream_synchronize(NULL) != 0)
         rc = -1;
     for (int i = 0; i < src.nheld; i++)
-        ipc_unmap(c->comm, src.slots[i], src.at[i]);
+        ps__ipc_unmap(c->comm, src.slots[i], src.at[i]);
     free(src.slots);
     free(src.at);
     return rc;
@@ -440,6 +444,11 @@ static const char *step_name(const ps__coll_t *c, int step)
 
 int ps__peer_run(ps__coll_t *c, int *rc)
 {
+    if (ps__devcoll_kind(c)) {
+        uint64_t *all = c->peer_descs;
+        c->peer_descs = NULL;
+        return ps__devcoll_run(c, all, rc);
+    }
     int n = c->group->size;
     size_t block = block_bytes(c), w = desc_words(c);
     uint64_t seq = c->hdr.seq, *all = c->peer_descs, *mine = all + (size_t)n * w;

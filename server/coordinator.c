@@ -34,6 +34,7 @@ typedef struct member {
     char *peer;
     int peer_copies;        /* JoinRequest.peer_copies */
     uint64_t pid_namespace; /* JoinRequest.pid_namespace */
+    int cuda;               /* JoinRequest.cuda */
     char *settings;         /* JoinRequest.agent_settings of its agent */
     event_t *events, **events_tail;
 } member_t;
@@ -59,7 +60,8 @@ typedef struct job {
     int64_t refused_until;
     uint64_t incarnation;
     member_t *members;
-    uint32_t *peer_sets; /* JoinEvent.peer_sets, made when the job forms (NULL: none) */
+    uint32_t *peer_sets;   /* JoinEvent.peer_sets, made when the job forms (NULL: none) */
+    uint32_t *device_sets; /* JoinEvent.device_sets, likewise */
     group_t *groups;
     struct job *next;
 } job_t;
@@ -103,6 +105,7 @@ static void job_free(job_t *j)
         free(m->settings);
     }
     free(j->peer_sets);
+    free(j->device_sets);
     free(j->refused);
     while (j->groups) {
         group_t *g = j->groups;
@@ -185,12 +188,15 @@ static void *join_watch_main(void *arg)
 }
 
 static int send_event(ps__rpc_call_t *call, Paramsync__V1__JoinEvent__Kind kind, int rank,
-                      int world, const char *hub, uint64_t inc, const char *msg, uint32_t *sets)
+                      int world, const char *hub, uint64_t inc, const char *msg, uint32_t *sets,
+                      uint32_t *device_sets)
 {
     Paramsync__V1__JoinEvent ev = PARAMSYNC__V1__JOIN_EVENT__INIT;
     ev.kind = kind;
     ev.peer_sets = sets;
     ev.n_peer_sets = sets ? (size_t)world : 0;
+    ev.device_sets = device_sets;
+    ev.n_device_sets = device_sets ? (size_t)world : 0;
     ev.rank = rank;
     ev.world_size = world;
     ev.hub = (char *)(hub ? hub : "");
@@ -199,27 +205,41 @@ static int send_event(ps__rpc_call_t *call, Paramsync__V1__JoinEvent__Kind kind,
     return ps__rpc_send_msg(call, &ev.base);
 }
 
-/* JoinEvent.peer_sets for a job whose ranks have all joined (lock held;
- * made once as it forms, O(n^2) in its world size at worst):
- * ranks that asked for peer copies through the same agent from the same PID
- * namespace share a number, one more than the first such rank; the others
- * have 0. NULL: no memory (then READY goes without, and no rank takes peer
- * copies). */
-static uint32_t *peer_sets(const job_t *j)
+/* Whether member m may share a peer-copy set (device: a device set) with x. */
+static int same_set(const member_t *m, const member_t *x, int device)
+{
+    return (device ? x->cuda : x->peer_copies && x->pid_namespace == m->pid_namespace) &&
+           x->agent && strcmp(x->agent, m->agent) == 0;
+}
+
+/* JoinEvent.peer_sets (device: device_sets) for a job whose ranks have all
+ * joined (lock held; made once as it forms, O(n^2) in its world size at
+ * worst): ranks that asked for peer copies through the same agent from the
+ * same PID namespace (device: that joined with CUDA through the same agent)
+ * share a number, one more than the first such rank; the others have 0.
+ * NULL: no memory (then READY goes without, and no rank takes that path). */
+static uint32_t *peer_sets(const job_t *j, int device)
 {
     uint32_t *sets = calloc((size_t)j->world_size, sizeof(*sets));
     for (int r = 0; sets && r < j->world_size; r++) {
         const member_t *m = &j->members[r];
-        if (!m->peer_copies || !m->pid_namespace || !m->agent || !*m->agent)
+        if (!(device ? m->cuda : m->peer_copies && m->pid_namespace) || !m->agent || !*m->agent)
             continue;
         int first = 0;
-        while (!(j->members[first].peer_copies &&
-                 j->members[first].pid_namespace == m->pid_namespace && j->members[first].agent &&
-                 strcmp(j->members[first].agent, m->agent) == 0))
+        while (!same_set(m, &j->members[first], device))
             first++;
         sets[r] = (uint32_t)first + 1;
     }
     return sets;
+}
+
+/* A copy of a job's sets of world numbers, or NULL (none, or no memory). */
+static uint32_t *sets_copy(const uint32_t *sets, int world)
+{
+    uint32_t *copy = sets ? malloc((size_t)world * sizeof(*copy)) : NULL;
+    if (copy)
+        memcpy(copy, sets, (size_t)world * sizeof(*copy));
+    return copy;
 }
 
 /* Frees the jobs refused (settings_differ) whose window is over and that no
@@ -409,13 +429,16 @@ static int join_register(ps__coordinator_t *c, const Paramsync__V1__JoinRequest 
     m->peer = strdup(peer);
     m->peer_copies = req->peer_copies;
     m->pid_namespace = req->pid_namespace;
+    m->cuda = req->cuda;
     free(m->settings);
     m->settings = strdup(req->agent_settings ? req->agent_settings : "");
     j->njoined++;
     if (j->njoined == j->world_size) {
         j->ready = 1;
         free(j->peer_sets);
-        j->peer_sets = peer_sets(j);
+        free(j->device_sets);
+        j->peer_sets = peer_sets(j, 0);
+        j->device_sets = peer_sets(j, 1);
         j->incarnation = ++c->next_incarnation;
         PS_LOG(PS_LOG_INFO, "job %s: ready, world_size %d, incarnation %llu, hub %s", j->name,
                j->world_size, (unsigned long long)j->incarnation, j->members[0].agent);
@@ -493,14 +516,14 @@ static void coord_join(ps__rpc_call_t *call, void *arg)
             uint64_t inc = j->incarnation;
             int world = j->world_size;
             char *hub = strdup(j->members[0].agent);
-            uint32_t *sets = j->peer_sets ? malloc((size_t)world * sizeof(*sets)) : NULL;
-            if (sets)
-                memcpy(sets, j->peer_sets, (size_t)world * sizeof(*sets));
+            uint32_t *sets = sets_copy(j->peer_sets, world);
+            uint32_t *device_sets = sets_copy(j->device_sets, world);
             pthread_mutex_unlock(&c->lock);
             send_event(call, PARAMSYNC__V1__JOIN_EVENT__KIND__READY, rank, world, hub, inc, NULL,
-                       sets);
+                       sets, device_sets);
             free(hub);
             free(sets);
+            free(device_sets);
             pthread_mutex_lock(&c->lock);
             sent_ready = 1;
             continue;
@@ -508,7 +531,7 @@ static void coord_join(ps__rpc_call_t *call, void *arg)
         event_t *e = sent_ready ? pop_event(m) : NULL;
         if (e) {
             pthread_mutex_unlock(&c->lock);
-            send_event(call, e->kind, e->rank, 0, NULL, 0, e->message, NULL);
+            send_event(call, e->kind, e->rank, 0, NULL, 0, e->message, NULL, NULL);
             free(e->message);
             free(e);
             pthread_mutex_lock(&c->lock);

@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include <paramsync/gpu.h>
+#include <paramsync/reduce.h>
 
 #include "fake_client_gpu.h"
 
@@ -311,6 +312,33 @@ const void *fake_client_gpu_last_pinned(void)
     last_pinned = NULL;
     pthread_mutex_unlock(&lock);
     return p;
+}
+
+/* The reduce over "device" buffers, by the CPU engine: into a buffer of its
+ * own first, since dst may be any input (ps_reduce_multi takes only the
+ * first). A read of another process's buffer counts as an IPC read. */
+int ps_gpu_reduce_multi(ps_op_t op, ps_dtype_t dtype, void *dst, const void *const *srcs,
+                        size_t nsrc, size_t count, ps_gpu_stream_t stream)
+{
+    (void)stream;
+    if (!count)
+        return 0;
+    size_t bytes = count * ps_dtype_size(dtype);
+    void *tmp = malloc(bytes);
+    if (!tmp)
+        return PS_ENOMEM;
+    int rc = ps_reduce_multi(op, dtype, tmp, srcs, nsrc, count);
+    if (rc == 0)
+        memcpy(dst, tmp, bytes);
+    free(tmp);
+    pthread_mutex_lock(&lock);
+    for (size_t j = 0; j < nsrc; j++) {
+        block_t *b = find(dev, srcs[j]);
+        if (b && b->fd < 0)
+            ipc_reads++;
+    }
+    pthread_mutex_unlock(&lock);
+    return rc;
 }
 
 int fake_client_gpu_ipc_reads(void)

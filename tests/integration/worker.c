@@ -2430,16 +2430,16 @@ static int check_i32(const char *what, const int32_t *got, size_t count,
  * in it where it lies), with 0 in memory of the client's own; with `ipc`,
  * nowhere: the ranks read each other's device inputs (device peer copies).
  * A real device cannot tell: nothing to check there. */
-static int staged_as(ctx_t *cx, const char *what, const char *want_var)
+static int staged_reads(ctx_t *cx, const char *what, const char *want_var, int reads)
 {
 #ifdef PS_TEST_FAKE_CLIENT_GPU
     const void *p = fake_client_gpu_last_pinned();
     int ipc_reads = fake_client_gpu_ipc_reads();
     const char *want = want_var ? getenv(want_var) : NULL;
     if (want && strcmp(want, "ipc") == 0) {
-        CHECK(p == NULL && ipc_reads == cx->size - 1,
+        CHECK(p == NULL && ipc_reads == reads,
               "%s: staged (%d) and %d reads of other ranks' device buffers, expected none and %d",
-              what, p != NULL, ipc_reads, cx->size - 1);
+              what, p != NULL, ipc_reads, reads);
         return 0;
     }
     CHECK(ipc_reads == 0, "%s: %d reads of other ranks' device buffers", what, ipc_reads);
@@ -2450,14 +2450,27 @@ static int staged_as(ctx_t *cx, const char *what, const char *want_var)
               shared ? "a segment the agent maps" : "memory of the client's own");
     }
 #else
-    (void)cx, (void)what, (void)want_var;
+    (void)cx, (void)what, (void)want_var, (void)reads;
 #endif
     return 0;
+}
+
+/* A call that peer copies take: with `ipc`, each rank reads n - 1 blocks. */
+static int staged_as(ctx_t *cx, const char *what, const char *want_var)
+{
+    return staged_reads(cx, what, want_var, cx->size - 1);
 }
 
 static int staged(ctx_t *cx, const char *what)
 {
     return staged_as(cx, what, "PS_TEST_STAGE_SEGMENT");
+}
+
+/* A call that device collectives take (PS_TEST_STAGE_DEVICE): with `ipc`,
+ * the rank reads `reads` of other ranks' device buffers, nothing staged. */
+static int staged_dev(ctx_t *cx, const char *what, int reads)
+{
+    return staged_reads(cx, what, "PS_TEST_STAGE_DEVICE", reads);
 }
 
 enum { DEV_COUNT = 70001 }; /* odd, and above the shared-memory threshold */
@@ -2587,7 +2600,8 @@ static int sc_device_body(ctx_t *cx, int32_t *host, int32_t *host2, int32_t **de
     fill_i32(host, c, dv_rank_value, r, n);
     TRY(dev_put(&dev[0], host, c));
     CHECK_OK(ps_all_reduce(cx->comm, dev[0], c, PS_INT32, PS_SUM, NULL));
-    TRY(staged(cx, "all_reduce"));
+    /* Device collectives: the others' inputs, then their slices of the result. */
+    TRY(staged_dev(cx, "all_reduce", 2 * (n - 1)));
     TRY(dev_get(host, dev[0], c));
     TRY(check_i32("all_reduce", host, c, dv_all_reduce, r, n));
 
@@ -2597,7 +2611,7 @@ static int sc_device_body(ctx_t *cx, int32_t *host, int32_t *host2, int32_t **de
     CHECK_OK(ps_gpu_memcpy_async(dev[0], host, c * sizeof(int32_t), NULL));
     CHECK_OK(ps_gpu_stream_synchronize(NULL));
     CHECK_OK(ps_broadcast(cx->comm, dev[0], c, PS_INT32, n - 1, NULL));
-    TRY(staged(cx, "broadcast"));
+    TRY(staged_dev(cx, "broadcast", r == n - 1 ? 0 : 1));
     TRY(dev_get(host, dev[0], c));
     TRY(check_i32("broadcast", host, c, dv_broadcast, r, n));
 
@@ -2631,9 +2645,31 @@ static int sc_device_body(ctx_t *cx, int32_t *host, int32_t *host2, int32_t **de
     CHECK_OK(ps_gpu_memcpy_async(dev[1], host2, all * sizeof(int32_t), NULL));
     CHECK_OK(ps_gpu_stream_synchronize(NULL));
     CHECK_OK(ps_reduce_scatter(cx->comm, dev[0], dev[1], c, PS_INT32, PS_SUM, NULL));
-    TRY(staged(cx, "reduce_scatter"));
+    TRY(staged_dev(cx, "reduce_scatter", n - 1));
     TRY(dev_get(host, dev[0], c));
     TRY(check_i32("reduce_scatter", host, c, dv_rs_out, r, n));
+
+    /* reduce_to the last rank, in place there: it reads every other rank's buffer. */
+    fill_i32(host, c, dv_rank_value, r, n);
+    CHECK_OK(ps_gpu_memcpy_async(dev[0], host, c * sizeof(int32_t), NULL));
+    CHECK_OK(ps_gpu_stream_synchronize(NULL));
+    CHECK_OK(ps_reduce_to(cx->comm, dev[0], c, PS_INT32, PS_SUM, n - 1, NULL));
+    TRY(staged_dev(cx, "reduce_to", r == n - 1 ? n - 1 : 0));
+    TRY(dev_get(host, dev[0], c));
+    TRY(check_i32("reduce_to", host, c, r == n - 1 ? dv_all_reduce : dv_rank_value, r, n));
+
+    /* An all_reduce whose odd ranks' buffers are host memory: the ranks
+     * cannot all work on the device, so it goes through the agent, the even
+     * ranks' device buffers staged only then. */
+    fill_i32(host, c, dv_rank_value, r, n);
+    CHECK_OK(ps_gpu_memcpy_async(dev[0], host, c * sizeof(int32_t), NULL));
+    CHECK_OK(ps_gpu_stream_synchronize(NULL));
+    CHECK_OK(ps_all_reduce(cx->comm, r % 2 ? (void *)host : dev[0], c, PS_INT32, PS_SUM, NULL));
+    if (r % 2 == 0) {
+        TRY(staged_reads(cx, "all_reduce (odd ranks' buffers on the host)", NULL, 0));
+        TRY(dev_get(host, dev[0], c));
+    }
+    TRY(check_i32("all_reduce (odd ranks' buffers on the host)", host, c, dv_all_reduce, r, n));
 
     /* send/recv in pairs: even ranks send their device buffer to the next. */
     if (n >= 2 && !(n % 2 == 1 && r == n - 1)) {
@@ -2665,7 +2701,7 @@ static int sc_device_body(ctx_t *cx, int32_t *host, int32_t *host2, int32_t **de
     int wrc = ps_work_wait(w);
     ps_work_free(w);
     CHECK_OK(wrc);
-    TRY(staged(cx, "iall_reduce"));
+    TRY(staged_dev(cx, "iall_reduce", 2 * (n - 1)));
     TRY(dev_get(host, dev[0], c));
     TRY(check_i32("iall_reduce", host, c, dv_all_reduce, r, n));
     return ps_barrier(cx->comm, NULL);
@@ -2773,6 +2809,12 @@ int main(int argc, char **argv)
     g_small = strcmp(sc->name, "all_gather_small") == 0;
 
     int64_t t0 = now_ms();
+    /* The device scenario loads CUDA before it joins, as a training process
+     * would: a process with CUDA loaded at ps_init joins for device
+     * collectives. Without a device the scenario skips. */
+    int ndev = 0;
+    if (strcmp(sc->name, "device") == 0 && ps_gpu_device_count(&ndev) == 0)
+        (void)ps_gpu_set_device(0);
     int threads0 = thread_count();
     if (sc->joins) {
         ps_init_options_t o;

@@ -155,6 +155,13 @@ int ps_gpu_ipc_close(void *base)
     return 0;
 }
 
+int ps_gpu_reduce_multi(ps_op_t op, ps_dtype_t dtype, void *dst, const void *const *srcs,
+                        size_t nsrc, size_t count, ps_gpu_stream_t stream)
+{
+    (void)op, (void)dtype, (void)dst, (void)srcs, (void)nsrc, (void)count, (void)stream;
+    return PS_EUNAVAIL;
+}
+
 static void *dev_alloc(size_t bytes, int fill)
 {
     void *p = malloc(bytes);

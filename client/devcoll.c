@@ -1,0 +1,417 @@
+/*
+ * Device collectives: all_reduce, reduce, reduce_scatter and broadcast of
+ * CUDA device buffers, run by the ranks on the device, rank to rank, when
+ * every rank of the group joined through one agent with CUDA loaded
+ * (JoinRequest.cuda, JoinEvent.device_sets). Through the agent such a call
+ * costs a copy of every input to host memory, the agent's work there, and
+ * a copy of every result back; here no byte leaves the GPU:
+ *
+ *   1. an all_gather (seq s) of each rank's descriptor: its pid, whether its
+ *      buffers suit (device memory it could describe, placed as the kind
+ *      allows), and for its input and its output the device allocation each
+ *      lies in (start, size, CUDA IPC handle) and its address;
+ *   2. if every rank's suits, each rank opens the allocations it reads
+ *      (ps__ipc_map: kept for later calls) and does its part on its current
+ *      device, on the legacy default stream:
+ *        all_reduce      reduces slice `rank` (1/n of the elements) of every
+ *                        input into the same slice of its output;
+ *        reduce          the root reduces every input into its output;
+ *        reduce_scatter  block `rank` of every input into its output;
+ *        broadcast       every other rank copies the root's input;
+ *   3. an all_reduce (MAX, seq s + 1) of each rank's outcome;
+ *   4. all_reduce only: each rank copies every other rank's slice of the
+ *      result from that rank's output into its own, then an all_reduce (MAX,
+ *      seq s + 2) of the outcome, so that no rank returns (and writes its
+ *      buffer again) while another still reads it.
+ *
+ * The slices and the order of the inputs (rank order) are the same on
+ * every rank, so every rank gets the same bits. If a rank's buffers do not
+ * suit (host memory, memory CUDA cannot describe, a placement the kind does
+ * not allow) the call goes through the agent with seq s + 1, the device
+ * buffers staged only then (device.c); if a rank could not open another's
+ * memory before it wrote anything, with seq s + 2. A failure after a rank
+ * may have written an input in place (an all_reduce's or reduce root's in
+ * place, a reduce_scatter whose output is its own input block) cannot be
+ * undone: every rank's call fails. Whether a call tries this at all is
+ * decided before its sequence number, alike on every rank: the kind, its
+ * bytes (the input of a reduce_scatter, the buffer of the others) from the
+ * kind's floor below (PARAMSYNC_DEVICE_MIN_BYTES, the same on every rank,
+ * for all kinds), at most PS_GPU_MAX_SRCS ranks, and every rank of the
+ * group in the caller's device set.
+ */
+#include "internal.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define K(x) PARAMSYNC__V1__COLLECTIVE_KIND__##x
+
+/* Below these the small collectives and the device's switches between the
+ * ranks' processes cost more than staging: four ranks on one H200 were
+ * 1.1-2.2x faster from 4 MiB (broadcast, reduce, reduce_scatter) and an
+ * all_reduce 0.85x at 4 MiB, 1.2-1.6x at 8 MiB, 2.3x at 16 MiB
+ * (docs/GPU.md, "Device collectives"). */
+#define MIN_BYTES_ALL_REDUCE ((size_t)8 << 20)
+#define MIN_BYTES_OTHERS     ((size_t)4 << 20)
+
+#define DEV_MAGIC UINT64_C(0x31766564636c6f63) /* "colcdev1" */
+#define FITS      (UINT64_C(1) << 32)
+#define H_WORDS   (PS_GPU_IPC_HANDLE_BYTES / 8)
+
+/*
+ * A rank's descriptor, 64-bit words in this host's byte order:
+ *   0 DEV_MAGIC   1 its pid (low 32 bits) and FITS
+ *   2, 3, 4..11  its input's allocation: start (in its process), size, handle
+ *   12, 13, 14..21  its output's, likewise
+ *   22, 23  its input's and output's addresses (0: none)
+ */
+enum {
+    D_MAGIC,
+    D_PID_FITS,
+    D_IN_BASE,
+    D_IN_SIZE,
+    D_IN_HANDLE,
+    D_OUT_BASE = D_IN_HANDLE + H_WORDS,
+    D_OUT_SIZE,
+    D_OUT_HANDLE,
+    D_IN_ADDR = D_OUT_HANDLE + H_WORDS,
+    D_OUT_ADDR,
+    D_WORDS
+};
+
+size_t ps__devcoll_words(void)
+{
+    return D_WORDS;
+}
+
+int ps__devcoll_kind(const ps__coll_t *c)
+{
+    Paramsync__V1__CollectiveKind k = c->hdr.kind;
+    return k == K(ALL_REDUCE) || k == K(REDUCE) || k == K(REDUCE_SCATTER) || k == K(BROADCAST);
+}
+
+/* Bytes of one rank's block: the whole buffer, or a reduce_scatter's output. */
+static size_t block_bytes(const ps__coll_t *c)
+{
+    return (size_t)c->hdr.count * ps_dtype_size((ps_dtype_t)c->hdr.dtype);
+}
+
+int ps__devcoll_takes(const ps__coll_t *c)
+{
+    const ps_comm_t *comm = c->comm;
+    const ps_group_t *g = c->group;
+    if (!comm->device_sets || !g || g->size < 2 || g->size > PS_GPU_MAX_SRCS)
+        return 0;
+    size_t bytes = block_bytes(c);
+    if (c->hdr.kind == K(REDUCE_SCATTER))
+        bytes = bytes > SIZE_MAX / (size_t)g->size ? SIZE_MAX : bytes * (size_t)g->size;
+    size_t min = comm->device_min_bytes >= 0    ? (size_t)comm->device_min_bytes
+                 : c->hdr.kind == K(ALL_REDUCE) ? MIN_BYTES_ALL_REDUCE
+                                                : MIN_BYTES_OTHERS;
+    if (bytes < min)
+        return 0;
+    return ps__group_shares_set(comm, g, comm->device_sets);
+}
+
+int ps__devcoll_export(ps__coll_t *c, int in_dev, int out_dev)
+{
+    if ((c->in_bytes && !in_dev) || (c->out_bytes && !out_dev) || (!c->in_bytes && !c->out_bytes))
+        return 0;
+    if (c->in_bytes && ps_gpu_ipc_export(c->in, &c->peer_ipc) != 0)
+        return 0;
+    if (c->out_bytes && ps_gpu_ipc_export(c->out, &c->out_ipc) != 0)
+        return 0;
+    return ps_gpu_get_device(&c->stage_device) == 0;
+}
+
+/* Whether c's input and output are placed as its kind allows: apart, or an
+ * all_reduce's or reduce's one buffer, or a reduce_scatter's output exactly
+ * its own input block. */
+static int placed_ok(const ps__coll_t *c)
+{
+    if (!ps__overlap(c->in, c->in_bytes, c->out, c->out_bytes))
+        return 1;
+    if (c->hdr.kind == K(REDUCE_SCATTER))
+        return c->out == (const char *)c->in + (size_t)c->hdr.rank * block_bytes(c);
+    return c->in == c->out && c->in_bytes == c->out_bytes;
+}
+
+/* Whether a failure after this rank's own work may have changed an input
+ * that a call through the agent would need: its work writes in place. */
+static int writes_in_place(const ps__coll_t *c)
+{
+    return c->out_bytes && ps__overlap(c->in, c->in_bytes, c->out, c->out_bytes);
+}
+
+static void put_ipc(uint64_t *d, const ps_gpu_ipc_t *ipc)
+{
+    d[0] = ipc->base;
+    d[1] = ipc->size;
+    memcpy(&d[2], ipc->handle, PS_GPU_IPC_HANDLE_BYTES);
+}
+
+static void get_ipc(const uint64_t *d, ps_gpu_ipc_t *ipc)
+{
+    ipc->base = d[0];
+    ipc->size = d[1];
+    memcpy(ipc->handle, &d[2], PS_GPU_IPC_HANDLE_BYTES);
+}
+
+/* This rank's descriptor, into d. */
+static void describe(const ps__coll_t *c, uint64_t *d)
+{
+    memset(d, 0, D_WORDS * sizeof(*d));
+    d[D_MAGIC] = DEV_MAGIC;
+    /* Its input is complete before any rank can read it. */
+    int fits = c->peer_dev && placed_ok(c) && ps_gpu_set_device(c->stage_device) == 0 &&
+               ps_gpu_fence() == 0;
+    d[D_PID_FITS] = (uint64_t)(uint32_t)getpid() | (fits ? FITS : 0);
+    if (!fits)
+        return;
+    if (c->in_bytes) {
+        put_ipc(&d[D_IN_BASE], &c->peer_ipc);
+        d[D_IN_ADDR] = (uint64_t)(uintptr_t)c->in;
+    }
+    if (c->out_bytes) {
+        put_ipc(&d[D_OUT_BASE], &c->out_ipc);
+        d[D_OUT_ADDR] = (uint64_t)(uintptr_t)c->out;
+    }
+}
+
+/* The bytes rank i of c's group has in its input and its output. */
+static void rank_bytes(const ps__coll_t *c, int i, size_t *in, size_t *out)
+{
+    size_t b = block_bytes(c);
+    int root = (int)c->hdr.root;
+    switch (c->hdr.kind) {
+    case K(ALL_REDUCE):
+        *in = *out = b;
+        break;
+    case K(REDUCE):
+        *in = b;
+        *out = i == root ? b : 0;
+        break;
+    case K(REDUCE_SCATTER):
+        *in = b * (size_t)c->group->size;
+        *out = b;
+        break;
+    default: /* BROADCAST */
+        *in = i == root ? b : 0;
+        *out = i == root ? 0 : b;
+        break;
+    }
+}
+
+/* Whether [addr, addr + len) lies in the allocation (base, size). */
+static int inside(uint64_t addr, size_t len, uint64_t base, uint64_t size)
+{
+    return addr >= base && size >= len && addr - base <= size - len;
+}
+
+/* Whether every one of the n descriptors at d fits: every rank's buffers
+ * device memory inside the allocations they name. A read past an
+ * allocation would fault the reader's CUDA context. */
+static int all_fit(const ps__coll_t *c, const uint64_t *d, int n)
+{
+    for (int i = 0; i < n; i++) {
+        const uint64_t *x = d + (size_t)i * D_WORDS;
+        size_t in, out;
+        rank_bytes(c, i, &in, &out);
+        if (x[D_MAGIC] != DEV_MAGIC || !(x[D_PID_FITS] & FITS) || !(uint32_t)x[D_PID_FITS] ||
+            (in && !inside(x[D_IN_ADDR], in, x[D_IN_BASE], x[D_IN_SIZE])) ||
+            (out && !inside(x[D_OUT_ADDR], out, x[D_OUT_BASE], x[D_OUT_SIZE])))
+            return 0;
+    }
+    return 1;
+}
+
+/* The allocations this rank maps for one call, given back at its end. */
+typedef struct held {
+    ps_comm_t *comm;
+    int n;
+    int slots[2 * PS_GPU_MAX_SRCS];
+    void *at[2 * PS_GPU_MAX_SRCS];
+} held_t;
+
+/* Where rank x's input (out: output) is in this process: its address in a
+ * rank of this process, else in the allocation mapped here; NULL if that
+ * cannot be mapped. */
+static uint8_t *buffer_of(held_t *h, const uint64_t *x, int out)
+{
+    uint64_t addr = x[out ? D_OUT_ADDR : D_IN_ADDR];
+    if ((uint32_t)x[D_PID_FITS] == (uint32_t)getpid())
+        return (uint8_t *)(uintptr_t)addr;
+    ps_gpu_ipc_t ipc;
+    get_ipc(&x[out ? D_OUT_BASE : D_IN_BASE], &ipc);
+    int slot;
+    uint8_t *base = ps__ipc_map(h->comm, (uint32_t)x[D_PID_FITS], &ipc, &slot);
+    if (!base)
+        return NULL;
+    h->slots[h->n] = slot;
+    h->at[h->n++] = base;
+    return base + (addr - ipc.base);
+}
+
+static void held_release(held_t *h)
+{
+    for (int i = 0; i < h->n; i++)
+        ps__ipc_unmap(h->comm, h->slots[i], h->at[i]);
+    h->n = 0;
+}
+
+/* Slice q of an all_reduce of count elements of size esz among n ranks:
+ * *first and *len in bytes. Slices are whole multiples of 256 bytes (the
+ * kernels' vector loads stay aligned), the last ones shorter or empty. */
+static void slice(size_t count, size_t esz, int n, int q, size_t *first, size_t *len)
+{
+    size_t per = (count + (size_t)n - 1) / (size_t)n, unit = 256 / esz;
+    per = (per + unit - 1) / unit * unit;
+    size_t a = (size_t)q * per, b = a + per;
+    a = a < count ? a : count;
+    b = b < count ? b : count;
+    *first = a * esz;
+    *len = (b - a) * esz;
+}
+
+/* This rank's part of step 2. Returns 0, or -1 if it could not open what it
+ * reads (nothing written), or -2 if its work failed after it began. The
+ * inputs it reads, rank order: in[i] (NULL where none). */
+static int work(const ps__coll_t *c, const uint64_t *d, int n, held_t *h, uint8_t **in,
+                uint8_t **out)
+{
+    Paramsync__V1__CollectiveKind k = c->hdr.kind;
+    int me = (int)c->hdr.rank, root = (int)c->hdr.root;
+    ps_dtype_t dt = (ps_dtype_t)c->hdr.dtype;
+    size_t esz = ps_dtype_size(dt), b = block_bytes(c);
+    int reads = k == K(ALL_REDUCE) || k == K(REDUCE_SCATTER) || (k == K(REDUCE) && me == root);
+    for (int i = 0; i < n; i++) {
+        const uint64_t *x = d + (size_t)i * D_WORDS;
+        in[i] = out[i] = NULL;
+        if (i == me) {
+            in[i] = (uint8_t *)(uintptr_t)c->in;
+            out[i] = c->out;
+            continue;
+        }
+        if ((reads || (k == K(BROADCAST) && i == root && me != root)) &&
+            !(in[i] = buffer_of(h, x, 0)))
+            return -1;
+        /* An all_reduce's second part reads the others' outputs. */
+        if (k == K(ALL_REDUCE) && !(out[i] = buffer_of(h, x, 1)))
+            return -1;
+    }
+    int rc = 0;
+    const void *srcs[PS_GPU_MAX_SRCS];
+    if (k == K(ALL_REDUCE)) {
+        size_t first, len;
+        slice((size_t)c->hdr.count, esz, n, me, &first, &len);
+        for (int i = 0; i < n; i++)
+            srcs[i] = in[i] + first;
+        rc = ps_gpu_reduce_multi((ps_op_t)c->hdr.op, dt, (uint8_t *)c->out + first, srcs, (size_t)n,
+                                 len / esz, NULL);
+    } else if (k == K(REDUCE_SCATTER)) {
+        for (int i = 0; i < n; i++)
+            srcs[i] = in[i] + (size_t)me * b;
+        rc = ps_gpu_reduce_multi((ps_op_t)c->hdr.op, dt, c->out, srcs, (size_t)n, c->hdr.count,
+                                 NULL);
+    } else if (k == K(REDUCE) && me == root) {
+        for (int i = 0; i < n; i++)
+            srcs[i] = in[i];
+        rc = ps_gpu_reduce_multi((ps_op_t)c->hdr.op, dt, c->out, srcs, (size_t)n, c->hdr.count,
+                                 NULL);
+    } else if (k == K(BROADCAST) && me != root) {
+        rc = ps_gpu_memcpy_async(c->out, in[root], b, NULL);
+    }
+    if (ps_gpu_stream_synchronize(NULL) != 0)
+        rc = -1;
+    return rc == 0 ? 0 : -2;
+}
+
+/* An all_reduce's step 4: this rank copies every other rank's slice of the
+ * result into its output. 0 or -1. */
+static int gather_slices(const ps__coll_t *c, int n, uint8_t **out)
+{
+    size_t esz = ps_dtype_size((ps_dtype_t)c->hdr.dtype);
+    int me = (int)c->hdr.rank, rc = 0;
+    for (int j = 1; j < n && rc == 0; j++) {
+        int q = (me + j) % n; /* not every rank at rank 0 first */
+        size_t first, len;
+        slice((size_t)c->hdr.count, esz, n, q, &first, &len);
+        if (len)
+            rc = ps_gpu_memcpy_async((uint8_t *)c->out + first, out[q] + first, len, NULL);
+    }
+    if (ps_gpu_stream_synchronize(NULL) != 0)
+        rc = -1;
+    return rc == 0 ? 0 : -1;
+}
+
+static const char *step_name(const ps__coll_t *c, int step)
+{
+    static const char *names[4][3] = {
+        {"all_reduce (device addresses)", "all_reduce (device slices reduced)",
+         "all_reduce (device result gathered)"},
+        {"reduce (device addresses)", "reduce (device reduce done)", ""},
+        {"reduce_scatter (device addresses)", "reduce_scatter (device blocks reduced)", ""},
+        {"broadcast (device addresses)", "broadcast (device copies done)", ""},
+    };
+    Paramsync__V1__CollectiveKind k = c->hdr.kind;
+    int row = k == K(ALL_REDUCE) ? 0 : k == K(REDUCE) ? 1 : k == K(REDUCE_SCATTER) ? 2 : 3;
+    return names[row][step];
+}
+
+/* Reports a device collective that cannot be undone and fails the call. */
+static int lost(const ps__coll_t *c, const char *what)
+{
+    char name[96];
+    snprintf(name, sizeof(name), "%s (group %u, seq %llu)", c->name, c->hdr.group,
+             (unsigned long long)c->hdr.seq);
+    ps__report(c->comm, PS_EINTERNAL, name, "%s", what);
+    return PS_EINTERNAL;
+}
+
+int ps__devcoll_run(ps__coll_t *c, uint64_t *all, int *rc)
+{
+    int n = c->group->size;
+    uint64_t seq = c->hdr.seq, *mine = all + (size_t)n * D_WORDS;
+    describe(c, mine);
+    *rc = ps__coll_sub(c, step_name(c, 0), K(ALL_GATHER), PS_SUM, PS_UINT8, D_WORDS * sizeof(*mine),
+                       mine, all, seq);
+    int fit = *rc == 0 && all_fit(c, all, n);
+    held_t h = {.comm = c->comm, .n = 0};
+    uint8_t *in[PS_GPU_MAX_SRCS], *out[PS_GPU_MAX_SRCS];
+    /* 1: could not open (nothing written); 2: written, maybe in place. */
+    int32_t failed = 0;
+    if (fit) {
+        int w = work(c, all, n, &h, in, out);
+        failed = w == 0 ? 0 : w == -1 || !writes_in_place(c) ? 1 : 2;
+    }
+    free(all);
+    if (*rc < 0) {
+        held_release(&h);
+        return 1;
+    }
+    if (fit) {
+        *rc = ps__coll_sub(c, step_name(c, 1), K(ALL_REDUCE), PS_MAX, PS_INT32, 1, &failed, &failed,
+                           seq + 1);
+        if (*rc == 0 && failed == 2)
+            *rc = lost(c, "a rank's work on the device failed after it wrote its buffers in "
+                          "place: the call cannot be repeated through the agent");
+        if (*rc == 0 && !failed && c->hdr.kind == K(ALL_REDUCE)) {
+            int32_t copied = gather_slices(c, n, out) == 0 ? 0 : 1;
+            *rc = ps__coll_sub(c, step_name(c, 2), K(ALL_REDUCE), PS_MAX, PS_INT32, 1, &copied,
+                               &copied, seq + 2);
+            if (*rc == 0 && copied)
+                *rc = lost(c, "a rank could not copy the other ranks' slices of the result on "
+                              "the device");
+        }
+        held_release(&h);
+        if (*rc < 0 || !failed)
+            return 1;
+    }
+    c->hdr.seq = seq + (fit ? 2 : 1);
+    /* Through the agent: device buffers left where they lay are staged now. */
+    *rc = ps__stage_deferred(c);
+    return *rc < 0;
+}
