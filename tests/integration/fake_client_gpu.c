@@ -16,7 +16,9 @@
  * process opens through /proc/PID/fd (the same permission peer copies need)
  * and maps: device peer copies then read the other ranks' "device" inputs
  * across processes as CUDA IPC would. PS_FAKEGPU_IPC_OPEN=fail refuses every
- * open, as a driver that cannot open another process's handle would.
+ * open, as a driver that cannot open another process's handle would;
+ * PS_FAKEGPU_REDUCE=fail makes ps_gpu_reduce_multi fail after it wrote half
+ * of its output, as a kernel that faulted would.
  */
 #include <fcntl.h>
 #include <pthread.h>
@@ -324,6 +326,12 @@ int ps_gpu_reduce_multi(ps_op_t op, ps_dtype_t dtype, void *dst, const void *con
     if (!count)
         return 0;
     size_t bytes = count * ps_dtype_size(dtype);
+    const char *fail = getenv("PS_FAKEGPU_REDUCE");
+    if (fail && strcmp(fail, "fail") == 0) {
+        /* A kernel that faulted half way: half its output written, with garbage. */
+        memset(dst, 0x5a, bytes / 2);
+        return PS_EINTERNAL;
+    }
     void *tmp = malloc(bytes);
     if (!tmp)
         return PS_ENOMEM;
