@@ -11,28 +11,32 @@
  *      allows), and for its input and its output the device allocation each
  *      lies in (start, size, CUDA IPC handle) and its address;
  *   2. if every rank's suits, each rank opens the allocations it reads
- *      (ps__ipc_map: kept for later calls) and does its part on its current
- *      device, on the legacy default stream:
+ *      (ps__ipc_map: kept for later calls); where a rank writes over its
+ *      input (an all_reduce or a reduce root in place, a reduce_scatter into
+ *      its own input block), an all_reduce (MAX, seq s + 1) of whether each
+ *      could, so that no rank writes before the call is sure to run here;
+ *      then each does its part on its current device, on the legacy
+ *      default stream:
  *        all_reduce      reduces slice `rank` (1/n of the elements) of every
  *                        input into the same slice of its output;
  *        reduce          the root reduces every input into its output;
  *        reduce_scatter  block `rank` of every input into its output;
  *        broadcast       every other rank copies the root's input;
- *   3. an all_reduce (MAX, seq s + 1) of each rank's outcome;
+ *   3. an all_reduce (MAX, the next seq) of each rank's outcome;
  *   4. all_reduce only: each rank copies every other rank's slice of the
  *      result from that rank's output into its own, then an all_reduce (MAX,
- *      seq s + 2) of the outcome, so that no rank returns (and writes its
- *      buffer again) while another still reads it.
+ *      the next seq) of the outcome, so that no rank returns (and writes
+ *      its buffer again) while another still reads it.
  *
  * The slices and the order of the inputs (rank order) are the same on
  * every rank, so every rank gets the same bits. If a rank's buffers do not
  * suit (host memory, memory CUDA cannot describe, a placement the kind does
  * not allow) the call goes through the agent with seq s + 1, the device
  * buffers staged only then (device.c); if a rank could not open another's
- * memory before it wrote anything, with seq s + 2. A failure after a rank
- * may have written an input in place (an all_reduce's or reduce root's in
- * place, a reduce_scatter whose output is its own input block) cannot be
- * undone: every rank's call fails. Whether a call tries this at all is
+ * memory, or its work failed where no rank writes in place, with the number
+ * after the step that said so (s + 2). A failure of the work where a rank
+ * writes in place cannot be undone: every rank's call fails. A call holds
+ * four numbers (s .. s + 3). Whether a call tries this at all is
  * decided before its sequence number, alike on every rank: the kind, its
  * bytes (the input of a reduce_scatter, the buffer of the others) from the
  * kind's floor below (PARAMSYNC_DEVICE_MIN_BYTES, the same on every rank,
@@ -139,13 +143,6 @@ static int placed_ok(const ps__coll_t *c)
     return c->in == c->out && c->in_bytes == c->out_bytes;
 }
 
-/* Whether a failure after this rank's own work may have changed an input
- * that a call through the agent would need: its work writes in place. */
-static int writes_in_place(const ps__coll_t *c)
-{
-    return c->out_bytes && ps__overlap(c->in, c->in_bytes, c->out, c->out_bytes);
-}
-
 static void put_ipc(uint64_t *d, const ps_gpu_ipc_t *ipc)
 {
     d[0] = ipc->base;
@@ -228,6 +225,24 @@ static int all_fit(const ps__coll_t *c, const uint64_t *d, int n)
     return 1;
 }
 
+/* Whether a rank of the n descriptors at d writes over its input (an
+ * all_reduce's or reduce root's one buffer, a reduce_scatter into its own
+ * input block): a call through the agent after that rank began its work
+ * would reduce what it wrote. Alike on every rank. */
+static int any_in_place(const ps__coll_t *c, const uint64_t *d, int n)
+{
+    for (int i = 0; i < n; i++) {
+        const uint64_t *x = d + (size_t)i * D_WORDS;
+        size_t in, out;
+        rank_bytes(c, i, &in, &out);
+        if (in && out &&
+            ps__overlap((const void *)(uintptr_t)x[D_IN_ADDR], in,
+                        (const void *)(uintptr_t)x[D_OUT_ADDR], out))
+            return 1;
+    }
+    return 0;
+}
+
 /* The allocations this rank maps for one call, given back at its end. */
 typedef struct held {
     ps_comm_t *comm;
@@ -276,16 +291,15 @@ static void slice(size_t count, size_t esz, int n, int q, size_t *first, size_t 
     *len = (b - a) * esz;
 }
 
-/* This rank's part of step 2. Returns 0, or -1 if it could not open what it
- * reads (nothing written), or -2 if its work failed after it began. The
- * inputs it reads, rank order: in[i] (NULL where none). */
-static int work(const ps__coll_t *c, const uint64_t *d, int n, held_t *h, uint8_t **in,
-                uint8_t **out)
+/* Opens what this rank reads in step 2 (and an all_reduce's step 4): the
+ * other ranks' inputs in[i] and outputs out[i], rank order (NULL where it
+ * reads none; its own buffers where i is itself). 0, or -1 if one cannot
+ * be opened. */
+static int open_all(const ps__coll_t *c, const uint64_t *d, int n, held_t *h, uint8_t **in,
+                    uint8_t **out)
 {
     Paramsync__V1__CollectiveKind k = c->hdr.kind;
     int me = (int)c->hdr.rank, root = (int)c->hdr.root;
-    ps_dtype_t dt = (ps_dtype_t)c->hdr.dtype;
-    size_t esz = ps_dtype_size(dt), b = block_bytes(c);
     int reads = k == K(ALL_REDUCE) || k == K(REDUCE_SCATTER) || (k == K(REDUCE) && me == root);
     for (int i = 0; i < n; i++) {
         const uint64_t *x = d + (size_t)i * D_WORDS;
@@ -302,6 +316,17 @@ static int work(const ps__coll_t *c, const uint64_t *d, int n, held_t *h, uint8_
         if (k == K(ALL_REDUCE) && !(out[i] = buffer_of(h, x, 1)))
             return -1;
     }
+    return 0;
+}
+
+/* This rank's part of step 2, on what open_all opened: 0, or -1 if it
+ * failed (its output, and an input it writes over, may be half written). */
+static int work(const ps__coll_t *c, int n, uint8_t **in)
+{
+    Paramsync__V1__CollectiveKind k = c->hdr.kind;
+    int me = (int)c->hdr.rank, root = (int)c->hdr.root;
+    ps_dtype_t dt = (ps_dtype_t)c->hdr.dtype;
+    size_t esz = ps_dtype_size(dt), b = block_bytes(c);
     int rc = 0;
     const void *srcs[PS_GPU_MAX_SRCS];
     if (k == K(ALL_REDUCE)) {
@@ -326,7 +351,7 @@ static int work(const ps__coll_t *c, const uint64_t *d, int n, held_t *h, uint8_
     }
     if (ps_gpu_stream_synchronize(NULL) != 0)
         rc = -1;
-    return rc == 0 ? 0 : -2;
+    return rc == 0 ? 0 : -1;
 }
 
 /* An all_reduce's step 4: this rank copies every other rank's slice of the
@@ -347,15 +372,20 @@ static int gather_slices(const ps__coll_t *c, int n, uint8_t **out)
     return rc == 0 ? 0 : -1;
 }
 
+/* The names the steps' failures are reported under: step 0 the addresses,
+ * 1 the opening (calls that write in place), 2 the work, 3 an all_reduce's
+ * gathering. */
 static const char *step_name(const ps__coll_t *c, int step)
 {
-    static const char *names[4][3] = {
-        {"all_reduce (device addresses)", "all_reduce (device slices reduced)",
-         "all_reduce (device result gathered)"},
-        {"reduce (device addresses)", "reduce (device reduce done)", ""},
-        {"reduce_scatter (device addresses)", "reduce_scatter (device blocks reduced)", ""},
-        {"broadcast (device addresses)", "broadcast (device copies done)", ""},
-    };
+#define PS__DEVCOLL_STEPS(kind)                                                                    \
+    {                                                                                              \
+        kind " (device addresses)", kind " (device memory opened)", kind " (device work done)",    \
+            kind " (device result gathered)"                                                       \
+    }
+    static const char *names[4][4] = {PS__DEVCOLL_STEPS("all_reduce"), PS__DEVCOLL_STEPS("reduce"),
+                                      PS__DEVCOLL_STEPS("reduce_scatter"),
+                                      PS__DEVCOLL_STEPS("broadcast")};
+#undef PS__DEVCOLL_STEPS
     Paramsync__V1__CollectiveKind k = c->hdr.kind;
     int row = k == K(ALL_REDUCE) ? 0 : k == K(REDUCE) ? 1 : k == K(REDUCE_SCATTER) ? 2 : 3;
     return names[row][step];
@@ -371,6 +401,13 @@ static int lost(const ps__coll_t *c, const char *what)
     return PS_EINTERNAL;
 }
 
+/* One small all_reduce (MAX) of each rank's flag at seq: 0 with *flag the
+ * largest, or the failure, reported. */
+static int agree(const ps__coll_t *c, int step, int32_t *flag, uint64_t seq)
+{
+    return ps__coll_sub(c, step_name(c, step), K(ALL_REDUCE), PS_MAX, PS_INT32, 1, flag, flag, seq);
+}
+
 int ps__devcoll_run(ps__coll_t *c, uint64_t *all, int *rc)
 {
     int n = c->group->size;
@@ -379,39 +416,40 @@ int ps__devcoll_run(ps__coll_t *c, uint64_t *all, int *rc)
     *rc = ps__coll_sub(c, step_name(c, 0), K(ALL_GATHER), PS_SUM, PS_UINT8, D_WORDS * sizeof(*mine),
                        mine, all, seq);
     int fit = *rc == 0 && all_fit(c, all, n);
+    int in_place = fit && any_in_place(c, all, n);
     held_t h = {.comm = c->comm, .n = 0};
     uint8_t *in[PS_GPU_MAX_SRCS], *out[PS_GPU_MAX_SRCS];
-    /* 1: could not open (nothing written); 2: written, maybe in place. */
-    int32_t failed = 0;
-    if (fit) {
-        int w = work(c, all, n, &h, in, out);
-        failed = w == 0 ? 0 : w == -1 || !writes_in_place(c) ? 1 : 2;
-    }
+    int32_t failed = fit && open_all(c, all, n, &h, in, out) < 0;
     free(all);
-    if (*rc < 0) {
-        held_release(&h);
-        return 1;
-    }
-    if (fit) {
-        *rc = ps__coll_sub(c, step_name(c, 1), K(ALL_REDUCE), PS_MAX, PS_INT32, 1, &failed, &failed,
-                           seq + 1);
-        if (*rc == 0 && failed == 2)
-            *rc = lost(c, "a rank's work on the device failed after it wrote its buffers in "
-                          "place: the call cannot be repeated through the agent");
+    uint64_t next = seq + 1; /* the number of the next step */
+    /* A rank that writes over its input may begin only once every rank has
+     * opened what it reads: until then the call can still go through the
+     * agent. */
+    if (*rc == 0 && in_place)
+        *rc = agree(c, 1, &failed, next++);
+    /* Every rank takes the work's step, also one that could not open what
+     * it reads (its call then goes through the agent with the others'). */
+    if (*rc == 0 && fit && !(in_place && failed)) {
+        if (!failed)
+            failed = work(c, n, in) < 0;
+        *rc = agree(c, 2, &failed, next++);
+        if (*rc == 0 && failed && in_place)
+            *rc = lost(c, "a rank's work on the device failed after it may have written over its "
+                          "input: the call cannot be repeated through the agent");
         if (*rc == 0 && !failed && c->hdr.kind == K(ALL_REDUCE)) {
             int32_t copied = gather_slices(c, n, out) == 0 ? 0 : 1;
-            *rc = ps__coll_sub(c, step_name(c, 2), K(ALL_REDUCE), PS_MAX, PS_INT32, 1, &copied,
-                               &copied, seq + 2);
+            *rc = agree(c, 3, &copied, next++);
             if (*rc == 0 && copied)
                 *rc = lost(c, "a rank could not copy the other ranks' slices of the result on "
                               "the device");
         }
-        held_release(&h);
-        if (*rc < 0 || !failed)
-            return 1;
     }
-    c->hdr.seq = seq + (fit ? 2 : 1);
-    /* Through the agent: device buffers left where they lay are staged now. */
+    held_release(&h);
+    if (*rc < 0 || (fit && !failed))
+        return 1;
+    /* Through the agent, under the next number: device buffers left where
+     * they lay are staged now. */
+    c->hdr.seq = next;
     *rc = ps__stage_deferred(c);
     return *rc < 0;
 }

@@ -16,7 +16,8 @@
  * process opens through /proc/PID/fd (the same permission peer copies need)
  * and maps: device peer copies then read the other ranks' "device" inputs
  * across processes as CUDA IPC would. PS_FAKEGPU_IPC_OPEN=fail refuses every
- * open, as a driver that cannot open another process's handle would;
+ * open, as a driver that cannot open another process's handle would (=fail:K
+ * only in the process whose RANK is K);
  * PS_FAKEGPU_REDUCE=fail makes ps_gpu_reduce_multi fail after it wrote half
  * of its output, as a kernel that faulted would.
  */
@@ -233,9 +234,11 @@ int ps_gpu_ipc_open(const ps_gpu_ipc_t *ipc, void **base)
         return PS_EINVAL;
     uint64_t h[3];
     memcpy(h, ipc->handle, sizeof(h));
-    const char *refuse = getenv("PS_FAKEGPU_IPC_OPEN");
-    if (h[0] != IPC_MAGIC || h[1] == (uint64_t)getpid() || !ipc->size ||
-        (refuse && strcmp(refuse, "fail") == 0))
+    /* "fail": every open refused; "fail:K": only in the process of RANK K. */
+    const char *refuse = getenv("PS_FAKEGPU_IPC_OPEN"), *rank = getenv("RANK");
+    int refused = refuse && (strcmp(refuse, "fail") == 0 || (strncmp(refuse, "fail:", 5) == 0 &&
+                                                             rank && !strcmp(refuse + 5, rank)));
+    if (h[0] != IPC_MAGIC || h[1] == (uint64_t)getpid() || !ipc->size || refused)
         return PS_EINVAL;
     char path[64];
     snprintf(path, sizeof(path), "/proc/%llu/fd/%llu", (unsigned long long)h[1],
