@@ -289,15 +289,16 @@ void *ps__ipc_map(ps_comm_t *comm, uint32_t pid, const ps_gpu_ipc_t *ipc, int *s
             oldest = i;
         }
     }
-    /* A full table gives up the mapping used longest ago, which no copy reads now. */
-    if (free_at < 0 && oldest >= 0) {
+    if (ps_gpu_ipc_open(ipc, &at) != 0) {
+        at = NULL;
+        free_at = -1;
+    } else if (free_at < 0 && oldest >= 0) {
+        /* A full table gives up the mapping used longest ago, which no copy reads now. */
         (void)ps_gpu_ipc_close(comm->ipc_maps[oldest].at);
         comm->ipc_maps[oldest].at = NULL;
         free_at = oldest;
     }
-    if (ps_gpu_ipc_open(ipc, &at) != 0) {
-        at = NULL;
-    } else if (free_at >= 0) {
+    if (at && free_at >= 0) {
         ps__ipc_map_t *m = &comm->ipc_maps[free_at];
         m->at = at;
         m->pid = pid;

@@ -130,8 +130,12 @@ int ps_gpu_stream_synchronize(ps_gpu_stream_t stream)
     return 0;
 }
 
-/* No CUDA IPC here: calls that peer copies take stage their device buffers
- * as every other call does (the integration worker's fake CUDA has IPC). */
+/* No CUDA IPC export here: calls that peer copies take stage their device
+ * buffers as every other call does (the integration worker's fake CUDA has
+ * IPC). Opening counts, for the comm's cache of mappings: a handle whose
+ * first byte is 0xff cannot be opened; a mapping is a distinct address. */
+static int ipc_opens, ipc_live;
+
 int ps_gpu_fence(void)
 {
     return 0;
@@ -145,13 +149,20 @@ int ps_gpu_ipc_export(const void *ptr, ps_gpu_ipc_t *out)
 
 int ps_gpu_ipc_open(const ps_gpu_ipc_t *ipc, void **base)
 {
-    (void)ipc, (void)base;
-    return PS_EUNAVAIL;
+    if (ipc->handle[0] == 0xff)
+        return PS_EINVAL;
+    ipc_opens++;
+    ipc_live++;
+    *base = malloc(1);
+    return *base ? 0 : PS_ENOMEM;
 }
 
 int ps_gpu_ipc_close(void *base)
 {
-    (void)base;
+    if (base) {
+        ipc_live--;
+        free(base);
+    }
     return 0;
 }
 
@@ -472,6 +483,84 @@ static void test_large_buffers_on_huge_pages(void **state)
     dev_free(buf);
 }
 
+static ps_gpu_ipc_t ipc_of(int n)
+{
+    ps_gpu_ipc_t ipc;
+    memset(&ipc, 0, sizeof(ipc));
+    memcpy(ipc.handle + 8, &n, sizeof(n));
+    ipc.size = 4096;
+    return ipc;
+}
+
+/* The comm's mappings of other ranks' allocations: one open per (process,
+ * allocation), kept while in use and after; when all are taken, the one
+ * used longest ago and read by nobody goes; with every one in use, a
+ * mapping for that use alone, closed when given back; all closed at the
+ * end (teardown's ps__stage_free). */
+static void test_ipc_mappings(void **state)
+{
+    fixture_t *f = *state;
+    ipc_opens = ipc_live = 0;
+    int slot, slot2;
+    ps_gpu_ipc_t a = ipc_of(1);
+    void *at = ps__ipc_map(&f->comm, 100, &a, &slot);
+    assert_non_null(at);
+    assert_true(slot >= 0);
+    assert_ptr_equal(ps__ipc_map(&f->comm, 100, &a, &slot2), at); /* the same, in use twice */
+    assert_int_equal(slot2, slot);
+    assert_int_equal(ipc_opens, 1);
+    ps_gpu_ipc_t same_handle = ipc_of(1);
+    void *other_pid = ps__ipc_map(&f->comm, 101, &same_handle, &slot2);
+    assert_ptr_not_equal(other_pid, at); /* another process's allocation */
+    assert_int_equal(ipc_opens, 2);
+    ps__ipc_unmap(&f->comm, slot2, other_pid);
+    ps__ipc_unmap(&f->comm, slot, at);
+    ps__ipc_unmap(&f->comm, slot, at);
+    assert_int_equal(ipc_live, 2); /* kept */
+
+    /* Fill the table; `a` is the oldest and unused: it goes first. */
+    for (int i = 2; ipc_live < PS__IPC_MAPS; i++) {
+        ps_gpu_ipc_t x = ipc_of(i);
+        void *p = ps__ipc_map(&f->comm, 100, &x, &slot2);
+        assert_non_null(p);
+        ps__ipc_unmap(&f->comm, slot2, p);
+    }
+    ps_gpu_ipc_t b = ipc_of(1000);
+    void *pb = ps__ipc_map(&f->comm, 100, &b, &slot2);
+    assert_non_null(pb);
+    assert_int_equal(ipc_live, PS__IPC_MAPS);
+    int opens = ipc_opens;
+    void *again = ps__ipc_map(&f->comm, 100, &a, &slot);
+    assert_int_equal(ipc_opens, opens + 1); /* it had gone */
+    ps__ipc_unmap(&f->comm, slot, again);
+
+    /* With pb in use, PS__IPC_MAPS - 1 more fill the table in use; the next
+     * is mapped for its use alone and closed when given back. */
+    void *held[PS__IPC_MAPS];
+    int slots[PS__IPC_MAPS];
+    for (int i = 0; i < PS__IPC_MAPS; i++) {
+        ps_gpu_ipc_t x = ipc_of(2000 + i);
+        held[i] = ps__ipc_map(&f->comm, 100, &x, &slots[i]);
+        assert_non_null(held[i]);
+        assert_true(i == PS__IPC_MAPS - 1 ? slots[i] == -1 : slots[i] >= 0);
+    }
+    assert_int_equal(ipc_live, PS__IPC_MAPS + 1);
+    ps__ipc_unmap(&f->comm, slots[PS__IPC_MAPS - 1], held[PS__IPC_MAPS - 1]);
+    assert_int_equal(ipc_live, PS__IPC_MAPS);
+    for (int i = 0; i < PS__IPC_MAPS - 1; i++)
+        ps__ipc_unmap(&f->comm, slots[i], held[i]);
+    ps__ipc_unmap(&f->comm, slot2, pb);
+
+    /* A handle that cannot be opened: NULL, and no mapping given up for it. */
+    ps_gpu_ipc_t bad = ipc_of(4000);
+    bad.handle[0] = 0xff;
+    int live = ipc_live;
+    assert_null(ps__ipc_map(&f->comm, 100, &bad, &slot));
+    assert_int_equal(ipc_live, live);
+    ps__peer_ipc_close_all(&f->comm);
+    assert_int_equal(ipc_live, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -482,6 +571,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_copy_back_on_callers_device, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cache_keeps_the_larger, setup, teardown),
         cmocka_unit_test_setup_teardown(test_large_buffers_on_huge_pages, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ipc_mappings, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
