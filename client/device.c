@@ -301,9 +301,10 @@ int ps__stage_prepare(ps__coll_t *c)
     if (ps__peer_takes(c) && ps__peer_ipc_wanted()) {
         if (ps__devcoll_kind(c))
             ready = ps__devcoll_export(c, in_dev, out_dev);
-        else
-            ready = in_dev && ps_gpu_ipc_export(c->in, &c->peer_ipc) == 0 &&
-                    ps_gpu_get_device(&c->stage_device) == 0;
+        else /* a scatter's other ranks have no input: they only read the root's */
+            ready =
+                (in_dev ? ps_gpu_ipc_export(c->in, &c->peer_ipc) == 0 : !c->in_bytes && out_dev) &&
+                ps_gpu_get_device(&c->stage_device) == 0;
     }
     if (ready) {
         c->peer_dev = 1;

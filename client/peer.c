@@ -229,11 +229,12 @@ static void describe(const ps__coll_t *c, size_t block, uint64_t *d)
         d[W_BLOCKS + j] = (uint64_t)(uintptr_t)((const char *)c->in + j * block);
 }
 
-/* How the n descriptors at d (w words each, blocks of `block` bytes) let
+/* How c's n descriptors at d (w words each, blocks of `block` bytes) let
  * every rank read every other: FITS_HOST from host memory, FITS_DEVICE from
  * device memory (every rank's input, its blocks inside the allocation it
- * names), or 0 not at all (a mix of the two among them). */
-static uint64_t all_fit(const uint64_t *d, int n, size_t w, size_t block)
+ * names; a scatter's other ranks have none), or 0 not at all (a mix of the
+ * two among them). */
+static uint64_t all_fit(const ps__coll_t *c, const uint64_t *d, int n, size_t w, size_t block)
 {
     uint64_t how = d[W_PID_FITS] & FITS_DEVICE ? FITS_DEVICE : FITS_HOST;
     for (int i = 0; i < n; i++) {
@@ -243,7 +244,8 @@ static uint64_t all_fit(const uint64_t *d, int n, size_t w, size_t block)
             !x[W_PIDNS_INO] || x[W_PIDNS_DEV] != d[W_PIDNS_DEV] || x[W_PIDNS_INO] != d[W_PIDNS_INO])
             return 0;
         /* A read past an allocation would fault the reader's CUDA context. */
-        for (size_t j = W_BLOCKS; how == FITS_DEVICE && j < w; j++)
+        int has_input = c->hdr.kind != K(SCATTER) || i == (int)c->hdr.root;
+        for (size_t j = W_BLOCKS; how == FITS_DEVICE && has_input && j < w; j++)
             if (x[j] < x[W_DEV_BASE] || x[W_DEV_SIZE] < block ||
                 x[j] - x[W_DEV_BASE] > x[W_DEV_SIZE] - block)
                 return 0;
@@ -457,7 +459,7 @@ int ps__peer_run(ps__coll_t *c, int *rc)
     describe(c, block, mine);
     *rc = ps__coll_sub(c, step_name(c, 0), K(ALL_GATHER), PS_SUM, PS_UINT8, w * sizeof(*mine), mine,
                        all, seq);
-    uint64_t how = *rc == 0 ? all_fit(all, n, w, block) : 0;
+    uint64_t how = *rc == 0 ? all_fit(c, all, n, w, block) : 0;
     if (how == FITS_HOST)
         ps__collapse_buffers(c);
     int32_t failed = how && pull(c, all, n, block, how) < 0;

@@ -2561,6 +2561,38 @@ static int dv_big_all_gather(ctx_t *cx, int mixed)
     return rc;
 }
 
+/* A scatter from the last rank of device buffers, 2 MiB a block, which peer
+ * copies take where the ranks share an agent (from 4 MiB of blocks): each
+ * other rank reads its block of the root's input (the root copies its own). */
+static int dv_big_scatter(ctx_t *cx)
+{
+    int r = cx->rank, n = cx->size, root = n - 1;
+    const size_t c = ((size_t)1 << 19) + 3, all = (size_t)n * c;
+    int32_t *host = malloc(all * sizeof(int32_t)), *din = NULL, *dout = NULL;
+    int rc = host ? 0 : fail("out of memory");
+    for (size_t i = 0; rc == 0 && i < all; i++)
+        host[i] = (int32_t)((int)(i / c) * 1000 + (int)(i % c % 89));
+    if (rc == 0 && r == root)
+        rc = dev_put(&din, host, all);
+    if (rc == 0)
+        rc = dev_put(&dout, host + all - c, c); /* anything but its block */
+    if (rc == 0 && (rc = ps_scatter(cx->comm, dout, din, c, PS_INT32, root, NULL)) != 0)
+        rc = fail("scatter (2 MiB blocks) returned %d (%s)", rc, ps_strerror(rc));
+    if (rc == 0)
+        rc = staged_reads(cx, "scatter (2 MiB blocks)", "PS_TEST_STAGE_PEER", r == root ? 0 : 1);
+    if (rc == 0)
+        rc = dev_get(host, dout, c);
+    for (size_t i = 0; rc == 0 && i < c; i++) {
+        int32_t want = (int32_t)(r * 1000 + (int)(i % 89));
+        if (host[i] != want)
+            rc = fail("scatter (2 MiB blocks): element %zu is %d, expected %d", i, host[i], want);
+    }
+    ps_gpu_free(din);
+    ps_gpu_free(dout);
+    free(host);
+    return rc;
+}
+
 /* An all_to_all of device buffers, 1 MiB a block, which peer copies take
  * where the ranks share an agent: rank r's block j holds r * 1000 + j * 7 +
  * i % 97, and arrives as block r of rank j's output, here on the host. */
@@ -2642,6 +2674,7 @@ static int sc_device_body(ctx_t *cx, int32_t *host, int32_t *host2, int32_t **de
     TRY(dv_big_all_gather(cx, 0));
     TRY(dv_big_all_gather(cx, 1));
     TRY(dv_big_all_to_all(cx));
+    TRY(dv_big_scatter(cx));
 
     /* reduce_scatter: n blocks in, one block out, both on the device. */
     fill_i32(host2, all, dv_rs_in, r, n);
