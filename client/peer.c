@@ -30,7 +30,7 @@
  * Device peer copies: when every rank's input is CUDA device memory (and
  * PARAMSYNC_CUDA_IPC is not 0), the descriptors also carry the CUDA IPC
  * handle of the allocation each input lies in. A rank opens the others'
- * (once: the mappings are kept for later calls, 16 at most) and copies its
+ * (once: the mappings are kept for later calls, PS__IPC_MAPS, 32, at most) and copies its
  * blocks device to device, into a device or host output; nothing crosses
  * host memory, and the client stages nothing (device.c). Each rank waits
  * for the work before its call on the legacy default stream (and so on
