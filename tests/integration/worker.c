@@ -2326,6 +2326,44 @@ static int sc_join_bad_rank(ctx_t *cx)
     return join_expect(&o, PS_EINVAL, "rank", "rank 5 of 2");
 }
 
+/* Settings from the environment that are not numbers, or out of range:
+ * ps_init refuses each at once, naming the variable, and the next ps_init
+ * with the variable gone joins. */
+static int sc_env_errors(ctx_t *cx)
+{
+    static const struct {
+        const char *var, *value;
+    } bad[] = {
+        {"PARAMSYNC_TIMEOUT_MS", "0"},
+        {"PARAMSYNC_TIMEOUT_MS", "10s"},
+        {"PARAMSYNC_JOIN_TIMEOUT_MS", "-5"},
+        {"PARAMSYNC_CHUNK_BYTES", "0"},
+        {"PARAMSYNC_CHUNK_BYTES", "999999999999"},
+        {"PARAMSYNC_DEVICE_MIN_BYTES", "-1"},
+        {"PARAMSYNC_DEVICE_MIN_BYTES", "4M"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char what[96];
+        snprintf(what, sizeof(what), "%s=%s", bad[i].var, bad[i].value);
+        const char *before = getenv(bad[i].var);
+        char *saved = before ? strdup(before) : NULL;
+        setenv(bad[i].var, bad[i].value, 1);
+        ps_init_options_t o;
+        ps_init_options_default(&o);
+        int rc = join_expect(&o, PS_EINVAL, bad[i].var, what);
+        if (saved)
+            setenv(bad[i].var, saved, 1);
+        else
+            unsetenv(bad[i].var);
+        free(saved);
+        TRY(rc);
+    }
+    ps_init_options_t o;
+    ps_init_options_default(&o);
+    CHECK_OK(join(&o, &cx->comm));
+    return sc_smoke(cx);
+}
+
 /* Agents that disagree on settings their collectives between agents depend
  * on (e.g. --rd-max-bytes at one: run.sh --agent-arg; its all_reduces would take
  * recursive doubling where the others' go round the ring): the job is not
@@ -2857,6 +2895,7 @@ static const scenario_t scenarios[] = {
     {"device", sc_device, 1, 0},
     {"device_fail", sc_device_fail, 1, 0},
     {"join_bad_rank", sc_join_bad_rank, 0, 0},
+    {"env_errors", sc_env_errors, 0, 0},
     {"join_world_mismatch", sc_join_world_mismatch, 0, 0},
     {"join_duplicate", sc_join_duplicate, 0, 0},
     {"join_timeout", sc_join_timeout, 0, 0},
