@@ -216,7 +216,7 @@ static void *join_main(void *arg)
         comm->join_timeout_ms > UINT32_MAX ? UINT32_MAX : (uint32_t)comm->join_timeout_ms;
     req.peer_copies = ps__peer_wanted(comm);
     req.pid_namespace = comm->peer_pidns_ino;
-    req.cuda = ps__device_wanted();
+    req.cuda_host = ps__device_host();
     /* Failures to send show in the status below. The request side stays
      * open: the agent learns that this rank died when the stream breaks, and
      * that it left when ps_finalize half-closes it. */

@@ -2,7 +2,7 @@
  * Device collectives: all_reduce, reduce, reduce_scatter and broadcast of
  * CUDA device buffers, run by the ranks on the device, rank to rank, when
  * every rank of the group joined through one agent with CUDA loaded
- * (JoinRequest.cuda, JoinEvent.device_sets). Through the agent such a call
+ * (JoinRequest.cuda_host, JoinEvent.device_sets). Through the agent such a call
  * costs a copy of every input to host memory, the agent's work there, and
  * a copy of every result back; here no byte leaves the GPU:
  *

@@ -323,9 +323,26 @@ int ps__stage_deferred(ps__coll_t *c)
     return ps__stage_buffers(c, c->defer_in_dev, c->defer_out_dev);
 }
 
-int ps__device_wanted(void)
+uint64_t ps__device_host(void)
 {
-    return cuda_usable() && ps__peer_ipc_wanted() && !ps__shm_off();
+    if (!cuda_usable() || !ps__peer_ipc_wanted() || ps__shm_off())
+        return 0;
+    /* PARAMSYNC_HOST_ID, else the kernel's boot id: one per host and boot,
+     * the same in every container there. FNV-1a of its text; never 0. */
+    char id[256] = "";
+    const char *env = getenv("PARAMSYNC_HOST_ID");
+    FILE *f = env && *env ? NULL : fopen("/proc/sys/kernel/random/boot_id", "re");
+    if (env && *env)
+        snprintf(id, sizeof(id), "%s", env);
+    if (f) {
+        if (!fgets(id, sizeof(id), f))
+            id[0] = 0;
+        fclose(f);
+    }
+    uint64_t h = UINT64_C(0xcbf29ce484222325);
+    for (const char *p = id; *p && *p != '\n'; p++)
+        h = (h ^ (uint8_t)*p) * UINT64_C(0x100000001b3);
+    return h ? h : 1;
 }
 
 int ps__stage_end(ps__coll_t *c, int rc)

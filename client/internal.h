@@ -370,9 +370,10 @@ int ps__devcoll_kind(const ps__coll_t *c);
  * its group (JoinEvent.device_sets, the sizes), before its sequence number. */
 int ps__devcoll_takes(const ps__coll_t *c);
 
-/** Whether this process joins with JoinRequest.cuda: CUDA is loaded here,
- * and neither PARAMSYNC_CUDA_IPC=0 nor PARAMSYNC_SHM=0 is set (device.c). */
-int ps__device_wanted(void);
+/** JoinRequest.cuda_host: 0 unless CUDA is loaded here and neither
+ * PARAMSYNC_CUDA_IPC=0 nor PARAMSYNC_SHM=0 is set; then a nonzero number
+ * naming this host, from PARAMSYNC_HOST_ID or else its boot id (device.c). */
+uint64_t ps__device_host(void);
 
 /** Describes c's device buffers for a device collective: 1 when every buffer
  * c has is device memory that could be exported (c->peer_ipc, c->out_ipc,

@@ -34,7 +34,7 @@ typedef struct member {
     char *peer;
     int peer_copies;        /* JoinRequest.peer_copies */
     uint64_t pid_namespace; /* JoinRequest.pid_namespace */
-    int cuda;               /* JoinRequest.cuda */
+    uint64_t cuda_host;     /* JoinRequest.cuda_host */
     char *settings;         /* JoinRequest.agent_settings of its agent */
     event_t *events, **events_tail;
 } member_t;
@@ -208,14 +208,16 @@ static int send_event(ps__rpc_call_t *call, Paramsync__V1__JoinEvent__Kind kind,
 /* Whether member m may share a peer-copy set (device: a device set) with x. */
 static int same_set(const member_t *m, const member_t *x, int device)
 {
-    return (device ? x->cuda : x->peer_copies && x->pid_namespace == m->pid_namespace) &&
+    return (device ? x->cuda_host == m->cuda_host
+                   : x->peer_copies && x->pid_namespace == m->pid_namespace) &&
            x->agent && strcmp(x->agent, m->agent) == 0;
 }
 
 /* JoinEvent.peer_sets (device: device_sets) for a job whose ranks have all
  * joined (lock held; made once as it forms, O(n^2) in its world size at
  * worst): ranks that asked for peer copies through the same agent from the
- * same PID namespace (device: that joined with CUDA through the same agent)
+ * same PID namespace (device: that joined with CUDA on the same host through
+ * the same agent)
  * share a number, one more than the first such rank; the others have 0.
  * NULL: no memory (then READY goes without, and no rank takes that path). */
 static uint32_t *peer_sets(const job_t *j, int device)
@@ -223,7 +225,8 @@ static uint32_t *peer_sets(const job_t *j, int device)
     uint32_t *sets = calloc((size_t)j->world_size, sizeof(*sets));
     for (int r = 0; sets && r < j->world_size; r++) {
         const member_t *m = &j->members[r];
-        if (!(device ? m->cuda : m->peer_copies && m->pid_namespace) || !m->agent || !*m->agent)
+        if (!(device ? m->cuda_host : m->peer_copies && m->pid_namespace) || !m->agent ||
+            !*m->agent)
             continue;
         int first = 0;
         while (!same_set(m, &j->members[first], device))
@@ -429,7 +432,7 @@ static int join_register(ps__coordinator_t *c, const Paramsync__V1__JoinRequest 
     m->peer = strdup(peer);
     m->peer_copies = req->peer_copies;
     m->pid_namespace = req->pid_namespace;
-    m->cuda = req->cuda;
+    m->cuda_host = req->cuda_host;
     free(m->settings);
     m->settings = strdup(req->agent_settings ? req->agent_settings : "");
     j->njoined++;

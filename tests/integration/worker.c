@@ -2934,6 +2934,11 @@ int main(int argc, char **argv)
      * would: a process with CUDA loaded at ps_init joins for device
      * collectives. Without a device the scenario skips. */
     int ndev = 0;
+    /* PS_TEST_HOST_PER_RANK: each rank says it is on a host of its own. */
+    char host_id[32];
+    snprintf(host_id, sizeof(host_id), "host-%d", cx.rank);
+    if (env_int("PS_TEST_HOST_PER_RANK", 0))
+        setenv("PARAMSYNC_HOST_ID", host_id, 1);
     if (strncmp(sc->name, "device", 6) == 0 && ps_gpu_device_count(&ndev) == 0)
         (void)ps_gpu_set_device(0);
     int threads0 = thread_count();
