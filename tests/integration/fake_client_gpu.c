@@ -63,28 +63,27 @@ static block_t *find(block_t *t, const void *p)
 }
 
 /* Lock held. */
-static int add(block_t *t, const void *p, size_t bytes)
+static block_t *add(block_t *t, const void *p, size_t bytes)
 {
     block_t *free_slot = NULL;
     for (int i = 0; i < MAX_BLOCKS && !free_slot; i++)
         if (!t[i].p)
             free_slot = &t[i];
-    if (!free_slot)
-        return PS_ENOMEM;
-    *free_slot = (block_t){p, bytes, -1, 0};
-    return 0;
+    if (free_slot)
+        *free_slot = (block_t){p, bytes, -1, 0};
+    return free_slot;
 }
 
-/* Removes the block starting at p: 0 with its memfd in *fd (when fd is
+/* Removes the block starting at p: 0 with what it was in *was (when was is
  * not NULL), or PS_EINVAL when there is none. */
-static int drop_fd(block_t *t, const void *p, int *fd)
+static int drop_block(block_t *t, const void *p, block_t *was)
 {
     pthread_mutex_lock(&lock);
     block_t *b = find(t, p);
     int ok = b && b->p == p;
     if (ok) {
-        if (fd)
-            *fd = b->fd;
+        if (was)
+            *was = *b;
         *b = (block_t){NULL, 0, -1, 0};
     }
     pthread_mutex_unlock(&lock);
@@ -93,7 +92,7 @@ static int drop_fd(block_t *t, const void *p, int *fd)
 
 static int drop(block_t *t, const void *p)
 {
-    return drop_fd(t, p, NULL);
+    return drop_block(t, p, NULL);
 }
 
 int ps_gpu_device_count(int *count)
@@ -135,7 +134,7 @@ static int alloc_in(block_t *t, void **ptr, size_t bytes)
     if (!p)
         return PS_ENOMEM;
     pthread_mutex_lock(&lock);
-    int rc = add(t, p, bytes ? bytes : 1);
+    int rc = add(t, p, bytes ? bytes : 1) ? 0 : PS_ENOMEM;
     pthread_mutex_unlock(&lock);
     if (rc < 0) {
         free(p);
@@ -154,10 +153,11 @@ static int map_device(int fd, size_t bytes, int own_fd, void **ptr)
         return PS_ENOMEM;
     pthread_mutex_lock(&lock);
     static uint64_t serials;
-    int rc = add(dev, p, bytes);
-    if (rc == 0) {
-        find(dev, p)->fd = own_fd;
-        find(dev, p)->serial = ++serials;
+    block_t *b = add(dev, p, bytes);
+    int rc = b ? 0 : PS_ENOMEM;
+    if (b) {
+        b->fd = own_fd;
+        b->serial = ++serials;
     }
     pthread_mutex_unlock(&lock);
     if (rc < 0) {
@@ -185,16 +185,12 @@ int ps_gpu_malloc(void **ptr, size_t bytes)
  * one that ps_gpu_ipc_open mapped. */
 static int unmap_device(void *ptr)
 {
-    pthread_mutex_lock(&lock);
-    block_t *b = find(dev, ptr);
-    size_t bytes = b && b->p == ptr ? b->bytes : 0;
-    pthread_mutex_unlock(&lock);
-    int fd = -1;
-    if (!bytes || drop_fd(dev, ptr, &fd) != 0)
+    block_t was;
+    if (drop_block(dev, ptr, &was) != 0)
         return PS_EINVAL;
-    munmap(ptr, bytes);
-    if (fd >= 0)
-        close(fd);
+    munmap(ptr, was.bytes);
+    if (was.fd >= 0)
+        close(was.fd);
     return 0;
 }
 
@@ -272,7 +268,7 @@ int ps_gpu_host_register(void *ptr, size_t bytes)
     if (!ptr || !bytes)
         return PS_EINVAL;
     pthread_mutex_lock(&lock);
-    int rc = find(pinned, ptr) ? PS_EINVAL : add(pinned, ptr, bytes);
+    int rc = find(pinned, ptr) ? PS_EINVAL : add(pinned, ptr, bytes) ? 0 : PS_ENOMEM;
     pthread_mutex_unlock(&lock);
     return rc;
 }
