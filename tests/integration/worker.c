@@ -2559,6 +2559,47 @@ static void fill_i32(int32_t *p, size_t count, int64_t (*f)(size_t, int, int), i
         p[i] = (int32_t)f(i, r, n);
 }
 
+/* The large calls that peer copies take: blocks of these many int32 (all
+ * just above a size: 4 MiB, 1 MiB, 2 MiB), and each one's values. */
+enum { BIG_AG = (1 << 20) + 1, BIG_A2A = (1 << 18) + 3, BIG_SC = (1 << 19) + 3 };
+
+/* all_gather: rank r's input; the output holds every rank's in order. */
+static int64_t big_ag_in(size_t i, int r, int n)
+{
+    (void)n;
+    return r * 7 + (int64_t)(i % 1000);
+}
+
+static int64_t big_ag_out(size_t i, int r, int n)
+{
+    (void)r;
+    return big_ag_in(i % BIG_AG, (int)(i / BIG_AG), n);
+}
+
+/* all_to_all: rank r's block j; rank r's output block j is rank j's block r. */
+static int64_t big_a2a_in(size_t i, int r, int n)
+{
+    (void)n;
+    return r * 1000 + (int64_t)(i / BIG_A2A) * 7 + (int64_t)(i % BIG_A2A % 97);
+}
+
+static int64_t big_a2a_out(size_t i, int r, int n)
+{
+    return big_a2a_in(i % BIG_A2A + (size_t)r * BIG_A2A, (int)(i / BIG_A2A), n);
+}
+
+/* scatter: the root's block j goes to rank j. */
+static int64_t big_sc_in(size_t i, int r, int n)
+{
+    (void)r, (void)n;
+    return (int64_t)(i / BIG_SC) * 1000 + (int64_t)(i % BIG_SC % 89);
+}
+
+static int64_t big_sc_out(size_t i, int r, int n)
+{
+    return big_sc_in(i + (size_t)r * BIG_SC, 0, n);
+}
+
 /* An all_gather of device buffers large enough (4 MiB a rank) for peer
  * copies where the ranks share an agent: they read each other's device
  * inputs where they lie (device peer copies: nothing staged), or, without
@@ -2570,15 +2611,15 @@ static void fill_i32(int32_t *p, size_t count, int64_t (*f)(size_t, int, int), i
 static int dv_big_all_gather(ctx_t *cx, int mixed)
 {
     int r = cx->rank, n = cx->size;
-    const size_t c = ((size_t)1 << 20) + 1, all = (size_t)n * c;
+    const size_t c = BIG_AG, all = (size_t)n * c;
     int32_t *host = malloc(all * sizeof(int32_t)), *din = NULL, *dout = NULL;
     const char *what = mixed ? "all_gather (4 MiB a rank, odd ranks' inputs on the host)"
                              : "all_gather (4 MiB a rank)";
     int rc = host ? 0 : fail("out of memory");
-    for (size_t i = 0; rc == 0 && i < c; i++)
-        host[i] = (int32_t)(r * 7 + (int)(i % 1000));
-    if (rc == 0)
+    if (rc == 0) {
+        fill_i32(host, c, big_ag_in, r, n);
         rc = dev_put(&din, host, c);
+    }
     if (rc == 0)
         rc = dev_put(&dout, host, all);
     const void *in = mixed && r % 2 ? (const void *)host : din;
@@ -2588,11 +2629,8 @@ static int dv_big_all_gather(ctx_t *cx, int mixed)
         rc = staged_as(cx, what, mixed ? NULL : "PS_TEST_STAGE_PEER");
     if (rc == 0)
         rc = dev_get(host, dout, all);
-    for (size_t i = 0; rc == 0 && i < all; i++) {
-        int32_t want = (int32_t)((int)(i / c) * 7 + (int)(i % c % 1000));
-        if (host[i] != want)
-            rc = fail("%s: element %zu is %d, expected %d", what, i, host[i], want);
-    }
+    if (rc == 0)
+        rc = check_i32(what, host, all, big_ag_out, r, n);
     ps_gpu_free(din);
     ps_gpu_free(dout);
     free(host);
@@ -2605,13 +2643,13 @@ static int dv_big_all_gather(ctx_t *cx, int mixed)
 static int dv_big_scatter(ctx_t *cx)
 {
     int r = cx->rank, n = cx->size, root = n - 1;
-    const size_t c = ((size_t)1 << 19) + 3, all = (size_t)n * c;
+    const size_t c = BIG_SC, all = (size_t)n * c;
     int32_t *host = malloc(all * sizeof(int32_t)), *din = NULL, *dout = NULL;
     int rc = host ? 0 : fail("out of memory");
-    for (size_t i = 0; rc == 0 && i < all; i++)
-        host[i] = (int32_t)((int)(i / c) * 1000 + (int)(i % c % 89));
-    if (rc == 0 && r == root)
-        rc = dev_put(&din, host, all);
+    if (rc == 0) {
+        fill_i32(host, all, big_sc_in, r, n);
+        rc = r == root ? dev_put(&din, host, all) : 0;
+    }
     if (rc == 0)
         rc = dev_put(&dout, host + all - c, c); /* anything but its block */
     if (rc == 0 && (rc = ps_scatter(cx->comm, dout, din, c, PS_INT32, root, NULL)) != 0)
@@ -2620,11 +2658,8 @@ static int dv_big_scatter(ctx_t *cx)
         rc = staged_reads(cx, "scatter (2 MiB blocks)", "PS_TEST_STAGE_PEER", r == root ? 0 : 1);
     if (rc == 0)
         rc = dev_get(host, dout, c);
-    for (size_t i = 0; rc == 0 && i < c; i++) {
-        int32_t want = (int32_t)(r * 1000 + (int)(i % 89));
-        if (host[i] != want)
-            rc = fail("scatter (2 MiB blocks): element %zu is %d, expected %d", i, host[i], want);
-    }
+    if (rc == 0)
+        rc = check_i32("scatter (2 MiB blocks)", host, c, big_sc_out, r, n);
     ps_gpu_free(din);
     ps_gpu_free(dout);
     free(host);
@@ -2632,28 +2667,24 @@ static int dv_big_scatter(ctx_t *cx)
 }
 
 /* An all_to_all of device buffers, 1 MiB a block, which peer copies take
- * where the ranks share an agent: rank r's block j holds r * 1000 + j * 7 +
- * i % 97, and arrives as block r of rank j's output, here on the host. */
+ * where the ranks share an agent, into host memory. */
 static int dv_big_all_to_all(ctx_t *cx)
 {
     int r = cx->rank, n = cx->size;
-    const size_t c = ((size_t)1 << 18) + 3, all = (size_t)n * c;
+    const size_t all = (size_t)n * BIG_A2A;
     int32_t *host = malloc(all * sizeof(int32_t)), *out = calloc(all, sizeof(int32_t));
     int32_t *din = NULL;
     int rc = host && out ? 0 : fail("out of memory");
-    for (size_t i = 0; rc == 0 && i < all; i++)
-        host[i] = (int32_t)(r * 1000 + (int)(i / c) * 7 + (int)(i % c % 97));
-    if (rc == 0)
+    if (rc == 0) {
+        fill_i32(host, all, big_a2a_in, r, n);
         rc = dev_put(&din, host, all);
-    if (rc == 0 && (rc = ps_all_to_all(cx->comm, out, din, c, PS_INT32, NULL)) != 0)
+    }
+    if (rc == 0 && (rc = ps_all_to_all(cx->comm, out, din, BIG_A2A, PS_INT32, NULL)) != 0)
         rc = fail("all_to_all (1 MiB blocks) returned %d (%s)", rc, ps_strerror(rc));
     if (rc == 0)
         rc = staged_as(cx, "all_to_all (1 MiB blocks)", "PS_TEST_STAGE_PEER");
-    for (size_t i = 0; rc == 0 && i < all; i++) {
-        int32_t want = (int32_t)((int)(i / c) * 1000 + r * 7 + (int)(i % c % 97));
-        if (out[i] != want)
-            rc = fail("all_to_all (1 MiB blocks): element %zu is %d, expected %d", i, out[i], want);
-    }
+    if (rc == 0)
+        rc = check_i32("all_to_all (1 MiB blocks)", out, all, big_a2a_out, r, n);
     ps_gpu_free(din);
     free(out);
     free(host);
