@@ -222,6 +222,9 @@ static void get_range_load(void)
         (void)cudaGetLastError();
 }
 
+_Static_assert(sizeof(cudaIpcMemHandle_t) == PS_GPU_IPC_HANDLE_BYTES,
+               "ps_gpu_ipc_t holds a cudaIpcMemHandle_t as it is");
+
 int ps_gpu_ipc_export(const void *ptr, ps_gpu_ipc_t *out)
 {
     if (ptr == NULL || out == NULL)
@@ -243,7 +246,7 @@ int ps_gpu_ipc_export(const void *ptr, ps_gpu_ipc_t *out)
     err = ps__gpu_result(cudaIpcGetMemHandle(&h, (void *)(uintptr_t)base));
     if (err != 0)
         return err == PS_EINTERNAL ? PS_EINVAL : err; /* e.g. memory of a VMM pool */
-    memcpy(out->handle, &h, sizeof(h) < sizeof(out->handle) ? sizeof(h) : sizeof(out->handle));
+    memcpy(out->handle, &h, sizeof(h));
     out->base = (uint64_t)base;
     out->size = (uint64_t)size;
     return 0;
