@@ -63,7 +63,6 @@
 
 #define DEV_MAGIC UINT64_C(0x31766564636c6f63) /* "colcdev1" */
 #define FITS      (UINT64_C(1) << 32)
-#define H_WORDS   (PS_GPU_IPC_HANDLE_BYTES / 8)
 
 /*
  * A rank's descriptor, 64-bit words in this host's byte order:
@@ -75,13 +74,9 @@
 enum {
     D_MAGIC,
     D_PID_FITS,
-    D_IN_BASE,
-    D_IN_SIZE,
-    D_IN_HANDLE,
-    D_OUT_BASE = D_IN_HANDLE + H_WORDS,
-    D_OUT_SIZE,
-    D_OUT_HANDLE,
-    D_IN_ADDR = D_OUT_HANDLE + H_WORDS,
+    D_IN,                         /* PS__IPC_WORDS */
+    D_OUT = D_IN + PS__IPC_WORDS, /* PS__IPC_WORDS */
+    D_IN_ADDR = D_OUT + PS__IPC_WORDS,
     D_OUT_ADDR,
     D_WORDS
 };
@@ -143,20 +138,6 @@ static int placed_ok(const ps__coll_t *c)
     return c->in == c->out && c->in_bytes == c->out_bytes;
 }
 
-static void put_ipc(uint64_t *d, const ps_gpu_ipc_t *ipc)
-{
-    d[0] = ipc->base;
-    d[1] = ipc->size;
-    memcpy(&d[2], ipc->handle, PS_GPU_IPC_HANDLE_BYTES);
-}
-
-static void get_ipc(const uint64_t *d, ps_gpu_ipc_t *ipc)
-{
-    ipc->base = d[0];
-    ipc->size = d[1];
-    memcpy(ipc->handle, &d[2], PS_GPU_IPC_HANDLE_BYTES);
-}
-
 /* This rank's descriptor, into d. */
 static void describe(const ps__coll_t *c, uint64_t *d)
 {
@@ -169,11 +150,11 @@ static void describe(const ps__coll_t *c, uint64_t *d)
     if (!fits)
         return;
     if (c->in_bytes) {
-        put_ipc(&d[D_IN_BASE], &c->peer_ipc);
+        ps__ipc_put(&d[D_IN], &c->peer_ipc);
         d[D_IN_ADDR] = (uint64_t)(uintptr_t)c->in;
     }
     if (c->out_bytes) {
-        put_ipc(&d[D_OUT_BASE], &c->out_ipc);
+        ps__ipc_put(&d[D_OUT], &c->out_ipc);
         d[D_OUT_ADDR] = (uint64_t)(uintptr_t)c->out;
     }
 }
@@ -202,12 +183,6 @@ static void rank_bytes(const ps__coll_t *c, int i, size_t *in, size_t *out)
     }
 }
 
-/* Whether [addr, addr + len) lies in the allocation (base, size). */
-static int inside(uint64_t addr, size_t len, uint64_t base, uint64_t size)
-{
-    return addr >= base && size >= len && addr - base <= size - len;
-}
-
 /* Whether every one of the n descriptors at d fits: every rank's buffers
  * device memory inside the allocations they name. A read past an
  * allocation would fault the reader's CUDA context. */
@@ -218,8 +193,8 @@ static int all_fit(const ps__coll_t *c, const uint64_t *d, int n)
         size_t in, out;
         rank_bytes(c, i, &in, &out);
         if (x[D_MAGIC] != DEV_MAGIC || !(x[D_PID_FITS] & FITS) || !(uint32_t)x[D_PID_FITS] ||
-            (in && !inside(x[D_IN_ADDR], in, x[D_IN_BASE], x[D_IN_SIZE])) ||
-            (out && !inside(x[D_OUT_ADDR], out, x[D_OUT_BASE], x[D_OUT_SIZE])))
+            (in && !ps__ipc_inside(&x[D_IN], x[D_IN_ADDR], in)) ||
+            (out && !ps__ipc_inside(&x[D_OUT], x[D_OUT_ADDR], out)))
             return 0;
     }
     return 1;
@@ -243,38 +218,12 @@ static int any_in_place(const ps__coll_t *c, const uint64_t *d, int n)
     return 0;
 }
 
-/* The allocations this rank maps for one call, given back at its end. */
-typedef struct held {
-    ps_comm_t *comm;
-    int n;
-    int slots[2 * PS_GPU_MAX_SRCS];
-    void *at[2 * PS_GPU_MAX_SRCS];
-} held_t;
-
-/* Where rank x's input (out: output) is in this process: its address in a
- * rank of this process, else in the allocation mapped here; NULL if that
- * cannot be mapped. */
-static uint8_t *buffer_of(held_t *h, const uint64_t *x, int out)
+/* Where rank x's input (out: output) is in this process (held in h); NULL
+ * if it cannot be mapped. */
+static uint8_t *buffer_of(ps__ipc_held_t *h, const uint64_t *x, int out)
 {
-    uint64_t addr = x[out ? D_OUT_ADDR : D_IN_ADDR];
-    if ((uint32_t)x[D_PID_FITS] == (uint32_t)getpid())
-        return (uint8_t *)(uintptr_t)addr;
-    ps_gpu_ipc_t ipc;
-    get_ipc(&x[out ? D_OUT_BASE : D_IN_BASE], &ipc);
-    int slot;
-    uint8_t *base = ps__ipc_map(h->comm, (uint32_t)x[D_PID_FITS], &ipc, &slot);
-    if (!base)
-        return NULL;
-    h->slots[h->n] = slot;
-    h->at[h->n++] = base;
-    return base + (addr - ipc.base);
-}
-
-static void held_release(held_t *h)
-{
-    for (int i = 0; i < h->n; i++)
-        ps__ipc_unmap(h->comm, h->slots[i], h->at[i]);
-    h->n = 0;
+    return ps__ipc_held_at(h, (uint32_t)x[D_PID_FITS], &x[out ? D_OUT : D_IN],
+                           x[out ? D_OUT_ADDR : D_IN_ADDR]);
 }
 
 /* Slice q of an all_reduce of count elements of size esz among n ranks:
@@ -295,7 +244,7 @@ static void slice(size_t count, size_t esz, int n, int q, size_t *first, size_t 
  * other ranks' inputs in[i] and outputs out[i], rank order (NULL where it
  * reads none; its own buffers where i is itself). 0, or -1 if one cannot
  * be opened. */
-static int open_all(const ps__coll_t *c, const uint64_t *d, int n, held_t *h, uint8_t **in,
+static int open_all(const ps__coll_t *c, const uint64_t *d, int n, ps__ipc_held_t *h, uint8_t **in,
                     uint8_t **out)
 {
     Paramsync__V1__CollectiveKind k = c->hdr.kind;
@@ -417,9 +366,10 @@ int ps__devcoll_run(ps__coll_t *c, uint64_t *all, int *rc)
                        mine, all, seq);
     int fit = *rc == 0 && all_fit(c, all, n);
     int in_place = fit && any_in_place(c, all, n);
-    held_t h = {.comm = c->comm, .n = 0};
+    ps__ipc_held_t h;
     uint8_t *in[PS_GPU_MAX_SRCS], *out[PS_GPU_MAX_SRCS];
-    int32_t failed = fit && open_all(c, all, n, &h, in, out) < 0;
+    int32_t failed =
+        fit && (ps__ipc_held_init(&h, c->comm, 2 * n) < 0 || open_all(c, all, n, &h, in, out) < 0);
     free(all);
     uint64_t next = seq + 1; /* the number of the next step */
     /* A rank that writes over its input may begin only once every rank has
@@ -444,7 +394,8 @@ int ps__devcoll_run(ps__coll_t *c, uint64_t *all, int *rc)
                               "the device");
         }
     }
-    held_release(&h);
+    if (fit)
+        ps__ipc_held_release(&h);
     if (*rc < 0 || (fit && !failed))
         return 1;
     /* Through the agent, under the next number: device buffers left where

@@ -362,6 +362,35 @@ void ps__peer_ipc_close_all(ps_comm_t *comm);
 void *ps__ipc_map(ps_comm_t *comm, uint32_t pid, const ps_gpu_ipc_t *ipc, int *slot);
 void ps__ipc_unmap(ps_comm_t *comm, int slot, void *at);
 
+/* A device allocation in a descriptor (peer.c, devcoll.c): three fields,
+ * PS__IPC_WORDS 64-bit words: where it starts in its process, its bytes,
+ * its CUDA IPC handle. */
+#define PS__IPC_WORDS (2 + PS_GPU_IPC_HANDLE_BYTES / 8)
+void ps__ipc_put(uint64_t *words, const ps_gpu_ipc_t *ipc);
+
+/** Whether [addr, addr + len) lies in the allocation the words describe. */
+int ps__ipc_inside(const uint64_t *words, uint64_t addr, size_t len);
+
+/* The other ranks' device allocations one call maps, held until its copies
+ * are done (ps__ipc_held_release). */
+typedef struct ps__ipc_held {
+    ps_comm_t *comm;
+    int n, cap;
+    int *slots; /* ps__ipc_map's slot of each */
+    void **at;
+} ps__ipc_held_t;
+
+/** Room for cap mappings: 0 or PS_ENOMEM. */
+int ps__ipc_held_init(ps__ipc_held_t *h, ps_comm_t *comm, int cap);
+
+/** Where address addr of process pid, in the allocation the words describe,
+ * is in this process: addr itself when pid is this process, else in the
+ * allocation mapped here (held); NULL if it cannot be mapped. */
+void *ps__ipc_held_at(ps__ipc_held_t *h, uint32_t pid, const uint64_t *words, uint64_t addr);
+
+/** Gives back every mapping held, and the room. */
+void ps__ipc_held_release(ps__ipc_held_t *h);
+
 /** Whether c's kind is one that device collectives run (devcoll.c): all_reduce,
  * reduce, reduce_scatter, broadcast. */
 int ps__devcoll_kind(const ps__coll_t *c);

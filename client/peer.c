@@ -91,10 +91,8 @@ enum {
     W_NONCE_ADDR,
     W_NONCE,
     W_PID_FITS,
-    W_DEV_BASE,
-    W_DEV_SIZE,
-    W_HANDLE,
-    W_BLOCKS = W_HANDLE + PS_GPU_IPC_HANDLE_BYTES / 8
+    W_DEV, /* PS__IPC_WORDS: the input's device allocation */
+    W_BLOCKS = W_DEV + PS__IPC_WORDS
 };
 #define FITS_HOST   (UINT64_C(1) << 32)
 #define FITS_DEVICE (UINT64_C(1) << 33)
@@ -221,9 +219,7 @@ static void describe(const ps__coll_t *c, size_t block, uint64_t *d)
     d[W_PID_FITS] = (uint64_t)(uint32_t)getpid() | (fits ? FITS_HOST : 0);
     if (device) {
         d[W_PID_FITS] |= FITS_DEVICE;
-        d[W_DEV_BASE] = c->peer_ipc.base;
-        d[W_DEV_SIZE] = c->peer_ipc.size;
-        memcpy(&d[W_HANDLE], c->peer_ipc.handle, PS_GPU_IPC_HANDLE_BYTES);
+        ps__ipc_put(&d[W_DEV], &c->peer_ipc);
     }
     for (size_t j = 0; c->in && j < nb; j++)
         d[W_BLOCKS + j] = (uint64_t)(uintptr_t)((const char *)c->in + j * block);
@@ -246,8 +242,7 @@ static uint64_t all_fit(const ps__coll_t *c, const uint64_t *d, int n, size_t w,
         /* A read past an allocation would fault the reader's CUDA context. */
         int has_input = c->hdr.kind != K(SCATTER) || i == (int)c->hdr.root;
         for (size_t j = W_BLOCKS; how == FITS_DEVICE && has_input && j < w; j++)
-            if (x[j] < x[W_DEV_BASE] || x[W_DEV_SIZE] < block ||
-                x[j] - x[W_DEV_BASE] > x[W_DEV_SIZE] - block)
+            if (!ps__ipc_inside(&x[W_DEV], x[j], block))
                 return 0;
     }
     return how;
@@ -323,6 +318,53 @@ void ps__ipc_unmap(ps_comm_t *comm, int slot, void *at)
     pthread_mutex_unlock(&comm->lock);
 }
 
+void ps__ipc_put(uint64_t *words, const ps_gpu_ipc_t *ipc)
+{
+    words[0] = ipc->base;
+    words[1] = ipc->size;
+    memcpy(&words[2], ipc->handle, PS_GPU_IPC_HANDLE_BYTES);
+}
+
+int ps__ipc_inside(const uint64_t *words, uint64_t addr, size_t len)
+{
+    uint64_t base = words[0], size = words[1];
+    return addr >= base && size >= len && addr - base <= size - len;
+}
+
+int ps__ipc_held_init(ps__ipc_held_t *h, ps_comm_t *comm, int cap)
+{
+    *h = (ps__ipc_held_t){.comm = comm, .cap = cap};
+    h->slots = calloc((size_t)cap, sizeof(*h->slots));
+    h->at = calloc((size_t)cap, sizeof(*h->at));
+    return h->slots && h->at ? 0 : PS_ENOMEM;
+}
+
+void *ps__ipc_held_at(ps__ipc_held_t *h, uint32_t pid, const uint64_t *words, uint64_t addr)
+{
+    if (pid == (uint32_t)getpid())
+        return (void *)(uintptr_t)addr;
+    if (h->n >= h->cap)
+        return NULL;
+    ps_gpu_ipc_t ipc = {.base = words[0], .size = words[1]};
+    memcpy(ipc.handle, &words[2], PS_GPU_IPC_HANDLE_BYTES);
+    int slot;
+    uint8_t *base = ps__ipc_map(h->comm, pid, &ipc, &slot);
+    if (!base)
+        return NULL;
+    h->slots[h->n] = slot;
+    h->at[h->n++] = base;
+    return base + (addr - ipc.base);
+}
+
+void ps__ipc_held_release(ps__ipc_held_t *h)
+{
+    for (int i = 0; i < h->n; i++)
+        ps__ipc_unmap(h->comm, h->slots[i], h->at[i]);
+    free(h->slots);
+    free(h->at);
+    *h = (ps__ipc_held_t){.comm = h->comm};
+}
+
 void ps__peer_ipc_close_all(ps_comm_t *comm)
 {
     for (int i = 0; i < PS__IPC_MAPS; i++) {
@@ -336,11 +378,8 @@ void ps__peer_ipc_close_all(ps_comm_t *comm)
  * FITS_DEVICE: copies enqueued on the legacy stream of the current device,
  * each allocation mapped here held until they are done). */
 typedef struct source {
-    ps_comm_t *comm;
     uint64_t how;
-    int nheld;
-    int *slots; /* ipc_map's slot of each mapping held */
-    void **at;
+    ps__ipc_held_t held;
 } source_t;
 
 /* Reads block `which` of rank x into `to`, or enqueues the copy: 0, or -1
@@ -349,22 +388,10 @@ static int read_from(source_t *src, const uint64_t *x, size_t which, void *to, s
 {
     if (src->how != FITS_DEVICE)
         return read_block(x, which, to, block);
-    uint64_t addr = x[W_BLOCKS + which];
-    const void *from = (const void *)(uintptr_t)addr;
-    /* A rank of this same process: its device address is valid here. */
-    if ((uint32_t)x[W_PID_FITS] != (uint32_t)getpid()) {
-        ps_gpu_ipc_t ipc;
-        memcpy(ipc.handle, &x[W_HANDLE], sizeof(ipc.handle));
-        ipc.base = x[W_DEV_BASE];
-        ipc.size = x[W_DEV_SIZE];
-        int slot;
-        uint8_t *base = ps__ipc_map(src->comm, (uint32_t)x[W_PID_FITS], &ipc, &slot);
-        if (!base)
-            return -1;
-        src->slots[src->nheld] = slot;
-        src->at[src->nheld++] = base;
-        from = base + (addr - x[W_DEV_BASE]);
-    }
+    const void *from =
+        ps__ipc_held_at(&src->held, (uint32_t)x[W_PID_FITS], &x[W_DEV], x[W_BLOCKS + which]);
+    if (!from)
+        return -1;
     return ps_gpu_memcpy_async(to, from, block, NULL) == 0 ? 0 : -1;
 }
 
@@ -406,20 +433,16 @@ static int pull_blocks(const ps__coll_t *c, source_t *src, const uint64_t *d, in
  * a failure: no rank says it is done (step 3) while its copies still run. */
 static int pull(const ps__coll_t *c, const uint64_t *d, int n, size_t block, uint64_t how)
 {
-    source_t src = {c->comm, how, 0, NULL, NULL};
+    source_t src = {.how = how};
     if (how != FITS_DEVICE)
         return pull_blocks(c, &src, d, n, block);
-    src.slots = calloc((size_t)n, sizeof(*src.slots));
-    src.at = calloc((size_t)n, sizeof(*src.at));
-    int rc = src.slots && src.at && ps_gpu_set_device(c->stage_device) == 0
-                 ? pull_blocks(c, &src, d, n, block)
-                 : -1;
+    int rc =
+        ps__ipc_held_init(&src.held, c->comm, n) == 0 && ps_gpu_set_device(c->stage_device) == 0
+            ? pull_blocks(c, &src, d, n, block)
+            : -1;
     if (ps_gpu_stream_synchronize(NULL) != 0)
         rc = -1;
-    for (int i = 0; i < src.nheld; i++)
-        ps__ipc_unmap(c->comm, src.slots[i], src.at[i]);
-    free(src.slots);
-    free(src.at);
+    ps__ipc_held_release(&src.held);
     return rc;
 }
 
