@@ -208,8 +208,7 @@ static int submit(ps_comm_t *comm, const request_t *r, ps_work_t **work, int *so
         ps__stage_end(&c, rc);
         return rc;
     }
-    /* Peer copies hold three numbers (peer.c), device collectives four (devcoll.c). */
-    uint64_t seqs = !c.peer_descs ? 1 : ps__devcoll_kind(&c) ? 4 : 3;
+    uint64_t seqs = c.peer_descs ? ps__peer_seqs(&c) : 1;
     ps_group_t *g = c.group;
     if (work) {
         pthread_mutex_lock(&comm->lock);

@@ -423,6 +423,11 @@ int ps__group_shares_set(const ps_comm_t *comm, const ps_group_t *g, const uint3
 /** Whether [a, a + alen) and [b, b + blen) share a byte. */
 int ps__overlap(const void *a, size_t alen, const void *b, size_t blen);
 
+/** The sequence numbers a call that takes peer copies (or a device
+ * collective) holds, from hdr.seq on: its steps and the call through the
+ * agent it may fall back to. */
+uint64_t ps__peer_seqs(const ps__coll_t *c);
+
 /** Makes room for the ranks' descriptors: 0 or PS_ENOMEM (c->peer_descs). */
 int ps__peer_prepare(ps__coll_t *c);
 

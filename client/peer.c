@@ -446,6 +446,13 @@ static int pull(const ps__coll_t *c, const uint64_t *d, int n, size_t block, uin
     return rc;
 }
 
+uint64_t ps__peer_seqs(const ps__coll_t *c)
+{
+    /* Addresses, outcome, the agent's call; a device collective's four:
+     * devcoll.c. */
+    return ps__devcoll_kind(c) ? 4 : 3;
+}
+
 int ps__peer_prepare(ps__coll_t *c)
 {
     /* Every rank's, then this rank's own. */
