@@ -1,0 +1,240 @@
+/*
+ * paramsync_node: the few system calls the Node.js client cannot make in
+ * JavaScript, for the doorbell (proto/paramsync/v1/doorbell.h): mapping a
+ * shared segment, and futex wait and wake on a 32-bit word of it.
+ *
+ *   map(fd, size)                       -> ArrayBuffer over mmap(fd), shared;
+ *                                          unmapped when the buffer is collected
+ *   wake(buffer, offset)                -> how many waiters FUTEX_WAKE woke
+ *   wait(buffer, offset, value, ms)     -> Promise<boolean>: true once the word
+ *                                          is no longer value, false after ms
+ *
+ * wait() blocks a thread of libuv's pool (the event loop goes on); the
+ * buffer is kept alive until it ends. Words are shared between processes, so
+ * the futexes are never FUTEX_PRIVATE_FLAG. Plain C11 on N-API (version 8),
+ * so one build serves every Node.js from 18 on.
+ */
+#define NAPI_VERSION 8
+#include <node_api.h>
+
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+/* Throws a JavaScript Error with msg (or the pending N-API error) and returns
+ * NULL, for the callbacks' early returns. */
+static napi_value fail(napi_env env, const char *msg)
+{
+    bool pending = false;
+    if (napi_is_exception_pending(env, &pending) == napi_ok && !pending)
+        napi_throw_error(env, NULL, msg);
+    return NULL;
+}
+
+#define TRY(env, call, msg)                                                                        \
+    do {                                                                                           \
+        if ((call) != napi_ok)                                                                     \
+            return fail((env), (msg));                                                             \
+    } while (0)
+
+/* argv[i] as a non-negative integer no larger than max. */
+static int get_count(napi_env env, napi_value v, double max, uint64_t *out)
+{
+    double d;
+    if (napi_get_value_double(env, v, &d) != napi_ok || d != d || d < 0 || d > max ||
+        d != (double)(uint64_t)d)
+        return -1;
+    *out = (uint64_t)d;
+    return 0;
+}
+
+/* The 32-bit word at argv[1] of the ArrayBuffer argv[0]. */
+static _Atomic uint32_t *word_of(napi_env env, napi_value buf, napi_value off)
+{
+    bool is_ab = false;
+    void *data = NULL;
+    size_t len = 0;
+    uint64_t o;
+    if (napi_is_arraybuffer(env, buf, &is_ab) != napi_ok || !is_ab ||
+        napi_get_arraybuffer_info(env, buf, &data, &len) != napi_ok) {
+        napi_throw_type_error(env, NULL,
+                              "paramsync_node: the first argument must be an "
+                              "ArrayBuffer from map()");
+        return NULL;
+    }
+    if (get_count(env, off, (double)SIZE_MAX, &o) != 0 || o % 4 || o + 4 > len) {
+        napi_throw_range_error(env, NULL,
+                               "paramsync_node: the offset must be a multiple of 4 "
+                               "inside the buffer");
+        return NULL;
+    }
+    return (_Atomic uint32_t *)((char *)data + o);
+}
+
+static void unmap_buffer(napi_env env, void *data, void *hint)
+{
+    (void)env;
+    munmap(data, (size_t)(uintptr_t)hint);
+}
+
+static napi_value js_map(napi_env env, napi_callback_info info)
+{
+    size_t argc = 2;
+    napi_value argv[2];
+    uint64_t fd, size;
+    TRY(env, napi_get_cb_info(env, info, &argc, argv, NULL, NULL), "map: bad arguments");
+    if (argc < 2 || get_count(env, argv[0], INT_MAX, &fd) != 0 ||
+        get_count(env, argv[1], (double)(SIZE_MAX / 2), &size) != 0 || size == 0) {
+        napi_throw_type_error(env, NULL, "map(fd, size): fd and a positive size, as integers");
+        return NULL;
+    }
+    void *p = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, (int)fd, 0);
+    if (p == MAP_FAILED) {
+        char msg[128];
+        snprintf(msg, sizeof(msg), "map: mmap of %llu bytes: %s", (unsigned long long)size,
+                 strerror(errno));
+        return fail(env, msg);
+    }
+    napi_value ab;
+    if (napi_create_external_arraybuffer(env, p, (size_t)size, unmap_buffer,
+                                         (void *)(uintptr_t)size, &ab) != napi_ok) {
+        munmap(p, (size_t)size);
+        return fail(env, "map: this Node.js does not take external buffers");
+    }
+    return ab;
+}
+
+static napi_value js_wake(napi_env env, napi_callback_info info)
+{
+    size_t argc = 2;
+    napi_value argv[2], out;
+    TRY(env, napi_get_cb_info(env, info, &argc, argv, NULL, NULL), "wake: bad arguments");
+    if (argc < 2)
+        return fail(env, "wake(buffer, offset): two arguments");
+    _Atomic uint32_t *w = word_of(env, argv[0], argv[1]);
+    if (!w)
+        return NULL;
+    long n = syscall(SYS_futex, (uint32_t *)w, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+    TRY(env, napi_create_int32(env, n < 0 ? 0 : (int32_t)n, &out), "wake: result");
+    return out;
+}
+
+typedef struct waiter {
+    napi_async_work work;
+    napi_deferred deferred;
+    napi_ref keep; /* the buffer, mapped until the wait ends */
+    _Atomic uint32_t *word;
+    uint32_t value;
+    uint64_t timeout_ns;
+    bool changed;
+} waiter_t;
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* On a thread of libuv's pool: until the word changes or the time is up. */
+static void wait_execute(napi_env env, void *data)
+{
+    (void)env;
+    waiter_t *w = data;
+    uint64_t end = now_ns() + w->timeout_ns;
+    for (;;) {
+        if (atomic_load_explicit(w->word, memory_order_acquire) != w->value) {
+            w->changed = true;
+            return;
+        }
+        uint64_t now = now_ns();
+        if (now >= end)
+            return;
+        uint64_t left = end - now;
+        struct timespec ts = {.tv_sec = (time_t)(left / 1000000000u),
+                              .tv_nsec = (long)(left % 1000000000u)};
+        syscall(SYS_futex, (uint32_t *)w->word, FUTEX_WAIT, w->value, &ts, NULL, 0);
+    }
+}
+
+static void wait_complete(napi_env env, napi_status status, void *data)
+{
+    waiter_t *w = data;
+    napi_value v;
+    if (status == napi_ok && napi_get_boolean(env, w->changed, &v) == napi_ok)
+        napi_resolve_deferred(env, w->deferred, v);
+    else if (napi_create_string_utf8(env, "wait: cancelled", NAPI_AUTO_LENGTH, &v) == napi_ok)
+        napi_reject_deferred(env, w->deferred, v);
+    napi_delete_reference(env, w->keep);
+    napi_delete_async_work(env, w->work);
+    free(w);
+}
+
+static napi_value js_wait(napi_env env, napi_callback_info info)
+{
+    size_t argc = 4;
+    napi_value argv[4], promise, name;
+    uint64_t value, ms;
+    TRY(env, napi_get_cb_info(env, info, &argc, argv, NULL, NULL), "wait: bad arguments");
+    if (argc < 4)
+        return fail(env, "wait(buffer, offset, value, ms): four arguments");
+    _Atomic uint32_t *word = word_of(env, argv[0], argv[1]);
+    if (!word)
+        return NULL;
+    if (get_count(env, argv[2], UINT32_MAX, &value) != 0 ||
+        get_count(env, argv[3], 3600e3, &ms) != 0) {
+        napi_throw_range_error(env, NULL, "wait: value must be a uint32, ms at most an hour");
+        return NULL;
+    }
+    waiter_t *w = calloc(1, sizeof(*w));
+    if (!w)
+        return fail(env, "wait: out of memory");
+    w->word = word;
+    w->value = (uint32_t)value;
+    w->timeout_ns = ms * 1000000u;
+    if (napi_create_reference(env, argv[0], 1, &w->keep) != napi_ok) {
+        free(w);
+        return fail(env, "wait: cannot hold the buffer");
+    }
+    if (napi_create_promise(env, &w->deferred, &promise) != napi_ok ||
+        napi_create_string_utf8(env, "paramsync.wait", NAPI_AUTO_LENGTH, &name) != napi_ok ||
+        napi_create_async_work(env, NULL, name, wait_execute, wait_complete, w, &w->work) !=
+            napi_ok) {
+        napi_delete_reference(env, w->keep);
+        free(w);
+        return fail(env, "wait: cannot start");
+    }
+    if (napi_queue_async_work(env, w->work) != napi_ok) {
+        napi_delete_async_work(env, w->work);
+        napi_delete_reference(env, w->keep);
+        free(w);
+        return fail(env, "wait: cannot queue");
+    }
+    return promise;
+}
+
+static napi_value init(napi_env env, napi_value exports)
+{
+    static const struct {
+        const char *name;
+        napi_callback fn;
+    } fns[] = {{"map", js_map}, {"wake", js_wake}, {"wait", js_wait}};
+    for (size_t i = 0; i < sizeof(fns) / sizeof(fns[0]); i++) {
+        napi_value f;
+        TRY(env, napi_create_function(env, fns[i].name, NAPI_AUTO_LENGTH, fns[i].fn, NULL, &f),
+            "paramsync_node: init");
+        TRY(env, napi_set_named_property(env, exports, fns[i].name, f), "paramsync_node: init");
+    }
+    return exports;
+}
+
+NAPI_MODULE(paramsync_node, init)
