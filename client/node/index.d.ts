@@ -23,6 +23,8 @@ export interface P2POpts extends Opts { tag?: number }
 export declare class World {
   static init(opts?: InitOptions): Promise<World>;
   readonly rank: number; readonly size: number; readonly job: string;
+  /** Collectives answered through a doorbell (no gRPC call) so far. */
+  readonly doorbellRung: number;
   destroy(): Promise<void>;
   abort(): void;
   newGroup(ranks?: number[]): Promise<Group>;
@@ -53,6 +55,9 @@ export declare function initProcessGroup(opts?: InitOptions | 'paramsync'): Prom
 export declare function destroyProcessGroup(): Promise<void>;
 export declare function isInitialized(): boolean;
 export declare function isAvailable(): boolean;
+/** The native helper (paramsync_node.node) loaded: collectives of a worker on its agent's
+ * host go without a gRPC call. */
+export declare const hasDoorbell: boolean;
 export declare const getRank: World['getRank'];
 export declare const getWorldSize: World['getWorldSize'];
 export declare const newGroup: World['newGroup'];

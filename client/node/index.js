@@ -29,6 +29,7 @@ const os = require('os');
 const path = require('path');
 const grpc = require('@grpc/grpc-js');
 const protoLoader = require('@grpc/proto-loader');
+const protobuf = require('protobufjs');
 
 // ------------------------------------------------------------------ the contract
 
@@ -263,11 +264,12 @@ class ShmSegment {
   }
 
   /** Claims the segment for one collective, grown to fit, with its input written in.
-   * Resolves to the output offset, or null: this collective takes gRPC frames. */
-  async begin(inPlace, send, recv) {
+   * Resolves to the output offset, or null: this collective takes gRPC frames. rung: the
+   * doorbell carries it (no call), so any size goes. */
+  async begin(inPlace, send, recv, rung = false) {
     const inBytes = send ? send.total : 0;
     const outBytes = recv ? recv.total : 0;
-    if (inBytes + outBytes < SHM_MIN_BYTES || !shmEnabled()) return null;
+    if ((!rung && inBytes + outBytes < SHM_MIN_BYTES) || !shmEnabled()) return null;
     if (this.disabled || this.closed || this.inUse) return null;
     this.inUse = true; // before any await: a concurrent collective takes frames
     const [outOff, need] = shmLayout(inPlace, inBytes, outBytes);
@@ -328,40 +330,49 @@ class ShmSegment {
   }
 
   async _create(size) {
-    const name = `/paramsync.${process.pid}.${++shmCounter}.${crypto.randomBytes(3)
-      .toString('hex')}`;
-    const file = `/dev/shm${name}`; // where glibc's shm_open(name) puts it
-    const { O_RDWR, O_CREAT, O_EXCL } = fs.constants;
-    let fd;
-    try {
-      fd = fs.openSync(file, O_RDWR | O_CREAT | O_EXCL, 0o600);
-    } catch (e) {
-      // No usable /dev/shm here: it will not appear later.
-      throw new ShmRefused(`open ${file}: ${e.message}`);
-    }
-    try {
-      fs.ftruncateSync(fd, size);
-      // Random bytes the agent must read through its own mapping, in this host's
-      // byte order (it memcpy's them into a uint64).
-      const magic = crypto.randomBytes(8);
-      pwriteAll(fd, magic, 0);
-      const value = os.endianness() === 'LE' ? magic.readBigUInt64LE(0)
-        : magic.readBigUInt64BE(0);
-      const resp = await this.attach(name, size, value.toString());
+    const { fd, name } = await shmCreate(size, this.attach, (resp) => {
       this.slots = Math.max(1, (resp && resp.payload_slots) || 0);
-      pwriteAll(fd, Buffer.alloc(8), 0);
-    } catch (e) {
-      fs.closeSync(fd);
-      throw e;
-    } finally {
-      // The agent unlinks the name once it maps the segment; so do we, whatever
-      // happened, so that nothing is left in /dev/shm.
-      try { fs.unlinkSync(file); } catch (e) { /* gone already */ }
-    }
+    });
     this.fd = fd;
     this.name = name;
     this.size = size;
   }
+}
+
+/** Makes a POSIX segment of size bytes and offers it with attach(name, size, magic), which
+ * resolves to the ShmAttachResponse once the agent mapped it; took(resp) sees the answer.
+ * Resolves to { fd, name } (the name unlinked already: the agent holds it now). */
+async function shmCreate(size, attach, took) {
+  const name = `/paramsync.${process.pid}.${++shmCounter}.${crypto.randomBytes(3)
+    .toString('hex')}`;
+  const file = `/dev/shm${name}`; // where glibc's shm_open(name) puts it
+  const { O_RDWR, O_CREAT, O_EXCL } = fs.constants;
+  let fd;
+  try {
+    fd = fs.openSync(file, O_RDWR | O_CREAT | O_EXCL, 0o600);
+  } catch (e) {
+    // No usable /dev/shm here: it will not appear later.
+    throw new ShmRefused(`open ${file}: ${e.message}`);
+  }
+  try {
+    fs.ftruncateSync(fd, size);
+    // Random bytes the agent must read through its own mapping, in this host's
+    // byte order (it memcpy's them into a uint64).
+    const magic = crypto.randomBytes(8);
+    pwriteAll(fd, magic, 0);
+    const value = os.endianness() === 'LE' ? magic.readBigUInt64LE(0)
+      : magic.readBigUInt64BE(0);
+    took(await attach(name, size, value.toString()));
+    pwriteAll(fd, Buffer.alloc(8), 0);
+  } catch (e) {
+    fs.closeSync(fd);
+    throw e;
+  } finally {
+    // The agent unlinks the name once it maps the segment; so do we, whatever
+    // happened, so that nothing is left in /dev/shm.
+    try { fs.unlinkSync(file); } catch (e) { /* gone already */ }
+  }
+  return { fd, name };
 }
 
 /** Spare segments: a collective in flight beside the one using the World's segment
@@ -378,8 +389,8 @@ class ShmSpares {
   }
 
   /** Resolves to { seg, off } (seg claimed, input written in), or null: gRPC frames.
-   * slots: how many the agent keeps. */
-  async begin(inPlace, send, recv, slots) {
+   * slots: how many the agent keeps; rung: as ShmSegment.begin's. */
+  async begin(inPlace, send, recv, slots, rung = false) {
     if (this.closed) return null;
     let seg = this.segs.filter((x) => !x.inUse && !x.disabled)
       .sort((x, y) => y.size - x.size)[0];
@@ -389,7 +400,7 @@ class ShmSpares {
       seg = new ShmSegment((name, size, magic) => this.attach(name, size, magic, slot));
       this.segs.push(seg);
     }
-    const off = await seg.begin(inPlace, send, recv); // claims it before any await
+    const off = await seg.begin(inPlace, send, recv, rung); // claims it before any await
     return off === null ? null : { seg, off };
   }
 
@@ -397,6 +408,203 @@ class ShmSpares {
     this.closed = true;
     for (const seg of this.segs) seg.close();
   }
+}
+
+// ------------------------------------------------------------------ the doorbell
+
+/*
+ * Collectives without a call (proto/paramsync/v1/doorbell.h, as the C and Python
+ * clients do): when the agent is on this host, a collective goes as its packed header
+ * in a small segment of the worker's, a futex wake, and a futex wait for the answer.
+ * Input and output that each fit in DB.PAYLOAD bytes go in the doorbell; larger ones in
+ * the World's payload segment, whatever their size, when the agent takes such requests
+ * (ShmAttachResponse.doorbell_segments). Node can neither map memory nor wait on a futex,
+ * so this needs the native helper (client/node/native/paramsync_node.c, built with the
+ * daemon); without it, or with PARAMSYNC_SHM=0, every collective is a call. Its wait
+ * takes a thread of libuv's pool (4 unless UV_THREADPOOL_SIZE says more) in slices of
+ * DB.SLICE_MS, between which a broken job is noticed.
+ */
+const DB = Object.freeze({ SIZE: 8192, PAYLOAD: 2048, OUT: 2048, CTL: 4096, HEADER: 1024,
+  STOPPED: 2, SLICE_MS: 50, MAX: 8 });
+// Byte offsets of ps_doorbell_ctl_t's words (doorbell.h): req, resp, closed, header_len,
+// header, then code, source, shm and the message.
+const DB_REQ = DB.CTL;
+const DB_RESP = DB.CTL + 4;
+const DB_CLOSED = DB.CTL + 8;
+const DB_HLEN = DB.CTL + 12;
+const DB_HDR = DB.CTL + 16;
+const DB_CODE = DB_HDR + DB.HEADER;
+const DB_SOURCE = DB_CODE + 4;
+const DB_SHM = DB_CODE + 8;
+const DB_MSG = DB_CODE + 12;
+const DB_MSG_LEN = 2048;
+
+/** The native helper, or null (then no doorbell): $PARAMSYNC_NODE_NATIVE names it (0: do
+ * without), else the build's (build/client/node, beside this repository's client/node) or
+ * one installed next to this file. A helper named but not loadable is an error. */
+const native = (() => {
+  const named = process.env.PARAMSYNC_NODE_NATIVE;
+  if (named === '0') return null;
+  if (named) {
+    try {
+      return require(path.resolve(named));
+    } catch (e) {
+      throw new Error(`paramsync: cannot load PARAMSYNC_NODE_NATIVE=${named}: ${e.message}`);
+    }
+  }
+  for (const p of [path.join(__dirname, 'paramsync_node.node'),
+    path.join(__dirname, '..', '..', 'build', 'client', 'node', 'paramsync_node.node')]) {
+    if (fs.existsSync(p)) {
+      try { return require(p); } catch (e) { return null; } // another platform's build
+    }
+  }
+  return null;
+})();
+
+// CollectiveHeader's wire form, for the doorbell (grpc-js encodes only whole messages).
+let headerType = null;
+function packHeader(header) {
+  if (!headerType) {
+    const root = new protobuf.Root();
+    const dir = protoDir();
+    root.resolvePath = (origin, target) => path.join(dir, target);
+    root.loadSync('paramsync/v1/paramsync.proto', { keepCase: true });
+    headerType = root.lookupType('paramsync.v1.CollectiveHeader');
+  }
+  return headerType.encode(headerType.fromObject(header)).finish();
+}
+
+class Doorbell {
+  /** attach(name, size, magic) offers the segment as a doorbell: the ShmAttachResponse. */
+  constructor(attach) {
+    this.attach = attach;
+    this.segments = false; // the agent takes requests naming the payload segment
+    this.most = 1; // the most doorbells the agent keeps for the rank
+    this.ab = null;
+    this.name = null;
+    this.inUse = false;
+    this.disabled = !native;
+    this.rung = 0; // requests answered through the doorbell (tests read it)
+  }
+
+  /** Claims the doorbell, made on first use; false: take a call. claimed: the caller set
+   * inUse already (a doorbell just made for it). */
+  async begin(claimed = false) {
+    if (!claimed) {
+      if (this.disabled || this.inUse || !shmEnabled()) return false;
+      this.inUse = true;
+    }
+    if (!this.ab) {
+      try {
+        const { fd, name } = await shmCreate(DB.SIZE, this.attach, (resp) => {
+          this.segments = !!resp.doorbell_segments;
+          this.most = Math.max(1, resp.doorbells || 0);
+        });
+        try {
+          this.ab = native.map(fd, DB.SIZE);
+        } finally {
+          fs.closeSync(fd);
+        }
+        this.name = name;
+        this.u32 = new Uint32Array(this.ab, DB.CTL, (DB.SIZE - DB.CTL) / 4);
+        this.i32 = new Int32Array(this.ab, DB.CTL, (DB.SIZE - DB.CTL) / 4);
+        this.bytes = Buffer.from(this.ab);
+      } catch (e) { // refused (not this host) or failed: calls from now on
+        this.disabled = true;
+        this.inUse = false;
+        return false;
+      }
+    }
+    if (this._word(DB_CLOSED)) {
+      this.disabled = true;
+      this.inUse = false;
+      return false;
+    }
+    return true;
+  }
+
+  _word(off) { return Atomics.load(this.u32, (off - DB.CTL) / 4); }
+
+  /** Rings for one collective whose header names this doorbell (header.shm and
+   * shm_out_offset = DB.OUT, input bufs here) or the payload segment (bufs empty: the
+   * input is there). Waits for the answer, asking broken() (null, or the error that ends
+   * the wait) between slices. Resolves to { code, message, source, out } (out: the
+   * output in the doorbell, a Buffer, or null), or null when the header does not fit
+   * (take a call). The caller calls end(). */
+  async run(header, bufs, broken) {
+    const packed = packHeader(header);
+    if (packed.length > DB.HEADER) return null;
+    let pos = 0;
+    for (const b of bufs) { b.copy(this.bytes, pos); pos += b.length; }
+    this.bytes.set(packed, DB_HDR);
+    Atomics.store(this.u32, (DB_HLEN - DB.CTL) / 4, packed.length);
+    const req = (this._word(DB_REQ) + 1) >>> 0;
+    Atomics.store(this.u32, (DB_REQ - DB.CTL) / 4, req); // after the stores above
+    native.wake(this.ab, DB_REQ);
+    for (;;) {
+      const r = this._word(DB_RESP);
+      if (r === req) break;
+      await native.wait(this.ab, DB_RESP, r, DB.SLICE_MS);
+      if (this._word(DB_RESP) === req) break;
+      const err = broken();
+      if (err || this._word(DB_CLOSED)) {
+        this.disabled = true; // abandoned: the agent may still answer into it
+        throw err || new ParamsyncError('the agent closed the doorbell (it is stopping)',
+          grpc.status.UNAVAILABLE);
+      }
+    }
+    const at = (off) => (off - DB.CTL) / 4;
+    const end = this.bytes.indexOf(0, DB_MSG);
+    const message = this.bytes.toString('utf8', DB_MSG, end >= 0 && end < DB_MSG + DB_MSG_LEN
+      ? end : DB_MSG + DB_MSG_LEN);
+    this.rung++;
+    return { code: Atomics.load(this.i32, at(DB_CODE)), message,
+      source: Atomics.load(this.i32, at(DB_SOURCE)),
+      out: Atomics.load(this.u32, at(DB_SHM)) ? this.bytes.subarray(DB.OUT,
+        DB.OUT + DB.PAYLOAD) : null };
+  }
+
+  end() { this.inUse = false; }
+
+  /** No more requests (destroy): the mapping goes with the last reference to it. */
+  close() {
+    this.disabled = true;
+    if (!this.inUse) this.ab = this.u32 = this.i32 = this.bytes = null;
+  }
+}
+
+/** A World's doorbells: a free one for each collective, so that collectives in flight
+ * side by side each ring their own; made on demand up to as many as the agent keeps for a
+ * rank (ShmAttachResponse.doorbells, at most DB.MAX); past that a collective takes a
+ * call. */
+class Doorbells {
+  constructor(attach) {
+    this.attach = attach; // attach(name, size, magic), as a doorbell segment
+    this.all = [];
+    this.max = 1; // until the first doorbell's answer says
+  }
+
+  get rung() { return this.all.reduce((n, d) => n + d.rung, 0); }
+
+  /** Resolves to a claimed Doorbell, or null: take a call. The caller calls its end(). */
+  async begin() {
+    if (!native || !shmEnabled()) return null;
+    for (const d of this.all) {
+      if (await d.begin()) return d;
+    }
+    if (this.all.length >= this.max) return null;
+    const d = new Doorbell(this.attach);
+    d.inUse = true; // this caller's: no other claims it while it is made
+    this.all.push(d);
+    if (await d.begin(true)) {
+      if (d === this.all[0]) this.max = Math.min(d.most, DB.MAX);
+      return d;
+    }
+    this.max = this.all.length; // refused or failed: no more are made
+    return null;
+  }
+
+  close() { for (const d of this.all) d.close(); }
 }
 
 // ------------------------------------------------------------------ groups
@@ -559,6 +767,8 @@ class World {
     this.shm = new ShmSegment((name, size, magic) => this._shmAttach(name, size, magic));
     this.spares = new ShmSpares((name, size, magic, slot) => this._shmAttach(name, size, magic,
       slot));
+    this.doorbells = new Doorbells((name, size, magic) => this._shmAttach(name, size, magic, 0,
+      true));
     this.leaving = false;
     this.nNewGroups = 0;
     try {
@@ -644,10 +854,10 @@ class World {
 
   /** Offers a segment to the agent (Worker.ShmAttach); rejects with ShmRefused when it
    * will never map ours (it said so, or it lacks or cannot serve the method). */
-  _shmAttach(name, size, magic, slot = 0) {
+  _shmAttach(name, size, magic, slot = 0, doorbell = false) {
     return new Promise((res, rej) => {
       this.client.ShmAttach({ job: this.job, rank: this.rank, name, size: String(size), magic,
-        slot }, this.md, { deadline: Date.now() + 10000 }, (err, resp) => {
+        slot, doorbell }, this.md, { deadline: Date.now() + 10000 }, (err, resp) => {
           if (err) {
             const never = err.code === grpc.status.UNIMPLEMENTED ||
               err.code === grpc.status.UNAVAILABLE;
@@ -693,6 +903,7 @@ class World {
       this.closed = true;
       this.shm.close();
       this.spares.close();
+      this.doorbells.close();
       this.client.close();
     }
   }
@@ -703,24 +914,100 @@ class World {
     this.closed = true;
     this.shm.close();
     this.spares.close();
+    this.doorbells.close();
     if (this.joinCall) this.joinCall.cancel();
     this.client.close();
   }
 
   // -------------------------------------------------------------- collectives engine
 
+  /** Why no answer will come any more (the membership failed, this rank left), or null. */
+  _broken() {
+    if (this.failure) {
+      return new ParamsyncError(this.failure.message, this.failure.code, this.failure.details);
+    }
+    if (this.leaving || this.closed) {
+      return new ParamsyncError('the process group was destroyed', grpc.status.CANCELLED);
+    }
+    return null;
+  }
+
+  /** Requests answered through the doorbells (tests read it). */
+  get doorbellRung() { return this.doorbells.rung; }
+
+  /** Rings doorbell d for a collective: its input and output in the doorbell (seg null),
+   * or at offset 0 and outOff of the payload segment seg, its input written there. Ends
+   * d, and seg (discarded if the request was abandoned: the agent may still use it).
+   * Resolves to the result, or null when the header does not fit (nothing was rung; seg
+   * stays claimed for a call). */
+  async _ring(d, header, send, recv, seg, outOff, what) {
+    let abandoned = false;
+    let got = null;
+    try {
+      header.shm = seg ? seg.name : d.name;
+      header.shm_in_offset = '0';
+      header.shm_out_offset = String(outOff);
+      try {
+        got = await d.run(header, send && !seg ? send.bufs : [], () => this._broken());
+      } catch (e) {
+        abandoned = true;
+        throw e;
+      } finally {
+        if (!got) { header.shm = ''; header.shm_out_offset = '0'; }
+      }
+      if (!got) return null;
+      if (got.code) throw makeError(what, got.code, got.message);
+      const want = recv ? recv.total : 0;
+      if (want && seg) {
+        seg.get(outOff, want, recv);
+      } else if (want && !got.out) {
+        throw new ParamsyncError(`${what}: the agent answered the doorbell without the ` +
+          'output', grpc.status.INTERNAL);
+      } else if (want) {
+        recv.write(0, got.out.subarray(0, want));
+      }
+      return { source: got.source };
+    } finally {
+      d.end();
+      if (seg && (got || abandoned)) seg.end(abandoned);
+    }
+  }
+
+  /** Takes the World's payload segment, or a spare when it is busy, for one collective
+   * (its input written in): [segment, output offset], or [null, null] (gRPC frames).
+   * rung: a doorbell carries it, so any size goes. */
+  async _claimSegment(inPlace, send, recv, rung) {
+    const off = await this.shm.begin(inPlace, send, recv, rung);
+    if (off !== null) return [this.shm, off];
+    if (this.shm.inUse && !this.shm.disabled) { // busy: a spare
+      const spare = await this.spares.begin(inPlace, send, recv, this.shm.slots, rung);
+      if (spare) return [spare.seg, spare.off];
+    }
+    return [null, null];
+  }
+
   async _run(g, header, send, recv, name) {
     const chunk = chunkBytes();
     const what = `${name} (group ${g.id}, seq ${header.seq})`;
     header.chunk_bytes = chunk;
     this._check();
+    // A doorbell when one is free: the payload in it when small, else in the segment
+    // (when the agent takes that); otherwise a Collective call.
+    const d = await this.doorbells.begin();
+    const small = (send ? send.total : 0) <= DB.PAYLOAD && (recv ? recv.total : 0) <= DB.PAYLOAD;
+    if (d && small) {
+      const got = await this._ring(d, header, send, recv, null, DB.OUT, what);
+      if (got) return got;
+    }
     // all_reduce and reduce: the agent writes the output over the input.
     const inPlace = header.kind === KIND.ALL_REDUCE || header.kind === KIND.REDUCE;
-    let shmOff = await this.shm.begin(inPlace, send, recv);
-    let shm = shmOff === null ? null : this.shm;
-    if (!shm && this.shm.inUse && !this.shm.disabled) { // busy: a spare
-      const spare = await this.spares.begin(inPlace, send, recv, this.shm.slots);
-      if (spare) ({ seg: shm, off: shmOff } = spare);
+    const rung = !!(d && !small && d.segments);
+    const [shm, shmOff] = await this._claimSegment(inPlace, send, recv, rung);
+    if (rung && shm) {
+      const got = await this._ring(d, header, send, recv, shm, shmOff, what);
+      if (got) return got;
+    } else if (d && !small) {
+      d.end();
     }
     if (shm) {
       header.shm = shm.name;
@@ -1212,6 +1499,9 @@ const api = {
   ParamsyncError, ReduceOp, GroupMember, ProcessGroup, World, DTYPES,
   initProcessGroup, destroyProcessGroup, isInitialized,
   isAvailable: () => true,
+  // The native helper loaded: collectives of a worker on its agent's host ring a doorbell.
+  hasDoorbell: !!native,
+  _native: native, // for the tests
 };
 const METHODS = ['getRank', 'getWorldSize', 'newGroup', 'barrier', 'broadcast', 'allReduce',
   'reduce', 'allGather', 'allGatherIntoTensor', 'gather', 'scatter', 'reduceScatter',
