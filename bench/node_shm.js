@@ -1,20 +1,27 @@
 #!/usr/bin/env node
 'use strict';
 /*
- * Node.js client: gRPC frames against the shared-memory segment, side by side.
+ * Node.js client: gRPC frames, the shared-memory segment by call, and the
+ * doorbell, side by side.
  *
- *   node bench/node_shm.js --paramsyncd BUILD/server/paramsyncd [--mib 64] [--np 2,4]
- *                          [--iters 5]
+ *   node bench/node_shm.js --paramsyncd BUILD/server/paramsyncd [--mib 64 | --sizes B,...]
+ *                          [--np 2,4] [--iters 5] [--ops all_reduce,broadcast,all_gather]
+ *                          [--modes frames,calls,doorbell]
  *
  * For each world size it starts one paramsyncd on a free loopback port (with
- * /metrics) and runs the same job twice, PARAMSYNC_SHM=0 and shared memory on:
- * float32 all_reduce, broadcast (root 0) and all_gather of --mib MiB per rank,
- * one untimed call of each first. A call's time is the slowest rank's, from a
- * barrier to its return; the table gives the median over --iters calls, the
- * busbw (nccl-tests factors), shm's speed-up, and the payload bytes the daemon
- * counted between workers and agent over the whole run (so the shm rows show
- * that the payload did not travel as frames). Results are checked once per
- * operation. Needs client/node/node_modules (scripts/setup runs npm ci).
+ * /metrics) and runs the same job once per mode: `frames` (PARAMSYNC_SHM=0:
+ * every payload byte in gRPC frames), `calls` (PARAMSYNC_NODE_NATIVE=0: a
+ * Collective call per collective, the payload through the segment from 64 KiB),
+ * `doorbell` (the native helper: no call, the payload in the doorbell up to
+ * 2 KiB, else through the segment). Ops: float32 all_reduce, broadcast (root 0),
+ * all_gather, and barrier (no size), one untimed call of each first, of every
+ * size (--sizes in bytes, K/M suffixes; or --mib MiB). A call's time is the
+ * slowest rank's, from a barrier to its return; the table gives the median over
+ * --iters calls in µs, the busbw (nccl-tests factors; an all_gather's size its
+ * output's), the first mode's time over each other's, and the payload bytes the
+ * daemon counted between workers and agent in each mode's whole run. Results are
+ * checked once per op and size. Needs client/node/node_modules (scripts/setup
+ * runs npm ci) and, for `doorbell`, the built paramsync_node target.
  */
 const { spawn } = require('child_process');
 const fs = require('fs');
@@ -22,7 +29,9 @@ const os = require('os');
 const path = require('path');
 
 const REPO = path.join(__dirname, '..');
-const OPS = ['all_reduce', 'broadcast', 'all_gather'];
+const OPS = ['all_reduce', 'broadcast', 'all_gather', 'barrier'];
+const MODES = { frames: { PARAMSYNC_SHM: '0' }, calls: { PARAMSYNC_NODE_NATIVE: '0' },
+  doorbell: {} };
 
 function usage(code) {
   const text = fs.readFileSync(__filename, 'utf8');
@@ -31,30 +40,38 @@ function usage(code) {
   process.exit(code);
 }
 
+function sizeOf(text) {
+  const m = /^(\d+)([KkMm]?)$/.exec(text);
+  if (!m) return NaN;
+  return Number(m[1]) * ({ '': 1, k: 1 << 10, m: 1 << 20 })[m[2].toLowerCase()];
+}
+
 function parseArgs(argv) {
-  const a = { paramsyncd: path.join(REPO, 'build', 'server', 'paramsyncd'), mib: 64,
-    np: [2, 4], iters: 5 };
+  const a = { paramsyncd: path.join(REPO, 'build', 'server', 'paramsyncd'), sizes: [64 << 20],
+    np: [2, 4], iters: 5, ops: OPS.slice(0, 3), modes: Object.keys(MODES) };
+  const fail = (msg) => { console.error(`node_shm: ${msg} (--help)`); process.exit(2); };
   for (let i = 0; i < argv.length; i++) {
     const k = argv[i];
     const v = () => {
-      if (i + 1 >= argv.length) { console.error(`node_shm: ${k} needs a value`); process.exit(2); }
+      if (i + 1 >= argv.length) fail(`${k} needs a value`);
       return argv[++i];
     };
     if (k === '-h' || k === '--help') usage(0);
     else if (k === '--paramsyncd') a.paramsyncd = v();
-    else if (k === '--mib') a.mib = Number(v());
+    else if (k === '--mib') a.sizes = [Number(v()) * (1 << 20)];
+    else if (k === '--sizes') a.sizes = v().split(',').map(sizeOf);
     else if (k === '--np') a.np = v().split(',').map(Number);
     else if (k === '--iters') a.iters = Number(v());
-    else { console.error(`node_shm: unknown option ${k} (--help)`); process.exit(2); }
+    else if (k === '--ops') a.ops = v().split(',');
+    else if (k === '--modes') a.modes = v().split(',');
+    else fail(`unknown option ${k}`);
   }
-  if (!(a.mib > 0) || !(a.iters >= 1) || a.np.some((p) => !(p >= 2))) {
-    console.error('node_shm: --mib and --iters must be positive, --np at least 2');
-    process.exit(2);
+  if (a.sizes.some((b) => !(b >= 4) || b % 4) || !(a.iters >= 1) || a.np.some((p) => !(p >= 2))) {
+    fail('sizes must be multiples of 4 bytes, --iters positive, --np at least 2');
   }
-  if (!fs.existsSync(a.paramsyncd)) {
-    console.error(`node_shm: no paramsyncd at ${a.paramsyncd} (--paramsyncd)`);
-    process.exit(2);
-  }
+  const bad = a.ops.find((o) => !OPS.includes(o)) || a.modes.find((m) => !MODES[m]);
+  if (bad) fail(`unknown op or mode ${bad}: ops ${OPS}, modes ${Object.keys(MODES)}`);
+  if (!fs.existsSync(a.paramsyncd)) fail(`no paramsyncd at ${a.paramsyncd}`);
   return a;
 }
 
@@ -63,34 +80,38 @@ function parseArgs(argv) {
 async function worker() {
   const dist = require(path.join(REPO, 'client', 'node'));
   const iters = Number(process.env.BENCH_ITERS);
-  const n = Number(process.env.BENCH_MIB) * (1 << 20) / 4;
+  const ops = process.env.BENCH_OPS.split(',');
   await dist.initProcessGroup();
   const r = dist.getRank();
   const p = dist.getWorldSize();
-  const x = new Float32Array(n);
-  const out = new Float32Array(n * p);
   const times = {};
-  for (const op of OPS) {
-    times[op] = [];
-    for (let i = 0; i <= iters; i++) {
-      x.fill(r + 1);
-      await dist.barrier();
-      const t0 = process.hrtime.bigint();
-      if (op === 'all_reduce') await dist.allReduce(x);
-      else if (op === 'broadcast') await dist.broadcast(x, 0);
-      else await dist.allGatherIntoTensor(out, x);
-      const us = Number(process.hrtime.bigint() - t0) / 1e3;
-      if (i === 0) { // untimed: checked instead
-        const want = op === 'all_reduce' ? p * (p + 1) / 2 : op === 'broadcast' ? 1 : null;
-        const bad = want !== null ? x.findIndex((v) => v !== want)
-          : out.findIndex((v, k) => v !== Math.floor(k / n) + 1);
-        if (bad >= 0) throw new Error(`${op}: element ${bad} is wrong`);
-      } else {
-        times[op].push(us);
+  for (const bytes of process.env.BENCH_SIZES.split(',').map(Number)) {
+    const n = bytes / 4;
+    const x = new Float32Array(n);
+    const out = new Float32Array(n * p);
+    for (const op of ops) {
+      const t = times[`${op} ${bytes}`] = [];
+      for (let i = 0; i <= iters; i++) {
+        x.fill(r + 1);
+        await dist.barrier();
+        const t0 = process.hrtime.bigint();
+        if (op === 'all_reduce') await dist.allReduce(x);
+        else if (op === 'broadcast') await dist.broadcast(x, 0);
+        else if (op === 'all_gather') await dist.allGatherIntoTensor(out, x);
+        else await dist.barrier();
+        const us = Number(process.hrtime.bigint() - t0) / 1e3;
+        if (i === 0) { // untimed: checked instead
+          const want = op === 'all_reduce' ? p * (p + 1) / 2 : op === 'broadcast' ? 1 : null;
+          const bad = op === 'barrier' ? -1 : want !== null ? x.findIndex((v) => v !== want)
+            : out.findIndex((v, k) => v !== Math.floor(k / n) + 1);
+          if (bad >= 0) throw new Error(`${op} of ${bytes} bytes: element ${bad} is wrong`);
+        } else {
+          t.push(us);
+        }
       }
     }
   }
-  process.stdout.write(`RESULT ${JSON.stringify(times)}\n`);
+  process.stdout.write(`RESULT ${JSON.stringify({ times, doorbell: dist.hasDoorbell })}\n`);
   await dist.destroyProcessGroup();
 }
 
@@ -110,11 +131,11 @@ async function payloadBytes(url) {
   return sum;
 }
 
-function runJob(d, p, transport, a, job) {
+function runJob(d, p, mode, a, job) {
   const procs = [...Array(p).keys()].map((r) => new Promise((resolve, reject) => {
     const env = { ...process.env, PARAMSYNC_ADDR: d.addr, WORLD_SIZE: String(p), RANK: String(r),
-      PARAMSYNC_JOB: job, PARAMSYNC_SHM: transport === 'shm' ? '1' : '0',
-      BENCH_ITERS: String(a.iters), BENCH_MIB: String(a.mib) };
+      PARAMSYNC_JOB: job, BENCH_ITERS: String(a.iters), BENCH_SIZES: a.sizes.join(','),
+      BENCH_OPS: a.ops.join(','), ...MODES[mode] };
     const c = spawn(process.execPath, [__filename, '--worker'], { env,
       stdio: ['ignore', 'pipe', 'pipe'] });
     let out = '';
@@ -123,7 +144,7 @@ function runJob(d, p, transport, a, job) {
     c.stderr.on('data', (x) => { err += x; });
     c.on('exit', (code) => {
       const m = /^RESULT (.*)$/m.exec(out);
-      if (code !== 0 || !m) reject(new Error(`rank ${r} (${transport}) exited ${code}:\n${err}`));
+      if (code !== 0 || !m) reject(new Error(`rank ${r} (${mode}) exited ${code}:\n${err}`));
       else resolve(JSON.parse(m[1]));
     });
   }));
@@ -139,6 +160,10 @@ function busFactor(op, p) {
   return op === 'all_reduce' ? 2 * (p - 1) / p : op === 'all_gather' ? (p - 1) / p : 1;
 }
 
+function sizeText(b) {
+  return b % (1 << 20) === 0 ? `${b >> 20} MiB` : b % 1024 === 0 ? `${b >> 10} KiB` : `${b} B`;
+}
+
 async function main() {
   if (process.argv[2] === '--worker') return worker();
   const a = parseArgs(process.argv.slice(2));
@@ -146,43 +171,53 @@ async function main() {
     console.error('node_shm: client/node/node_modules is missing: npm ci in client/node');
     process.exit(2);
   }
-  const bytes = a.mib * (1 << 20);
-  console.log(`node_shm: ${a.mib} MiB float32, ${a.iters} timed calls per op, ` +
-    `median of the slowest rank (node ${process.version}, ${os.cpus().length} cpus)`);
-  console.log('| op | p | frames µs | shm µs | frames busbw GB/s | shm busbw GB/s |' +
-    ' shm / frames | payload bytes as frames (frames / shm run) |');
-  console.log('| --- | --- | --- | --- | --- | --- | --- | --- |');
+  const [first, ...rest] = a.modes;
+  console.log(`node_shm: float32, ${a.iters} timed calls per op and size, median of the ` +
+    `slowest rank in µs, busbw in GB/s (node ${process.version}, ${os.cpus().length} cpus)`);
+  console.log(`| op | p | size | ${a.modes.map((m) => `${m} µs`).join(' | ')} | ` +
+    `${a.modes.map((m) => `${m} busbw`).join(' | ')} | ` +
+    `${rest.map((m) => `${first} / ${m}`).join(' | ')} |`);
+  console.log(`|${' --- |'.repeat(3 + 2 * a.modes.length + rest.length)}`);
+  const moved = [];
   for (const p of a.np) {
     process.env.PARAMSYNC_DAEMON = a.paramsyncd; // which binary helpers start
     const [d, metrics] = await helpers.daemonWithMetrics();
     if (!metrics) throw new Error(`paramsyncd announced no metrics address:\n${d.log()}`);
     try {
       const res = {};
-      const moved = {};
-      for (const t of ['grpc', 'shm']) {
-        process.stderr.write(`node_shm: p=${p} ${t} ...\n`);
+      for (const m of a.modes) {
+        process.stderr.write(`node_shm: p=${p} ${m} ...\n`);
         const before = await payloadBytes(metrics);
-        const ranks = await runJob(d, p, t, a, `node-bench-${p}-${t}`);
-        moved[t] = (await payloadBytes(metrics)) - before;
-        res[t] = {};
-        for (const op of OPS) {
-          const slowest = ranks[0][op].map((_, i) => Math.max(...ranks.map((x) => x[op][i])));
-          res[t][op] = median(slowest);
+        const ranks = await runJob(d, p, m, a, `node-bench-${p}-${m}`);
+        if (m === 'doorbell' && !ranks[0].doorbell) {
+          throw new Error('the native helper did not load: build the paramsync_node target');
+        }
+        moved.push(`p=${p} ${m} ${(await payloadBytes(metrics)) - before}`);
+        res[m] = {};
+        for (const key of Object.keys(ranks[0].times)) {
+          const slowest = ranks[0].times[key].map((_, i) =>
+            Math.max(...ranks.map((x) => x.times[key][i])));
+          res[m][key] = median(slowest);
         }
       }
-      for (const op of OPS) {
-        const g = res.grpc[op];
-        const s = res.shm[op];
-        // nccl-tests: an all_gather's size is its output's.
-        const size = op === 'all_gather' ? bytes * p : bytes;
-        const bw = (us) => (size / (us * 1e3) * busFactor(op, p)).toFixed(2);
-        console.log(`| ${op} | ${p} | ${g.toFixed(0)} | ${s.toFixed(0)} | ${bw(g)} | ${bw(s)} | ` +
-          `${(g / s).toFixed(2)}× | ${moved.grpc} / ${moved.shm} |`);
+      for (const bytes of a.sizes) {
+        for (const op of a.ops) {
+          if (op === 'barrier' && bytes !== a.sizes[0]) continue;
+          const key = `${op} ${bytes}`;
+          const us = a.modes.map((m) => res[m][key]);
+          const size = op === 'all_gather' ? bytes * p : bytes;
+          const bw = (t) => (op === 'barrier' ? '-' : (size / (t * 1e3) * busFactor(op, p))
+            .toFixed(size >= 1 << 20 ? 2 : 4));
+          console.log(`| ${op} | ${p} | ${op === 'barrier' ? '-' : sizeText(bytes)} | ` +
+            `${us.map((t) => t.toFixed(0)).join(' | ')} | ${us.map(bw).join(' | ')} | ` +
+            `${us.slice(1).map((t) => `${(us[0] / t).toFixed(2)}×`).join(' | ')} |`);
+        }
       }
     } finally {
       await d.stop();
     }
   }
+  console.log(`payload bytes the daemon counted as gRPC frames: ${moved.join(', ')}`);
   return undefined;
 }
 
