@@ -46,6 +46,19 @@ static napi_value fail(napi_env env, const char *msg)
             return fail((env), (msg));                                                             \
     } while (0)
 
+/* The callback's first n arguments into argv; false (thrown, naming usage) when fewer
+ * came. */
+static bool get_args(napi_env env, napi_callback_info info, size_t n, napi_value *argv,
+                     const char *usage)
+{
+    size_t argc = n;
+    if (napi_get_cb_info(env, info, &argc, argv, NULL, NULL) != napi_ok || argc < n) {
+        fail(env, usage);
+        return false;
+    }
+    return true;
+}
+
 /* argv[i] as a non-negative integer no larger than max. */
 static int get_count(napi_env env, napi_value v, double max, uint64_t *out)
 {
@@ -88,11 +101,11 @@ static void unmap_buffer(napi_env env, void *data, void *hint)
 
 static napi_value js_map(napi_env env, napi_callback_info info)
 {
-    size_t argc = 2;
     napi_value argv[2];
     uint64_t fd, size;
-    TRY(env, napi_get_cb_info(env, info, &argc, argv, NULL, NULL), "map: bad arguments");
-    if (argc < 2 || get_count(env, argv[0], INT_MAX, &fd) != 0 ||
+    if (!get_args(env, info, 2, argv, "map(fd, size): two arguments"))
+        return NULL;
+    if (get_count(env, argv[0], INT_MAX, &fd) != 0 ||
         get_count(env, argv[1], (double)(SIZE_MAX / 2), &size) != 0 || size == 0) {
         napi_throw_type_error(env, NULL, "map(fd, size): fd and a positive size, as integers");
         return NULL;
@@ -115,11 +128,9 @@ static napi_value js_map(napi_env env, napi_callback_info info)
 
 static napi_value js_wake(napi_env env, napi_callback_info info)
 {
-    size_t argc = 2;
     napi_value argv[2], out;
-    TRY(env, napi_get_cb_info(env, info, &argc, argv, NULL, NULL), "wake: bad arguments");
-    if (argc < 2)
-        return fail(env, "wake(buffer, offset): two arguments");
+    if (!get_args(env, info, 2, argv, "wake(buffer, offset): two arguments"))
+        return NULL;
     _Atomic uint32_t *w = word_of(env, argv[0], argv[1]);
     if (!w)
         return NULL;
@@ -181,12 +192,10 @@ static void wait_complete(napi_env env, napi_status status, void *data)
 
 static napi_value js_wait(napi_env env, napi_callback_info info)
 {
-    size_t argc = 4;
     napi_value argv[4], promise, name;
     uint64_t value, ms;
-    TRY(env, napi_get_cb_info(env, info, &argc, argv, NULL, NULL), "wait: bad arguments");
-    if (argc < 4)
-        return fail(env, "wait(buffer, offset, value, ms): four arguments");
+    if (!get_args(env, info, 4, argv, "wait(buffer, offset, value, ms): four arguments"))
+        return NULL;
     _Atomic uint32_t *word = word_of(env, argv[0], argv[1]);
     if (!word)
         return NULL;

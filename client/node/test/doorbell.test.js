@@ -213,6 +213,7 @@ test('PARAMSYNC_NODE_NATIVE: 0 does without; a helper that is not there is an er
 test('the native helper checks its arguments', (t) => {
   if (!ready(t)) return;
   const n = dist._native;
+  assert.throws(() => n.wake(), /wake\(buffer, offset\): two arguments/);
   assert.throws(() => n.map(-1, 4096), TypeError);
   assert.throws(() => n.map(999999, 4096), /mmap of 4096 bytes/);
   assert.throws(() => n.wake(new Uint8Array(8), 0), TypeError);
