@@ -31,6 +31,10 @@ export declare class World {
   getRank(group?: Group): number;
   getWorldSize(group?: Group): number;
   getProcessGroupRanks(group?: Group): number[];
+  /** count elements of dtype in memory the agent uses in place (Python's empty()). */
+  empty(count: number, dtype?: string): Promise<Tensor>;
+  /** Gives an array from empty() back to the agent. */
+  free(tensor: Tensor): Promise<void>;
   barrier(opts?: Opts): Promise<void>;
   broadcast<T extends Tensor>(tensor: T, src: number, opts?: Opts): Promise<T>;
   allReduce<T extends Tensor>(tensor: T, opts?: ReduceOpts): Promise<T>;
@@ -78,4 +82,6 @@ export declare const recv: World['recv'];
 export declare const isend: World['isend'];
 export declare const irecv: World['irecv'];
 export declare const getProcessGroupRanks: World['getProcessGroupRanks'];
+export declare const empty: World['empty'];
+export declare const free: World['free'];
 // Python's snake_case names are exported as aliases too (all_reduce, init_process_group, ...).

@@ -410,6 +410,92 @@ class ShmSpares {
   }
 }
 
+/** Where a collective's input and output lie when the agent may use them in place: each
+ * side one run of bytes (its buffers end to end) in one ArrayBuffer, both in the same,
+ * apart, or all_reduce/reduce's one run. { ab, inOff, outOff }, or null. */
+function placed(inPlace, send, recv) {
+  const side = (x) => {
+    if (!x || !x.total) return null;
+    const b0 = x.bufs[0];
+    let end = b0.byteOffset;
+    for (const b of x.bufs) {
+      if (b.buffer !== b0.buffer || b.byteOffset !== end) return undefined;
+      end += b.length;
+    }
+    return { ab: b0.buffer, off: b0.byteOffset, len: x.total };
+  };
+  const i = side(send);
+  const o = side(recv);
+  if (i === undefined || o === undefined || (!i && !o)) return null;
+  const ab = (i || o).ab;
+  if ((i && i.ab !== ab) || (o && o.ab !== ab)) return null;
+  if (i && o && !(inPlace && i.off === o.off && i.len === o.len) &&
+      i.off < o.off + o.len && o.off < i.off + i.len) return null;
+  return { ab, inOff: i ? i.off : 0, outOff: o ? o.off : 0 };
+}
+
+/** Memory from empty(): each allocation a segment of its own that the agent keeps
+ * (ShmAttach registered, at most 64 per rank) and reads and writes in place. One
+ * collective at a time per allocation; a concurrent one copies. */
+class Registered {
+  constructor(attach, detach) {
+    this.attach = attach; // attach(name, size, magic), as a registered segment
+    this.detach = detach; // detach(name)
+    this.mems = [];
+    this.closed = false;
+  }
+
+  /** { ab, name, size, inUse, retired } of at least nbytes (a page at least); name null
+   * for plain memory. */
+  async alloc(nbytes) {
+    const size = Math.max(SHM_ALIGN, Math.ceil(nbytes / SHM_ALIGN) * SHM_ALIGN);
+    let mem = null;
+    if (native && shmEnabled() && !this.closed) {
+      try {
+        const { fd, name } = await shmCreate(size, this.attach, () => {});
+        try {
+          mem = { ab: native.map(fd, size), name, size, inUse: false, retired: false };
+        } finally {
+          fs.closeSync(fd);
+        }
+      } catch (e) { /* refused or failed: plain memory, as in C */ }
+    }
+    if (!mem) mem = { ab: new ArrayBuffer(size), name: null, size, inUse: false, retired: false };
+    this.mems.push(mem);
+    return mem;
+  }
+
+  /** Claims the allocation a collective's input and output lie in: a segment for it (as
+   * ShmSegment's: name, get, end) and the input and output offsets; or null. */
+  begin(inPlace, send, recv) {
+    if (!shmEnabled() || this.closed) return null;
+    const at = placed(inPlace, send, recv);
+    const mem = at && this.mems.find((m) => m.ab === at.ab && m.name);
+    if (!mem || mem.inUse || mem.retired) return null;
+    mem.inUse = true;
+    return { seg: { name: mem.name, get() {}, end(discard = false) {
+      mem.inUse = false;
+      mem.retired = mem.retired || discard; // the agent may still write into it
+    } }, inOff: at.inOff, outOff: at.outOff };
+  }
+
+  /** Forgets the allocation of ArrayBuffer ab and tells the agent; false when there is
+   * none or a collective uses it. */
+  async free(ab) {
+    const mem = this.mems.find((m) => m.ab === ab);
+    if (!mem || mem.inUse) return false;
+    this.mems.splice(this.mems.indexOf(mem), 1);
+    if (mem.name) await this.detach(mem.name);
+    return true;
+  }
+
+  /** The rank left (the agent dropped them): arrays keep their memory. */
+  close() {
+    this.closed = true;
+    this.mems = [];
+  }
+}
+
 // ------------------------------------------------------------------ the doorbell
 
 /*
@@ -766,9 +852,12 @@ class World {
     this.inflight = new Set();
     this.shm = new ShmSegment((name, size, magic) => this._shmAttach(name, size, magic));
     this.spares = new ShmSpares((name, size, magic, slot) => this._shmAttach(name, size, magic,
-      slot));
-    this.doorbells = new Doorbells((name, size, magic) => this._shmAttach(name, size, magic, 0,
-      true));
+      { slot }));
+    this.doorbells = new Doorbells((name, size, magic) => this._shmAttach(name, size, magic,
+      { doorbell: true }));
+    // Memory from empty(): segments of their own, used in place.
+    this.mem = new Registered((name, size, magic) => this._shmAttach(name, size, magic,
+      { registered: true }), (name) => this._shmDetach(name));
     this.leaving = false;
     this.nNewGroups = 0;
     try {
@@ -854,10 +943,10 @@ class World {
 
   /** Offers a segment to the agent (Worker.ShmAttach); rejects with ShmRefused when it
    * will never map ours (it said so, or it lacks or cannot serve the method). */
-  _shmAttach(name, size, magic, slot = 0, doorbell = false) {
+  _shmAttach(name, size, magic, { slot = 0, doorbell = false, registered = false } = {}) {
     return new Promise((res, rej) => {
       this.client.ShmAttach({ job: this.job, rank: this.rank, name, size: String(size), magic,
-        slot, doorbell }, this.md, { deadline: Date.now() + 10000 }, (err, resp) => {
+        slot, doorbell, registered }, this.md, { deadline: Date.now() + 10000 }, (err, resp) => {
           if (err) {
             const never = err.code === grpc.status.UNIMPLEMENTED ||
               err.code === grpc.status.UNAVAILABLE;
@@ -870,6 +959,44 @@ class World {
           }
         });
     });
+  }
+
+  /** Tells the agent to drop a registered segment (best effort: it drops them all when
+   * the rank leaves). */
+  _shmDetach(name) {
+    return new Promise((res) => {
+      this.client.ShmDetach({ job: this.job, rank: this.rank, name }, this.md,
+        { deadline: Date.now() + 10000 }, () => res());
+    });
+  }
+
+  /** A typed array of count elements of dtype (a name, as in DTYPES) whose memory the
+   * agent reads and writes in place (the C client's ps_mem_alloc, Python's empty()): a
+   * collective whose input and output lie in one such array takes no copy here. A
+   * segment of its own, at most 64 per rank; without the native helper, past that limit,
+   * or when the agent cannot map it, plain memory that collectives copy as usual. Zeroed.
+   * float16 and bfloat16 come as a Uint16Array, bool as a Uint8Array. */
+  async empty(count, dtype = 'float32') {
+    this._check();
+    const name = typeof dtype === 'number' ? DTYPE_NAMES[dtype] : String(dtype);
+    const Kind = ALLOWED[name] && ALLOWED[name][0];
+    if (!Kind) {
+      throw new TypeError(`empty: unknown dtype ${JSON.stringify(dtype)} (one of ` +
+        `${DTYPE_NAMES.join(', ')})`);
+    }
+    if (!Number.isSafeInteger(count) || count < 0) {
+      throw new RangeError(`empty: count must be a non-negative integer, not ${count}`);
+    }
+    const mem = await this.mem.alloc(count * Kind.BYTES_PER_ELEMENT);
+    return new Kind(mem.ab, 0, count);
+  }
+
+  /** Gives an array from empty() back (it stays usable, as plain memory, while it
+   * lives). RangeError for one not from empty() or that a collective still uses. */
+  async free(tensor) {
+    if (!isTensor(tensor) || !(await this.mem.free(tensor.buffer))) {
+      throw new RangeError('free: not an array from empty(), or a collective still uses it');
+    }
   }
 
   _fail(err) {
@@ -904,6 +1031,7 @@ class World {
       this.shm.close();
       this.spares.close();
       this.doorbells.close();
+      this.mem.close();
       this.client.close();
     }
   }
@@ -915,6 +1043,7 @@ class World {
     this.shm.close();
     this.spares.close();
     this.doorbells.close();
+    this.mem.close();
     if (this.joinCall) this.joinCall.cancel();
     this.client.close();
   }
@@ -936,16 +1065,16 @@ class World {
   get doorbellRung() { return this.doorbells.rung; }
 
   /** Rings doorbell d for a collective: its input and output in the doorbell (seg null),
-   * or at offset 0 and outOff of the payload segment seg, its input written there. Ends
-   * d, and seg (discarded if the request was abandoned: the agent may still use it).
-   * Resolves to the result, or null when the header does not fit (nothing was rung; seg
-   * stays claimed for a call). */
-  async _ring(d, header, send, recv, seg, outOff, what) {
+   * or at inOff and outOff of seg (the payload segment, its input written there, or
+   * memory from empty()). Ends d, and seg (discarded if the request was abandoned: the
+   * agent may still use it). Resolves to the result, or null when the header does not fit
+   * (nothing was rung; seg stays claimed for a call). */
+  async _ring(d, header, send, recv, seg, inOff, outOff, what) {
     let abandoned = false;
     let got = null;
     try {
       header.shm = seg ? seg.name : d.name;
-      header.shm_in_offset = '0';
+      header.shm_in_offset = String(inOff);
       header.shm_out_offset = String(outOff);
       try {
         got = await d.run(header, send && !seg ? send.bufs : [], () => this._broken());
@@ -953,7 +1082,7 @@ class World {
         abandoned = true;
         throw e;
       } finally {
-        if (!got) { header.shm = ''; header.shm_out_offset = '0'; }
+        if (!got) { header.shm = ''; header.shm_in_offset = '0'; header.shm_out_offset = '0'; }
       }
       if (!got) return null;
       if (got.code) throw makeError(what, got.code, got.message);
@@ -991,26 +1120,34 @@ class World {
     const what = `${name} (group ${g.id}, seq ${header.seq})`;
     header.chunk_bytes = chunk;
     this._check();
-    // A doorbell when one is free: the payload in it when small, else in the segment
-    // (when the agent takes that); otherwise a Collective call.
-    const d = await this.doorbells.begin();
-    const small = (send ? send.total : 0) <= DB.PAYLOAD && (recv ? recv.total : 0) <= DB.PAYLOAD;
-    if (d && small) {
-      const got = await this._ring(d, header, send, recv, null, DB.OUT, what);
-      if (got) return got;
-    }
     // all_reduce and reduce: the agent writes the output over the input.
     const inPlace = header.kind === KIND.ALL_REDUCE || header.kind === KIND.REDUCE;
+    // Input and output in memory from empty(): the agent uses them where they are.
+    const mem = this.mem.begin(inPlace, send, recv);
+    // A doorbell when one is free: the payload in it when small, else in memory from
+    // empty() or the segment (when the agent takes that); otherwise a Collective call.
+    const d = await this.doorbells.begin();
+    const small = !mem && (send ? send.total : 0) <= DB.PAYLOAD &&
+      (recv ? recv.total : 0) <= DB.PAYLOAD;
+    if (d && small) {
+      const got = await this._ring(d, header, send, recv, null, 0, DB.OUT, what);
+      if (got) return got;
+    }
     const rung = !!(d && !small && d.segments);
-    const [shm, shmOff] = await this._claimSegment(inPlace, send, recv, rung);
+    let shm = null;
+    let inOff = 0;
+    let shmOff = null;
+    if (mem) ({ seg: shm, inOff, outOff: shmOff } = mem);
+    else [shm, shmOff] = await this._claimSegment(inPlace, send, recv, rung);
     if (rung && shm) {
-      const got = await this._ring(d, header, send, recv, shm, shmOff, what);
+      const got = await this._ring(d, header, send, recv, shm, inOff, shmOff, what);
       if (got) return got;
     } else if (d && !small) {
       d.end();
     }
     if (shm) {
       header.shm = shm.name;
+      header.shm_in_offset = String(inOff);
       header.shm_out_offset = String(shmOff);
     }
     try {
@@ -1506,9 +1643,10 @@ const api = {
 const METHODS = ['getRank', 'getWorldSize', 'newGroup', 'barrier', 'broadcast', 'allReduce',
   'reduce', 'allGather', 'allGatherIntoTensor', 'gather', 'scatter', 'reduceScatter',
   'reduceScatterTensor', 'allToAll', 'allToAllSingle', 'send', 'recv', 'isend', 'irecv',
-  'getProcessGroupRanks'];
+  'getProcessGroupRanks', 'empty', 'free'];
+const ASYNC = new Set([...COLLECTIVES, 'newGroup', 'empty', 'free']);
 for (const m of METHODS) {
-  api[m] = COLLECTIVES.includes(m) || m === 'newGroup' ? (...args) => {
+  api[m] = ASYNC.has(m) ? (...args) => {
     try {
       return getDefault()[m](...args);
     } catch (e) {
