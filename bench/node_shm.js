@@ -6,15 +6,17 @@
  *
  *   node bench/node_shm.js --paramsyncd BUILD/server/paramsyncd [--mib 64 | --sizes B,...]
  *                          [--np 2,4] [--iters 5] [--ops all_reduce,broadcast,all_gather]
- *                          [--modes frames,calls,doorbell,mem]
+ *                          [--modes frames,calls,segment,doorbell,mem]
  *
  * For each world size it starts one paramsyncd on a free loopback port (with
  * /metrics) and runs the same job once per mode: `frames` (PARAMSYNC_SHM=0:
  * every payload byte in gRPC frames), `calls` (PARAMSYNC_NODE_NATIVE=0: a
  * Collective call per collective, the payload through the segment from 64 KiB),
- * `doorbell` (the native helper: no call, the payload in the doorbell up to
- * 2 KiB, else through the segment), `mem` (the doorbell, the buffers from
- * dist.empty(), which the agent uses in place: input and output in one). Ops:
+ * `segment` (the native helper: no call, the payload in the doorbell up to
+ * 2 KiB, else through the segment; PARAMSYNC_SHM_DIRECT=0), `doorbell` (the
+ * same, but from 8 MiB (32 without huge pages) the agent reads and writes the
+ * arrays where they are), `mem` (the doorbell, the buffers from dist.empty(),
+ * which the agent uses in place: input and output in one). Ops:
  * float32 all_reduce, broadcast (root 0), all_gather, and barrier (no size), one
  * untimed call of each first, of every size (--sizes in bytes, K/M suffixes; or
  * --mib MiB). A call's time is the slowest rank's, from a barrier to its return;
@@ -22,8 +24,8 @@
  * factors; an all_gather's size its output's), the first mode's time over each
  * other's, and the payload bytes the daemon counted between workers and agent in
  * each mode's whole run. Results are checked once per op and size. Needs
- * client/node/node_modules (scripts/setup runs npm ci) and, for `doorbell` and
- * `mem`, the built paramsync_node target.
+ * client/node/node_modules (scripts/setup runs npm ci) and, for `segment`,
+ * `doorbell` and `mem`, the built paramsync_node target.
  */
 const { spawn } = require('child_process');
 const fs = require('fs');
@@ -33,7 +35,7 @@ const path = require('path');
 const REPO = path.join(__dirname, '..');
 const OPS = ['all_reduce', 'broadcast', 'all_gather', 'barrier'];
 const MODES = { frames: { PARAMSYNC_SHM: '0' }, calls: { PARAMSYNC_NODE_NATIVE: '0' },
-  doorbell: {}, mem: { BENCH_MEM: '1' } };
+  segment: { PARAMSYNC_SHM_DIRECT: '0' }, doorbell: {}, mem: { BENCH_MEM: '1' } };
 
 function usage(code) {
   const text = fs.readFileSync(__filename, 'utf8');
@@ -194,7 +196,7 @@ async function main() {
         process.stderr.write(`node_shm: p=${p} ${m} ...\n`);
         const before = await payloadBytes(metrics);
         const ranks = await runJob(d, p, m, a, `node-bench-${p}-${m}`);
-        if ((m === 'doorbell' || m === 'mem') && !ranks[0].doorbell) {
+        if (!['frames', 'calls'].includes(m) && !ranks[0].doorbell) {
           throw new Error('the native helper did not load: build the paramsync_node target');
         }
         moved.push(`p=${p} ${m} ${(await payloadBytes(metrics)) - before}`);

@@ -341,13 +341,16 @@ class ShmSegment {
 
 /** Makes a POSIX segment of size bytes and offers it with attach(name, size, magic), which
  * resolves to the ShmAttachResponse once the agent mapped it; took(resp) sees the answer.
- * Resolves to { fd, name } (the name unlinked already: the agent holds it now). */
-async function shmCreate(size, attach, took) {
+ * Resolves to { fd, name } (the name unlinked already: the agent holds it now). map: it
+ * is mapped here first (the native helper), attach gets the ArrayBuffer too, and the
+ * result has it as ab. */
+async function shmCreate(size, attach, took, map = false) {
   const name = `/paramsync.${process.pid}.${++shmCounter}.${crypto.randomBytes(3)
     .toString('hex')}`;
   const file = `/dev/shm${name}`; // where glibc's shm_open(name) puts it
   const { O_RDWR, O_CREAT, O_EXCL } = fs.constants;
   let fd;
+  let ab;
   try {
     fd = fs.openSync(file, O_RDWR | O_CREAT | O_EXCL, 0o600);
   } catch (e) {
@@ -362,7 +365,8 @@ async function shmCreate(size, attach, took) {
     pwriteAll(fd, magic, 0);
     const value = os.endianness() === 'LE' ? magic.readBigUInt64LE(0)
       : magic.readBigUInt64BE(0);
-    took(await attach(name, size, value.toString()));
+    ab = map ? native.map(fd, size) : null;
+    took(await attach(name, size, value.toString(), ab));
     pwriteAll(fd, Buffer.alloc(8), 0);
   } catch (e) {
     fs.closeSync(fd);
@@ -372,7 +376,7 @@ async function shmCreate(size, attach, took) {
     // happened, so that nothing is left in /dev/shm.
     try { fs.unlinkSync(file); } catch (e) { /* gone already */ }
   }
-  return { fd, name };
+  return { fd, name, ab };
 }
 
 /** Spare segments: a collective in flight beside the one using the World's segment
@@ -496,6 +500,143 @@ class Registered {
   }
 }
 
+/*
+ * Large collectives from the worker's own buffers (client/shm.c's process segment, as
+ * Python's _shm.Process): the agent reads a doorbell request's input from this process's
+ * memory and writes the output into it (process_vm_readv/writev, header.shm_process), so
+ * nothing is copied through a payload segment. It takes buffers of DIRECT_MIN bytes and
+ * more, input and output together, or DIRECT_HUGE_MIN where the kernel gives huge pages
+ * on request (collapse()), which the agent's reads pin far faster. PARAMSYNC_SHM_DIRECT=0
+ * turns it off, PARAMSYNC_SHM_COLLAPSE=0 the huge pages. Needs the native helper.
+ */
+const DIRECT_MIN = 32 << 20;
+const DIRECT_HUGE_MIN = 8 << 20;
+const HUGE_PAGE = 2 << 20;
+const EAGAIN = 11;
+
+function directEnabled() { return shmEnabled() && process.env.PARAMSYNC_SHM_DIRECT !== '0'; }
+function collapseOff() { return process.env.PARAMSYNC_SHM_COLLAPSE === '0'; }
+
+let collapseWorks = null; // whether the kernel collapses on request, probed once
+/** The fewest bytes of buffers a request takes directly. */
+function directMin() {
+  if (collapseOff()) return DIRECT_MIN;
+  if (collapseWorks === null) collapseWorks = native.collapseWorks();
+  return collapseWorks ? DIRECT_HUGE_MIN : DIRECT_MIN;
+}
+
+// Ranges of whole huge pages taken directly before (the last 64), that the kernel would not
+// collapse (the last 16), and refused once with EAGAIN (asked once more).
+const collapseSeen = [];
+const collapseFailed = [];
+const collapseEagain = [];
+function remember(list, key, most) {
+  list.push(key);
+  if (list.length > most) list.shift();
+}
+
+/** client/shm.c's collapse(): when a buffer is taken directly for the second time, asks
+ * the kernel for huge pages under its whole 2 MiB pages (the contents stay). */
+function collapse(b) {
+  if (collapseOff()) return;
+  const base = native.address(b.buffer) + b.byteOffset;
+  const at = Math.ceil(base / HUGE_PAGE) * HUGE_PAGE;
+  const end = Math.floor((base + b.length) / HUGE_PAGE) * HUGE_PAGE;
+  if (end <= at) return;
+  const key = `${at}:${end}`;
+  if (!collapseSeen.includes(key)) {
+    remember(collapseSeen, key, 64);
+    return;
+  }
+  if (collapseFailed.includes(key)) return;
+  const err = native.collapse(b.buffer, b.byteOffset, b.length);
+  if (err === 0) return;
+  if (err === EAGAIN && !collapseEagain.includes(key)) remember(collapseEagain, key, 16);
+  else remember(collapseFailed, key, 16);
+}
+
+/** Where a collective's input and output lie in this process: each side one run of bytes
+ * (its buffers end to end), or with lists several buffers of one size; no two apart from
+ * all_reduce's and reduce's one run overlapping. { in, out } (an address, a list of
+ * addresses, or null for no bytes), or null. */
+function placedDirect(inPlace, send, recv, lists) {
+  const spans = [];
+  const side = (x) => {
+    if (!x || !x.total) return null;
+    const at = x.bufs.map((b) => native.address(b.buffer) + b.byteOffset);
+    x.bufs.forEach((b, i) => spans.push([at[i], b.length]));
+    if (at.every((a, i) => i === 0 || at[i - 1] + x.bufs[i - 1].length === a)) return at[0];
+    if (!lists || x.bufs.some((b) => b.length !== x.bufs[0].length)) return undefined;
+    return at;
+  };
+  const i = side(send);
+  const o = side(recv);
+  if (i === undefined || o === undefined || (i === null && o === null)) return null;
+  if (inPlace && typeof i === 'number' && i === o) return { in: i, out: o };
+  spans.sort((a, b) => a[0] - b[0]);
+  if (spans.some(([a, n], k) => k + 1 < spans.length && a + n > spans[k + 1][0])) return null;
+  return { in: i, out: o };
+}
+
+class ProcessSegment {
+  /** attach(name, size, magic, address) offers it (ShmAttach process): the response. */
+  constructor(attach) {
+    this.attach = attach;
+    this.name = null;
+    this.ab = null;
+    this.disabled = !native;
+    this.making = false;
+    this.refused = ''; // why it stays off, once it does
+    this.blockLists = false; // the agent takes list forms (header.shm_in_blocks)
+    this.used = 0; // collectives that went this way (tests read it)
+  }
+
+  /** { in, out } (placedDirect's) for a collective the agent may take from and into this
+   * process's buffers, the process segment made on first use; null: copy as usual. */
+  async begin(inPlace, send, recv) {
+    if (this.disabled || this.making || !directEnabled()) return null;
+    const got = placedDirect(inPlace, send, recv, true);
+    if (!got) return null;
+    const ins = send ? send.total : 0;
+    const outs = recv ? recv.total : 0;
+    const least = directMin();
+    // On huge pages bytes of buffers, an in-place buffer once; on small pages, as measured
+    // when that floor was set, input and output together.
+    const once = least === DIRECT_HUGE_MIN && inPlace && got.in === got.out;
+    if ((once ? Math.max(ins, outs) : ins + outs) < least) return null;
+    if (!this.ab) {
+      this.making = true;
+      try {
+        const made = await shmCreate(SHM_ALIGN, (name, size, magic, ab) =>
+          this.attach(name, size, magic, native.address(ab)), (resp) => {
+          if (!resp.process_memory) {
+            throw new ShmRefused('the agent does not read and write workers\' memory');
+          }
+          this.blockLists = !!resp.block_lists;
+        }, true);
+        fs.closeSync(made.fd);
+        this.name = made.name;
+        this.ab = made.ab;
+      } catch (e) { // refused (another PID namespace, ptrace rules) or failed: for good
+        this.disabled = true;
+        this.refused = e.message;
+      } finally {
+        this.making = false;
+      }
+      if (!this.ab) return null;
+    }
+    if (!this.blockLists && (Array.isArray(got.in) || Array.isArray(got.out))) return null;
+    for (const x of [send, recv]) for (const b of x ? x.bufs : []) collapse(b);
+    this.used++;
+    return got;
+  }
+
+  close() {
+    this.disabled = true;
+    this.ab = null;
+  }
+}
+
 // ------------------------------------------------------------------ the doorbell
 
 /*
@@ -614,10 +755,13 @@ class Doorbell {
   /** Rings for one collective whose header names this doorbell (header.shm and
    * shm_out_offset = DB.OUT, input bufs here) or the payload segment (bufs empty: the
    * input is there). Waits for the answer, asking broken() (null, or the error that ends
-   * the wait) between slices. Resolves to { code, message, source, out } (out: the
-   * output in the doorbell, a Buffer, or null), or null when the header does not fit
+   * the wait) between slices. direct: the agent reads and writes the caller's own buffers
+   * (header.shm_process), so the wait ends unanswered only once it can write no more:
+   * broken() should say only that the agent is gone, and a closed doorbell counts once
+   * its thread stopped (DB.STOPPED). Resolves to { code, message, source, out } (out:
+   * the output in the doorbell, a Buffer, or null), or null when the header does not fit
    * (take a call). The caller calls end(). */
-  async run(header, bufs, broken) {
+  async run(header, bufs, broken, direct = false) {
     const packed = packHeader(header);
     if (packed.length > DB.HEADER) return null;
     let pos = 0;
@@ -633,7 +777,7 @@ class Doorbell {
       await native.wait(this.ab, DB_RESP, r, DB.SLICE_MS);
       if (this._word(DB_RESP) === req) break;
       const err = broken();
-      if (err || this._word(DB_CLOSED)) {
+      if (err || (this._word(DB_CLOSED) & (direct ? DB.STOPPED : 0xFFFFFFFF))) {
         this.disabled = true; // abandoned: the agent may still answer into it
         throw err || new ParamsyncError('the agent closed the doorbell (it is stopping)',
           grpc.status.UNAVAILABLE);
@@ -858,6 +1002,10 @@ class World {
     // Memory from empty(): segments of their own, used in place.
     this.mem = new Registered((name, size, magic) => this._shmAttach(name, size, magic,
       { registered: true }), (name) => this._shmDetach(name));
+    // Large collectives read and written by the agent in this process's own buffers.
+    this.proc = new ProcessSegment((name, size, magic, address) => this._shmAttach(name, size,
+      magic, { proc: true, address }));
+    this.joinGone = false; // the membership stream to the agent ended
     this.leaving = false;
     this.nNewGroups = 0;
     try {
@@ -919,12 +1067,14 @@ class World {
           }
         });
         call.on('error', (e) => {
+          this.joinGone = true;
           const err = makeError(`initProcessGroup (job ${this.job} at ${this.addr})`,
             e.code, e.details || e.message);
           if (!ready) settle(rejectJoin, err);
           else if (!this.leaving) this._fail(err);
         });
         call.on('end', () => {
+          this.joinGone = true;
           if (!ready) {
             settle(rejectJoin, new ParamsyncError('initProcessGroup: the daemon closed the ' +
               'membership stream', grpc.status.UNAVAILABLE));
@@ -943,10 +1093,12 @@ class World {
 
   /** Offers a segment to the agent (Worker.ShmAttach); rejects with ShmRefused when it
    * will never map ours (it said so, or it lacks or cannot serve the method). */
-  _shmAttach(name, size, magic, { slot = 0, doorbell = false, registered = false } = {}) {
+  _shmAttach(name, size, magic, { slot = 0, doorbell = false, registered = false,
+    proc = false, address = 0 } = {}) {
     return new Promise((res, rej) => {
       this.client.ShmAttach({ job: this.job, rank: this.rank, name, size: String(size), magic,
-        slot, doorbell, registered }, this.md, { deadline: Date.now() + 10000 }, (err, resp) => {
+        slot, doorbell, registered, process: proc, pid: proc ? process.pid : 0,
+        address: String(address) }, this.md, { deadline: Date.now() + 10000 }, (err, resp) => {
           if (err) {
             const never = err.code === grpc.status.UNIMPLEMENTED ||
               err.code === grpc.status.UNAVAILABLE;
@@ -1032,6 +1184,7 @@ class World {
       this.spares.close();
       this.doorbells.close();
       this.mem.close();
+      this.proc.close();
       this.client.close();
     }
   }
@@ -1044,6 +1197,7 @@ class World {
     this.spares.close();
     this.doorbells.close();
     this.mem.close();
+    this.proc.close();
     if (this.joinCall) this.joinCall.cancel();
     this.client.close();
   }
@@ -1061,6 +1215,16 @@ class World {
     return null;
   }
 
+  /** Why the agent can no longer answer (nor write into this process): the membership
+   * stream to it ended, or this rank left; else null. */
+  _gone() {
+    if (this.joinGone || this.leaving || this.closed) {
+      return new ParamsyncError('lost the membership stream to the agent',
+        grpc.status.UNAVAILABLE);
+    }
+    return null;
+  }
+
   /** Requests answered through the doorbells (tests read it). */
   get doorbellRung() { return this.doorbells.rung; }
 
@@ -1072,16 +1236,28 @@ class World {
   async _ring(d, header, send, recv, seg, inOff, outOff, what) {
     let abandoned = false;
     let got = null;
+    const direct = !!(seg && seg.direct);
     try {
       header.shm = seg ? seg.name : d.name;
-      header.shm_in_offset = String(inOff);
-      header.shm_out_offset = String(outOff);
+      // Direct: addresses in this process, a list for a side of several buffers.
+      header.shm_process = direct;
+      header.shm_in_blocks = Array.isArray(inOff) ? inOff.map(String) : [];
+      header.shm_out_blocks = Array.isArray(outOff) ? outOff.map(String) : [];
+      header.shm_in_offset = Array.isArray(inOff) ? '0' : String(inOff || 0);
+      header.shm_out_offset = Array.isArray(outOff) ? '0' : String(outOff || 0);
       try {
-        got = await d.run(header, send && !seg ? send.bufs : [], () => this._broken());
+        // Direct: the agent writes into this process's buffers, so wait for its answer
+        // even when the job broke (it fails the collective within about a second); only
+        // an agent that is gone cannot answer.
+        got = await d.run(header, send && !seg ? send.bufs : [], direct ? () => this._gone()
+          : () => this._broken(), direct);
       } catch (e) {
         abandoned = true;
         throw e;
       } finally {
+        header.shm_process = false;
+        header.shm_in_blocks = [];
+        header.shm_out_blocks = [];
         if (!got) { header.shm = ''; header.shm_in_offset = '0'; header.shm_out_offset = '0'; }
       }
       if (!got) return null;
@@ -1133,7 +1309,16 @@ class World {
       const got = await this._ring(d, header, send, recv, null, 0, DB.OUT, what);
       if (got) return got;
     }
-    const rung = !!(d && !small && d.segments);
+    // The doorbell with another segment (it is ended if a header did not fit).
+    let rung = !!(d && !small && d.segments);
+    // Large buffers of this process: the agent reads and writes them where they are.
+    const direct = rung && !mem ? await this.proc.begin(inPlace, send, recv) : null;
+    if (direct) {
+      const seg = { name: this.proc.name, direct: true, get() {}, end() {} };
+      const got = await this._ring(d, header, send, recv, seg, direct.in, direct.out, what);
+      if (got) return got;
+      rung = false;
+    }
     let shm = null;
     let inOff = 0;
     let shmOff = null;
@@ -1142,7 +1327,7 @@ class World {
     if (rung && shm) {
       const got = await this._ring(d, header, send, recv, shm, inOff, shmOff, what);
       if (got) return got;
-    } else if (d && !small) {
+    } else if (rung || (d && !small && !direct)) {
       d.end();
     }
     if (shm) {

@@ -8,6 +8,11 @@
  *   wake(buffer, offset)                -> how many waiters FUTEX_WAKE woke
  *   wait(buffer, offset, value, ms)     -> Promise<boolean>: true once the word
  *                                          is no longer value, false after ms
+ *   address(buffer)                     -> where the buffer's bytes are, for the
+ *                                          agent's process_vm_readv/writev
+ *   collapse(buffer, offset, length)    -> 0, or the errno of madvise(MADV_COLLAPSE)
+ *                                          over the whole 2 MiB pages in that range
+ *   collapseWorks()                     -> whether this kernel collapses on request
  *
  * wait() blocks a thread of libuv's pool (the event loop goes on); the
  * buffer is kept alive until it ends. Words are shared between processes, so
@@ -70,27 +75,34 @@ static int get_count(napi_env env, napi_value v, double max, uint64_t *out)
     return 0;
 }
 
-/* The 32-bit word at argv[1] of the ArrayBuffer argv[0]. */
-static _Atomic uint32_t *word_of(napi_env env, napi_value buf, napi_value off)
+/* v as an ArrayBuffer: its bytes and length; NULL (thrown) when it is not one. */
+static void *buffer_of(napi_env env, napi_value v, size_t *len)
 {
     bool is_ab = false;
     void *data = NULL;
-    size_t len = 0;
-    uint64_t o;
-    if (napi_is_arraybuffer(env, buf, &is_ab) != napi_ok || !is_ab ||
-        napi_get_arraybuffer_info(env, buf, &data, &len) != napi_ok) {
-        napi_throw_type_error(env, NULL,
-                              "paramsync_node: the first argument must be an "
-                              "ArrayBuffer from map()");
+    if (napi_is_arraybuffer(env, v, &is_ab) != napi_ok || !is_ab ||
+        napi_get_arraybuffer_info(env, v, &data, len) != napi_ok || !data) {
+        napi_throw_type_error(env, NULL, "paramsync_node: expected an ArrayBuffer");
         return NULL;
     }
+    return data;
+}
+
+/* The 32-bit word at offset off of the ArrayBuffer buf. */
+static _Atomic uint32_t *word_of(napi_env env, napi_value buf, napi_value off)
+{
+    size_t len = 0;
+    uint64_t o;
+    char *data = buffer_of(env, buf, &len);
+    if (!data)
+        return NULL;
     if (get_count(env, off, (double)SIZE_MAX, &o) != 0 || o % 4 || o + 4 > len) {
         napi_throw_range_error(env, NULL,
                                "paramsync_node: the offset must be a multiple of 4 "
                                "inside the buffer");
         return NULL;
     }
-    return (_Atomic uint32_t *)((char *)data + o);
+    return (_Atomic uint32_t *)(data + o);
 }
 
 static void unmap_buffer(napi_env env, void *data, void *hint)
@@ -231,12 +243,75 @@ static napi_value js_wait(napi_env env, napi_callback_info info)
     return promise;
 }
 
+static napi_value js_address(napi_env env, napi_callback_info info)
+{
+    napi_value argv[1], out;
+    size_t len;
+    if (!get_args(env, info, 1, argv, "address(buffer): one argument"))
+        return NULL;
+    void *data = buffer_of(env, argv[0], &len);
+    if (!data)
+        return NULL;
+    /* User addresses stay below 2^53 on every 64-bit Linux: exact as a double. */
+    TRY(env, napi_create_double(env, (double)(uintptr_t)data, &out), "address: result");
+    return out;
+}
+
+#ifndef MADV_COLLAPSE
+#define MADV_COLLAPSE 25 /* Linux 6.1 */
+#endif
+#define HUGE_PAGE ((uintptr_t)2 << 20)
+
+static napi_value js_collapse(napi_env env, napi_callback_info info)
+{
+    napi_value argv[3], out;
+    size_t len;
+    uint64_t off, n;
+    if (!get_args(env, info, 3, argv, "collapse(buffer, offset, length): three arguments"))
+        return NULL;
+    char *data = buffer_of(env, argv[0], &len);
+    if (!data)
+        return NULL;
+    if (get_count(env, argv[1], (double)len, &off) != 0 ||
+        get_count(env, argv[2], (double)len, &n) != 0 || off + n > len) {
+        napi_throw_range_error(env, NULL, "collapse: the range must lie inside the buffer");
+        return NULL;
+    }
+    uintptr_t at = ((uintptr_t)data + off + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
+    uintptr_t end = ((uintptr_t)data + off + n) & ~(HUGE_PAGE - 1);
+    int err = 0;
+    if (end > at && madvise((void *)at, end - at, MADV_COLLAPSE) != 0)
+        err = errno;
+    TRY(env, napi_create_int32(env, err, &out), "collapse: result");
+    return out;
+}
+
+/* Whether madvise(MADV_COLLAPSE) gives huge pages here (Linux 6.1, THP not
+ * "never"), tried on a scratch mapping, as client/shm.c's collapse_probe. */
+static napi_value js_collapse_works(napi_env env, napi_callback_info info)
+{
+    (void)info;
+    napi_value out;
+    bool works = false;
+    char *p = mmap(NULL, 2 * HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p != MAP_FAILED) {
+        char *at = (char *)(((uintptr_t)p + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1));
+        memset(at, 1, HUGE_PAGE);
+        works = madvise(at, HUGE_PAGE, MADV_COLLAPSE) == 0;
+        munmap(p, 2 * HUGE_PAGE);
+    }
+    TRY(env, napi_get_boolean(env, works, &out), "collapseWorks: result");
+    return out;
+}
+
 static napi_value init(napi_env env, napi_value exports)
 {
     static const struct {
         const char *name;
         napi_callback fn;
-    } fns[] = {{"map", js_map}, {"wake", js_wake}, {"wait", js_wait}};
+    } fns[] = {{"map", js_map},           {"wake", js_wake},
+               {"wait", js_wait},         {"address", js_address},
+               {"collapse", js_collapse}, {"collapseWorks", js_collapse_works}};
     for (size_t i = 0; i < sizeof(fns) / sizeof(fns[0]); i++) {
         napi_value f;
         TRY(env, napi_create_function(env, fns[i].name, NAPI_AUTO_LENGTH, fns[i].fn, NULL, &f),

@@ -2,6 +2,7 @@
 // Test helpers: a real paramsyncd per test file, found as $PARAMSYNC_DAEMON
 // (ctest sets it) or in the usual build folders; ranks as World objects in
 // this process, or as child processes.
+const assert = require('node:assert');
 const { spawn } = require('child_process');
 const fs = require('fs');
 const os = require('os');
@@ -100,5 +101,66 @@ function runNode(code, env) {
   });
 }
 
+/** k int32 elements that tell rank (or value) r and each index apart. */
+function filled(r, k) {
+  const x = new Int32Array(k);
+  for (let i = 0; i < k; i++) x[i] = (r + 1) * 100000 + (i % 9973);
+  return x;
+}
+
+/** The element-wise sum of filled(r, k) over the rs. */
+function sumOf(rs, k) {
+  const s = new Int32Array(k);
+  for (const r of rs) filled(r, k).forEach((v, i) => { s[i] += v; });
+  return s;
+}
+
+/**
+ * One daemon with /metrics for a test file and, with job, n ranks of it as Worlds of this
+ * process: registers test.before and test.after (which also forgets the PARAMSYNC_SHM*
+ * switches tests set). Its daemon, url and ws are filled in before the tests run;
+ * ready(t) skips t without a daemon (and, with native, fails when the native helper did
+ * not load); all(fn) runs fn(world, rank) on every rank; frameBytes() resolves to the
+ * payload bytes between workers and agent that went as gRPC frames so far.
+ */
+function fixture(test, dist, { job, n = 2, native = false } = {}) {
+  const f = { daemon: null, url: undefined, ws: null };
+  test.before(async () => {
+    [f.daemon, f.url] = await daemonWithMetrics();
+    if (f.daemon && job) f.ws = await worlds(dist, f.daemon.addr, job, n);
+  });
+  test.after(async () => {
+    for (const k of ['PARAMSYNC_SHM', 'PARAMSYNC_SHM_DIRECT']) delete process.env[k];
+    if (f.ws) await Promise.all(f.ws.map((w) => w.destroy()));
+    if (f.daemon) await f.daemon.stop();
+  });
+  f.ready = (t) => {
+    if (!haveDaemon(t, f.daemon)) return false;
+    assert.ok(f.url, `the daemon announced no metrics address:\n${f.daemon.log()}`);
+    assert.ok(!native || dist.hasDoorbell, 'the native helper did not load ' +
+      `(PARAMSYNC_NODE_NATIVE=${process.env.PARAMSYNC_NODE_NATIVE}; build paramsync_node)`);
+    return true;
+  };
+  f.all = (fn) => Promise.all(f.ws.map((w, r) => fn(w, r)));
+  f.frameBytes = async () => {
+    const m = await scrapeMetrics(f.url);
+    return ['received', 'sent'].reduce((sum, d) =>
+      sum + m.get(`paramsync_payload_bytes_total{direction="${d}",link="worker"}`), 0);
+  };
+  return f;
+}
+
+/** Starts start(world, rank) on ranks 0 and 2 of the three in ws, aborts rank 1 after ms,
+ * and checks that both reject with ABORTED naming rank 1. */
+async function loseRank1(ws, start, ms) {
+  const waiting = [start(ws[0], 0), start(ws[2], 2)];
+  setTimeout(() => ws[1].abort(), ms);
+  for (const s of await Promise.allSettled(waiting)) {
+    assert.strictEqual(s.status, 'rejected');
+    assert.strictEqual(s.reason.codeName, 'ABORTED', String(s.reason));
+    assert.match(s.reason.message, /rank 1/);
+  }
+}
+
 module.exports = { startDaemon, daemonWithMetrics, scrapeMetrics, haveDaemon, worlds, runNode,
-  daemonBinary, REPO };
+  daemonBinary, REPO, filled, sumOf, fixture, loseRank1 };

@@ -194,9 +194,11 @@ test('collectives in flight together: a segment each (the first, 3 spares), then
 
 test('a failed ShmAttach takes frames for that call only; errors lose nothing', async (t) => {
   if (!needDaemon(t)) return;
-  // Grow past the segment, with the offer failing once on rank 0.
+  // Grow past the segment, with the offer failing once on rank 0 (the payload segment's
+  // test: not taken directly from the arrays, which it would be at this size).
   const k = 8 * n; // 9.6 MB: more than any segment the tests above made
   const attach = ws[0].shm.attach;
+  process.env.PARAMSYNC_SHM_DIRECT = '0';
   let offers = 0;
   ws[0].shm.attach = (...args) => {
     offers += 1;
@@ -221,6 +223,7 @@ test('a failed ShmAttach takes frames for that call only; errors lose nothing', 
     assert.ok(offers >= 2, `${offers} offers`);
   } finally {
     ws[0].shm.attach = attach;
+    delete process.env.PARAMSYNC_SHM_DIRECT;
   }
   assert.deepStrictEqual(namesLeft(), []);
 });
