@@ -5,52 +5,14 @@
 const test = require('node:test');
 const assert = require('node:assert');
 const dist = require('..');
-const { daemonWithMetrics, scrapeMetrics, haveDaemon, worlds, runNode } = require('./helpers');
+const { worlds, runNode, filled, sumOf, fixture, loseRank1 } = require('./helpers');
 
 const N = 3;
-let daemon;
-let metricsUrl;
-let ws;
-
-test.before(async () => {
-  [daemon, metricsUrl] = await daemonWithMetrics();
-  if (daemon) ws = await worlds(dist, daemon.addr, 'node-doorbell', N);
-});
-test.after(async () => {
-  if (ws) await Promise.all(ws.map((w) => w.destroy()));
-  if (daemon) await daemon.stop();
-});
-
-function ready(t) {
-  if (!haveDaemon(t, daemon)) return false;
-  assert.ok(metricsUrl, `the daemon announced no metrics address:\n${daemon.log()}`);
-  assert.ok(dist.hasDoorbell, 'the native helper did not load (PARAMSYNC_NODE_NATIVE=' +
-    `${process.env.PARAMSYNC_NODE_NATIVE}; build the paramsync_node target)`);
-  return true;
-}
-
-const all = (fn) => Promise.all(ws.map((w, r) => fn(w, r)));
-const rungs = () => ws.map((w) => w.doorbellRung);
-
-/** Payload bytes between workers and agent as gRPC frames so far, both directions. */
-async function frameBytes() {
-  const m = await scrapeMetrics(metricsUrl);
-  return ['received', 'sent'].reduce((n, d) =>
-    n + m.get(`paramsync_payload_bytes_total{direction="${d}",link="worker"}`), 0);
-}
-
-function filled(r, k) {
-  const x = new Int32Array(k);
-  for (let i = 0; i < k; i++) x[i] = (r + 1) * 1000 + i;
-  return x;
-}
-
-/** The element-wise sum of filled(r, k) over rs. */
-function sumOf(rs, k) {
-  const s = new Int32Array(k);
-  for (const r of rs) filled(r, k).forEach((v, i) => { s[i] += v; });
-  return s;
-}
+const f = fixture(test, dist, { job: 'node-doorbell', n: N, native: true });
+const ready = f.ready;
+const all = (fn) => f.all(fn);
+const frameBytes = () => f.frameBytes();
+const rungs = () => f.ws.map((w) => w.doorbellRung);
 
 test('small collectives of every kind ring the doorbell: no call, no frame', async (t) => {
   if (!ready(t)) return;
@@ -59,39 +21,39 @@ test('small collectives of every kind ring the doorbell: no call, no frame', asy
   let calls = 0; // collectives each rank made
   const k = 5;
   await all((w) => w.barrier()); calls++;
-  const xs = ws.map((_, r) => filled(r, k));
+  const xs = f.ws.map((_, r) => filled(r, k));
   await all((w, r) => w.allReduce(xs[r], { op: dist.ReduceOp.MAX })); calls++;
   xs.forEach((x) => assert.deepStrictEqual(x, filled(N - 1, k)));
-  const b = ws.map((_, r) => (r === 2 ? filled(7, k) : new Int32Array(k)));
+  const b = f.ws.map((_, r) => (r === 2 ? filled(7, k) : new Int32Array(k)));
   await all((w, r) => w.broadcast(b[r], 2)); calls++;
   b.forEach((x) => assert.deepStrictEqual(x, filled(7, k)));
-  const red = ws.map((_, r) => filled(r, k));
+  const red = f.ws.map((_, r) => filled(r, k));
   await all((w, r) => w.reduce(red[r], 1)); calls++;
   assert.deepStrictEqual(red[1], sumOf([0, 1, 2], k));
   assert.deepStrictEqual(red[0], filled(0, k)); // not the root: unchanged
-  const ag = ws.map(() => [...Array(N)].map(() => new Int32Array(k)));
+  const ag = f.ws.map(() => [...Array(N)].map(() => new Int32Array(k)));
   await all((w, r) => w.allGather(ag[r], filled(r, k))); calls++;
   ag.forEach((l) => l.forEach((x, j) => assert.deepStrictEqual(x, filled(j, k))));
   const g = [...Array(N)].map(() => new Int32Array(k));
   await all((w, r) => w.gather(filled(r, k), r === 0 ? g : null, 0)); calls++;
   g.forEach((x, j) => assert.deepStrictEqual(x, filled(j, k)));
-  const sc = ws.map(() => new Int32Array(k));
+  const sc = f.ws.map(() => new Int32Array(k));
   await all((w, r) => w.scatter(sc[r], r === 1 ? [0, 1, 2].map((j) => filled(10 + j, k))
     : null, 1)); calls++;
   sc.forEach((x, r) => assert.deepStrictEqual(x, filled(10 + r, k)));
-  const rs = ws.map(() => new Int32Array(k));
+  const rs = f.ws.map(() => new Int32Array(k));
   await all((w, r) => w.reduceScatter(rs[r], [0, 1, 2].map((j) => filled(r + j, k)))); calls++;
   rs.forEach((x, r) => assert.deepStrictEqual(x, sumOf([r, r + 1, r + 2], k)));
-  const a2a = ws.map(() => [...Array(N)].map(() => new Int32Array(k)));
+  const a2a = f.ws.map(() => [...Array(N)].map(() => new Int32Array(k)));
   await all((w, r) => w.allToAll(a2a[r], [0, 1, 2].map((j) => filled(10 * r + j, k)))); calls++;
   a2a.forEach((l, r) => l.forEach((x, j) => assert.deepStrictEqual(x, filled(10 * j + r, k))));
   const got = new Int32Array(k);
-  const [, src] = await Promise.all([ws[0].send(filled(42, k), 2, { tag: 3 }),
-    ws[2].recv(got, null, { tag: 3 })]);
+  const [, src] = await Promise.all([f.ws[0].send(filled(42, k), 2, { tag: 3 }),
+    f.ws[2].recv(got, null, { tag: 3 })]);
   assert.strictEqual(src, 0, 'recv from any source names the sender');
   assert.deepStrictEqual(got, filled(42, k));
   const after = rungs();
-  ws.forEach((_, r) => assert.strictEqual(after[r] - before[r], calls + (r === 1 ? 0 : 1),
+  f.ws.forEach((_, r) => assert.strictEqual(after[r] - before[r], calls + (r === 1 ? 0 : 1),
     `rank ${r}: ${after[r] - before[r]} requests through the doorbell`));
   assert.strictEqual(await frameBytes(), frames, 'payload went as gRPC frames');
 });
@@ -101,11 +63,11 @@ test('large payloads ring the doorbell through the payload segment', async (t) =
   const k = 300001; // 1.2 MB
   const before = rungs();
   const frames = await frameBytes();
-  const xs = ws.map((_, r) => filled(r, k));
+  const xs = f.ws.map((_, r) => filled(r, k));
   await all((w, r) => w.allReduce(xs[r]));
   const sum = sumOf([0, 1, 2], k);
   xs.forEach((x) => assert.deepStrictEqual(x, sum));
-  const out = ws.map(() => new Int32Array(N * k));
+  const out = f.ws.map(() => new Int32Array(N * k));
   await all((w, r) => w.allGatherIntoTensor(out[r], filled(r, k)));
   out.forEach((o) => [0, 1, 2].forEach((j) =>
     assert.deepStrictEqual(o.subarray(j * k, (j + 1) * k), filled(j, k))));
@@ -117,7 +79,7 @@ test('errors come back through the doorbell with the daemon\'s code; nothing is 
   async (t) => {
     if (!ready(t)) return;
     const before = rungs();
-    const xs = ws.map((_, r) => filled(r, 4 + (r === 2 ? 1 : 0)));
+    const xs = f.ws.map((_, r) => filled(r, 4 + (r === 2 ? 1 : 0)));
     const res = await all((w, r) => w.allReduce(xs[r]).then(() => null, (e) => e));
     res.forEach((e) => {
       assert.ok(e instanceof dist.ParamsyncError, String(e));
@@ -129,7 +91,7 @@ test('errors come back through the doorbell with the daemon\'s code; nothing is 
       .then(() => null, (e) => e));
     roots.forEach((e) => assert.ok(e && /root/.test(e.message), `want a root mismatch: ${e}`));
     // The doorbells still serve: the next collective works.
-    const ys = ws.map((_, r) => filled(r, 3));
+    const ys = f.ws.map((_, r) => filled(r, 3));
     await all((w, r) => w.allReduce(ys[r], { op: dist.ReduceOp.MIN }));
     ys.forEach((y) => assert.deepStrictEqual(y, filled(0, 3)));
     rungs().forEach((n, r) => assert.strictEqual(n - before[r], 3));
@@ -141,13 +103,13 @@ test('collectives in flight side by side: a doorbell each, as many as the agent 
   const before = rungs();
   const ops = [dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.MIN, dist.ReduceOp.PRODUCT,
     dist.ReduceOp.BOR, dist.ReduceOp.BXOR];
-  const xs = ops.map((_, i) => ws.map((_w, r) => new Int32Array([r + 1 + i, 1 << r])));
+  const xs = ops.map((_, i) => f.ws.map((_w, r) => new Int32Array([r + 1 + i, 1 << r])));
   await all((w, r) => Promise.all(ops.map((op, i) => w.allReduce(xs[i][r], { op }))));
   const want = (op, a) => a.reduce((x, y) => [x + y, Math.max(x, y), Math.min(x, y), x * y,
     x | y, x ^ y][ops.indexOf(op)]);
   ops.forEach((op, i) => xs[i].forEach((x) => assert.deepStrictEqual(Array.from(x),
     [want(op, [1, 2, 3].map((v) => v + i)), want(op, [1, 2, 4])], `op ${op}`)));
-  ws.forEach((w, r) => {
+  f.ws.forEach((w, r) => {
     assert.strictEqual(w.doorbells.all.length, 4, 'the agent keeps 4 doorbells a rank');
     assert.strictEqual(w.doorbellRung - before[r], 4, 'four rang, two took calls');
   });
@@ -155,16 +117,10 @@ test('collectives in flight side by side: a doorbell each, as many as the agent 
 
 test('a rank lost while the others wait at the doorbell: ABORTED naming it', async (t) => {
   if (!ready(t)) return;
-  const mine = await worlds(dist, daemon.addr, 'node-doorbell-lost', 3);
+  const mine = await worlds(dist, f.daemon.addr, 'node-doorbell-lost', 3);
   try {
     await Promise.all(mine.map((w) => w.barrier())); // each has its doorbell now
-    const waiting = [mine[0].barrier(), mine[2].barrier()];
-    setTimeout(() => mine[1].abort(), 200);
-    for (const s of await Promise.allSettled(waiting)) {
-      assert.strictEqual(s.status, 'rejected');
-      assert.strictEqual(s.reason.codeName, 'ABORTED', String(s.reason));
-      assert.match(s.reason.message, /rank 1/);
-    }
+    await loseRank1(mine, (w) => w.barrier(), 200);
     // Each waited at its doorbell, abandoned it (the agent may still answer into it) and
     // made no call.
     [0, 2].forEach((r) => {
@@ -178,7 +134,7 @@ test('a rank lost while the others wait at the doorbell: ABORTED naming it', asy
 
 test('an agent that refuses the doorbell: calls, and results alike', async (t) => {
   if (!ready(t)) return;
-  const mine = await worlds(dist, daemon.addr, 'node-doorbell-refused', 2);
+  const mine = await worlds(dist, f.daemon.addr, 'node-doorbell-refused', 2);
   try {
     let offers = 0;
     mine.forEach((w) => {

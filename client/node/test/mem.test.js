@@ -5,51 +5,16 @@
 const test = require('node:test');
 const assert = require('node:assert');
 const dist = require('..');
-const { daemonWithMetrics, scrapeMetrics, haveDaemon, worlds } = require('./helpers');
+const { filled, sumOf, fixture } = require('./helpers');
 
 const N = 2;
-let daemon;
-let metricsUrl;
-let ws;
+const f = fixture(test, dist, { job: 'node-mem', n: N, native: true });
+const ready = f.ready;
+const all = (fn) => f.all(fn);
+const frameBytes = () => f.frameBytes();
 
-test.before(async () => {
-  [daemon, metricsUrl] = await daemonWithMetrics();
-  if (daemon) ws = await worlds(dist, daemon.addr, 'node-mem', N);
-});
-test.after(async () => {
-  delete process.env.PARAMSYNC_SHM;
-  if (ws) await Promise.all(ws.map((w) => w.destroy()));
-  if (daemon) await daemon.stop();
-});
-
-function ready(t) {
-  if (!haveDaemon(t, daemon)) return false;
-  assert.ok(metricsUrl, `the daemon announced no metrics address:\n${daemon.log()}`);
-  assert.ok(dist.hasDoorbell, 'the native helper did not load (build paramsync_node)');
-  return true;
-}
-
-const all = (fn) => Promise.all(ws.map((w, r) => fn(w, r)));
-
-/** Payload bytes between workers and agent as gRPC frames so far, both directions. */
-async function frameBytes() {
-  const m = await scrapeMetrics(metricsUrl);
-  return ['received', 'sent'].reduce((n, d) =>
-    n + m.get(`paramsync_payload_bytes_total{direction="${d}",link="worker"}`), 0);
-}
-
-function fill(x, r) {
-  for (let i = 0; i < x.length; i++) x[i] = (r + 1) * 1000 + (i % 777);
-  return x;
-}
-const filled = (r, k) => fill(new Int32Array(k), r);
-
-/** The element-wise sum of filled(r, k) over rs. */
-function sumOf(rs, k) {
-  const s = new Int32Array(k);
-  for (const r of rs) filled(r, k).forEach((v, i) => { s[i] += v; });
-  return s;
-}
+/** Fills x as helpers' filled(r, x.length). */
+const fill = (x, r) => x.set(filled(r, x.length));
 
 test('empty(): typed arrays of every dtype, zeroed, each a segment the agent keeps',
   async (t) => {
@@ -58,25 +23,25 @@ test('empty(): typed arrays of every dtype, zeroed, each a segment the agent kee
       uint8: Uint8Array, int16: Int16Array, int32: Int32Array, int64: BigInt64Array,
       float16: Uint16Array, bfloat16: Uint16Array, bool: Uint8Array };
     for (const [name, Kind] of Object.entries(kinds)) {
-      const x = await ws[0].empty(1000, name);
+      const x = await f.ws[0].empty(1000, name);
       assert.ok(x instanceof Kind, `${name}: ${x.constructor.name}`);
       assert.strictEqual(x.length, 1000);
       assert.ok(x.every((v) => v === 0 || v === 0n), `${name} not zeroed`);
-      const mem = ws[0].mem.mems.find((m) => m.ab === x.buffer);
+      const mem = f.ws[0].mem.mems.find((m) => m.ab === x.buffer);
       assert.ok(mem && mem.name, `${name}: not a registered segment`);
-      await ws[0].free(x);
+      await f.ws[0].free(x);
     }
-    await assert.rejects(ws[0].empty(4, 'complex64'), TypeError);
-    await assert.rejects(ws[0].empty(-1), RangeError);
-    await assert.rejects(ws[0].empty(1.5), RangeError);
-    await assert.rejects(ws[0].free(new Float32Array(4)), RangeError);
+    await assert.rejects(f.ws[0].empty(4, 'complex64'), TypeError);
+    await assert.rejects(f.ws[0].empty(-1), RangeError);
+    await assert.rejects(f.ws[0].empty(1.5), RangeError);
+    await assert.rejects(f.ws[0].free(new Float32Array(4)), RangeError);
   });
 
 test('collectives on empty() memory: in place, no frame, no payload segment', async (t) => {
   if (!ready(t)) return;
   const k = 300001; // 1.2 MB
   const frames = await frameBytes();
-  const rung = ws.map((w) => w.doorbellRung);
+  const rung = f.ws.map((w) => w.doorbellRung);
   // all_reduce in place.
   const xs = await all((w) => w.empty(k, 'int32'));
   xs.forEach(fill);
@@ -110,7 +75,7 @@ test('collectives on empty() memory: in place, no frame, no payload segment', as
   a2a.forEach((x, r) => [0, 1].forEach((s) =>
     assert.deepStrictEqual(x.subarray(2 * k + s * k, 2 * k + (s + 1) * k), filled(10 * s + r, k))));
   assert.strictEqual(await frameBytes(), frames, 'payload went as gRPC frames');
-  ws.forEach((w, r) => {
+  f.ws.forEach((w, r) => {
     assert.strictEqual(w.shm.fd, null, 'the payload segment was made: something was copied');
     assert.strictEqual(w.doorbellRung - rung[r], 6, 'each through the doorbell');
   });
@@ -141,7 +106,7 @@ test('PARAMSYNC_SHM=0, two arrays, or a second collective on a busy array: copie
   outs.forEach((o) => [0, 1].forEach((j) =>
     assert.deepStrictEqual(o.subarray(j * k, (j + 1) * k), filled(j, k))));
   assert.strictEqual(await frameBytes(), frames);
-  ws.forEach((w) => assert.notStrictEqual(w.shm.fd, null, 'no payload segment was used'));
+  f.ws.forEach((w) => assert.notStrictEqual(w.shm.fd, null, 'no payload segment was used'));
   // Two collectives on one array at once: the second cannot have it, and copies.
   const one = await all((w) => w.empty(2 * k, 'int32'));
   one.forEach((x, r) => { fill(x.subarray(0, k), r); fill(x.subarray(k), r + 2); });
@@ -158,21 +123,21 @@ test('empty() memory by call (no doorbell free) and after free(): still right', 
   const k = 50000;
   const xs = await all((w) => w.empty(k, 'float64'));
   xs.forEach((x, r) => x.fill(r + 0.5));
-  const begin = ws.map((w) => w.doorbells.begin);
-  ws.forEach((w) => { w.doorbells.begin = async () => null; });
+  const begin = f.ws.map((w) => w.doorbells.begin);
+  f.ws.forEach((w) => { w.doorbells.begin = async () => null; });
   const frames = await frameBytes();
-  const rung = ws.map((w) => w.doorbellRung);
+  const rung = f.ws.map((w) => w.doorbellRung);
   try {
     await all((w, r) => w.allReduce(xs[r], { op: dist.ReduceOp.PRODUCT }));
   } finally {
-    ws.forEach((w, r) => { w.doorbells.begin = begin[r]; });
+    f.ws.forEach((w, r) => { w.doorbells.begin = begin[r]; });
   }
   xs.forEach((x) => assert.ok(x.every((v) => v === 0.75), 'product of 0.5 and 1.5'));
   assert.strictEqual(await frameBytes(), frames, 'a call on empty() memory sent frames');
-  assert.deepStrictEqual(ws.map((w) => w.doorbellRung), rung);
+  assert.deepStrictEqual(f.ws.map((w) => w.doorbellRung), rung);
   // Freed: plain memory now, which collectives copy; freeing again is an error.
   await all((w, r) => w.free(xs[r]));
   await all((w, r) => w.allReduce(xs[r]));
   xs.forEach((x) => assert.ok(x.every((v) => v === 1.5)));
-  await assert.rejects(ws[0].free(xs[0]), RangeError);
+  await assert.rejects(f.ws[0].free(xs[0]), RangeError);
 });
