@@ -595,11 +595,12 @@ class ProcessSegment {
    * process's buffers, the process segment made on first use; null: copy as usual. */
   async begin(inPlace, send, recv) {
     if (this.disabled || this.making || !directEnabled()) return null;
-    const got = placedDirect(inPlace, send, recv, true);
-    if (!got) return null;
     const ins = send ? send.total : 0;
     const outs = recv ? recv.total : 0;
     const least = directMin();
+    if (ins + outs < least) return null;
+    const got = placedDirect(inPlace, send, recv, true);
+    if (!got) return null;
     // On huge pages bytes of buffers, an in-place buffer once; on small pages, as measured
     // when that floor was set, input and output together.
     const once = least === DIRECT_HUGE_MIN && inPlace && got.in === got.out;
