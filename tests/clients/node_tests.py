@@ -38,6 +38,8 @@ def main():
     if summary.get("skipped", 0) or not summary.get("pass"):
         H.fail("node --test skipped tests or passed none: %s" % summary)
     print("PASS: %d node tests" % summary["pass"])
+    if os.environ.get("PS_NODE_SKIPPED"):
+        print("SKIPPED: %s" % os.environ["PS_NODE_SKIPPED"])
 
 
 if __name__ == "__main__":
