@@ -5,7 +5,8 @@
 const test = require('node:test');
 const assert = require('node:assert');
 const dist = require('..');
-const { worlds, runNode, filled, sumOf, fixture, loseRank1 } = require('./helpers');
+const { worlds, runNode, filled, sumOf, fixture, loseRank1, startDaemon, daemonWithMetrics,
+  scrapeMetrics } = require('./helpers');
 
 const N = 3;
 const f = fixture(test, dist, { job: 'node-doorbell', n: N, native: true });
@@ -177,3 +178,52 @@ test('the native helper checks its arguments', (t) => {
   assert.throws(() => n.wait(new ArrayBuffer(8), 8, 0, 1), RangeError);
   assert.throws(() => n.wait(new ArrayBuffer(8), 0, 2 ** 32, 1), RangeError);
 });
+
+test('a job over two agents: the doorbell, the segment, empty() and direct at each, no frame',
+  async (t) => {
+    if (!ready(t)) return;
+    const coord = await startDaemon(['--role', 'coordinator']);
+    const agents = [];
+    let ws = [];
+    try {
+      for (let i = 0; i < 2; i++) {
+        const [d, url] = await daemonWithMetrics(['--role', 'agent', '--coordinator', coord.addr]);
+        agents.push({ d, url });
+        assert.ok(url, `agent ${i} announced no metrics address:\n${d.log()}`);
+      }
+      // Rank 0 joins through the first agent (the job's hub), rank 1 through the other.
+      ws = await Promise.all([0, 1].map((r) => dist.World.init({
+        initMethod: `tcp://${agents[r].d.addr}?job=node-split`, worldSize: 2, rank: r })));
+      const both = (fn) => Promise.all(ws.map((w, r) => fn(w, r)));
+      for (const k of [5, 300001, 4 << 20]) { // in the doorbell, the segment, direct
+        const xs = ws.map((_, r) => filled(r, k));
+        await both((w, r) => w.allReduce(xs[r]));
+        xs.forEach((x) => assert.deepStrictEqual(x, sumOf([0, 1], k), `all_reduce of ${k}`));
+        const outs = ws.map(() => new Int32Array(2 * k));
+        await both((w, r) => w.allGatherIntoTensor(outs[r], filled(r, k)));
+        outs.forEach((o) => [0, 1].forEach((j) =>
+          assert.deepStrictEqual(o.subarray(j * k, (j + 1) * k), filled(j, k))));
+      }
+      const k = 300001;
+      const m = await both((w) => w.empty(3 * k, 'int32'));
+      m.forEach((x, r) => x.set(filled(r, k)));
+      await both((w, r) => w.allGatherIntoTensor(m[r].subarray(k), m[r].subarray(0, k)));
+      m.forEach((x) => [0, 1].forEach((j) =>
+        assert.deepStrictEqual(x.subarray(k * (j + 1), k * (j + 2)), filled(j, k))));
+      ws.forEach((w, r) => {
+        assert.strictEqual(w.doorbellRung, 7, `rank ${r}: every collective rang`);
+        assert.strictEqual(w.proc.used, 2, `rank ${r}: the 16 MiB ones went directly`);
+      });
+      for (const [i, a] of agents.entries()) {
+        const got = await scrapeMetrics(a.url);
+        for (const dir of ['received', 'sent']) {
+          assert.strictEqual(got.get(`paramsync_payload_bytes_total{direction="${dir}",` +
+            'link="worker"}'), 0, `agent ${i}: worker payload ${dir} as frames`);
+        }
+      }
+    } finally {
+      await Promise.all(ws.map((w) => w.destroy()));
+      for (const a of agents) await a.d.stop();
+      await coord.stop();
+    }
+  });
