@@ -25,6 +25,8 @@ export declare class World {
   readonly rank: number; readonly size: number; readonly job: string;
   /** Collectives answered through a doorbell (no gRPC call) so far. */
   readonly doorbellRung: number;
+  /** Collectives that went rank to rank by peer copies so far. */
+  readonly peerUsed: number;
   destroy(): Promise<void>;
   abort(): void;
   newGroup(ranks?: number[]): Promise<Group>;

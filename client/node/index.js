@@ -838,6 +838,140 @@ class Doorbells {
   close() { for (const d of this.all) d.close(); }
 }
 
+// ------------------------------------------------------------------ peer copies
+
+/*
+ * Peer copies (client/peer.c's rules and descriptor layout, as Python's _peer.py, so C,
+ * Python and Node.js ranks take part together): a large all_to_all, all_gather, gather
+ * or scatter whose ranks all share one agent and asked for it at Join copies each block
+ * once, rank to rank, with process_vm_readv (the native helper's peerRead): an
+ * all_gather of each rank's descriptor (seq s), the reads, then an all_reduce (MAX) of
+ * each rank's outcome (seq s + 1), so no rank returns, and none touches its input,
+ * before every rank has read; where any could not, the call goes through the agent with
+ * seq s + 2 (s + 1 when the descriptors already showed it). Whether a call takes the
+ * path is decided alike on every rank from JoinEvent.peer_sets before it takes its
+ * sequence numbers. PARAMSYNC_PEER_COPY=0 or PARAMSYNC_SHM=0 keep a rank out.
+ */
+const PEER = Object.freeze({
+  MIN_BYTES: { [KIND.ALL_TO_ALL]: 2 << 20, [KIND.ALL_GATHER]: 4 << 20, [KIND.GATHER]: 8 << 20,
+    [KIND.SCATTER]: 4 << 20 },
+  MAX_ALL_TO_ALL_RANKS: 64, // all_to_all and scatter: descriptors of n words each
+  MAGIC: 0x3270656572737370n,
+  W_BLOCKS: 16, // words 6 to 15: a C rank's CUDA device input, 0 here
+  FITS_HOST: 1n << 32n,
+  FITS_DEVICE: 1n << 33n,
+  SEQS: 3, // sequence numbers a call that takes the path holds
+});
+const ELEMENT_BYTES = [4, 8, 2, 2, 1, 1, 2, 4, 8, 1]; // by DTYPES value
+
+/** This process to its peers, read once: its PID namespace, and a random number at a
+ * fixed address that peers read, in the same system call as a block, to know they read
+ * this process. */
+class PeerSelf {
+  constructor() {
+    try {
+      const st = fs.statSync('/proc/self/ns/pid', { bigint: true });
+      this.pidnsDev = st.dev;
+      this.pidnsIno = st.ino;
+    } catch (e) {
+      this.pidnsDev = this.pidnsIno = 0n;
+    }
+    this.cell = new ArrayBuffer(8);
+    this.nonce = crypto.randomBytes(8).readBigUInt64LE(0);
+    new BigUint64Array(this.cell)[0] = this.nonce;
+    this.nonceAddress = native ? native.address(this.cell) : 0;
+  }
+
+  /** Whether to ask for peer copies at Join: not without the native helper, with
+   * PARAMSYNC_PEER_COPY=0 or PARAMSYNC_SHM=0, nor under Yama ptrace_scope 1 or more (a
+   * process may then read only its descendants). */
+  wanted() {
+    if (!native || process.env.PARAMSYNC_PEER_COPY === '0' || !shmEnabled() || !this.pidnsIno) {
+      return false;
+    }
+    let scope = 0;
+    try {
+      scope = Number(fs.readFileSync('/proc/sys/kernel/yama/ptrace_scope', 'utf8').trim());
+    } catch (e) {
+      scope = e.code === 'ENOENT' ? 0 : 1;
+    }
+    return scope === 0;
+  }
+
+  /** This rank's descriptor: ins the addresses of its input's blocks (an all_to_all's or
+   * scatter root's n, an all_gather's or gather's one); fits: its buffers suit. */
+  describe(ins, fits) {
+    const w = new BigUint64Array(PEER.W_BLOCKS + ins.length);
+    w.set([PEER.MAGIC, this.pidnsDev, this.pidnsIno, BigInt(this.nonceAddress), this.nonce,
+      BigInt(process.pid & 0xFFFFFFFF) | (fits ? PEER.FITS_HOST : 0n)]);
+    ins.forEach((a, i) => { w[PEER.W_BLOCKS + i] = BigInt(a); });
+    return w;
+  }
+}
+
+function blocksPerRank(kind) { return kind === KIND.ALL_TO_ALL || kind === KIND.SCATTER; }
+
+/** Whether a call takes peer copies: its blocks (block bytes, one per rank of its group)
+ * are enough bytes, and every rank of the group (job ranks groupRanks) is in this rank's
+ * (job rank) peer-copy set. */
+function peerTakes(kind, block, sets, groupRanks, rank) {
+  const n = groupRanks.length;
+  if (!PEER.MIN_BYTES[kind] || !sets || n < 2 || block * n < PEER.MIN_BYTES[kind]) return false;
+  if (blocksPerRank(kind) && n > PEER.MAX_ALL_TO_ALL_RANKS) return false;
+  const mine = sets[rank];
+  return mine !== 0 && groupRanks.every((r) => sets[r] === mine);
+}
+
+/** Each of the n blocks of block bytes of segs as [buffer, offset in it], or null where a
+ * block spans two buffers. */
+function peerBlocks(segs, n, block) {
+  const out = [];
+  let i = 0;
+  for (let j = 0; j < n; j++) {
+    const at = j * block;
+    while (i + 1 < segs.starts.length && segs.starts[i + 1] <= at) i++;
+    const off = at - segs.starts[i];
+    if (off + block > segs.bufs[i].length) return null;
+    out.push([segs.bufs[i], off]);
+  }
+  return out;
+}
+
+/** Every rank's descriptor (n of words words each in d), or null when one may not be read
+ * (not suited, another PID namespace, a device input). */
+function peerAllFit(d, n, words) {
+  for (let i = 0; i < n; i++) {
+    const x = d.subarray(i * words, (i + 1) * words);
+    if (x[0] !== PEER.MAGIC || !(x[5] & PEER.FITS_HOST) || (x[5] & PEER.FITS_DEVICE) ||
+        !(x[5] & 0xFFFFFFFFn) || !x[2] || x[1] !== d[1] || x[2] !== d[2]) return null;
+  }
+  return d;
+}
+
+/** Reads this rank's blocks from the others into outs ([buffer, offset] of its output's
+ * blocks) and copies its own from ins: true, or false if any could not be read whole from
+ * the process that holds its rank's nonce. */
+function peerPull(kind, n, rank, root, d, words, block, outs, ins) {
+  const which = blocksPerRank(kind) ? rank : 0;
+  const read = (i, [buf, off]) => {
+    const x = d.subarray(i * words, (i + 1) * words);
+    return native.peerRead(Number(x[5] & 0xFFFFFFFFn), Number(x[3]), x[4],
+      Number(x[PEER.W_BLOCKS + which]), block, buf.buffer, buf.byteOffset + off);
+  };
+  if (kind === KIND.SCATTER && rank !== root) return read(root, outs[0]);
+  if (kind === KIND.GATHER && rank !== root) return true; // it only lends its input
+  for (let k = 1; k < (kind !== KIND.SCATTER ? n : 1); k++) {
+    const i = (rank + k) % n; // not every rank at rank 0 first
+    if (!read(i, outs[i])) return false;
+  }
+  const [tb, to] = kind === KIND.SCATTER ? outs[0] : outs[rank];
+  const [fb, from] = ins[which];
+  if (tb.buffer !== fb.buffer || tb.byteOffset + to !== fb.byteOffset + from) {
+    fb.copy(tb, to, from, from + block);
+  }
+  return true;
+}
+
 // ------------------------------------------------------------------ groups
 
 const WORLD = Object.freeze({ toString: () => 'GroupMember.WORLD' });
@@ -1007,6 +1141,9 @@ class World {
     this.proc = new ProcessSegment((name, size, magic, address) => this._shmAttach(name, size,
       magic, { proc: true, address }));
     this.joinGone = false; // the membership stream to the agent ended
+    this.peerSelf = new PeerSelf();
+    this.peerSets = null; // JoinEvent.peer_sets: one per job rank
+    this.peerUsed = 0; // collectives that went by peer copies (tests read it)
     this.leaving = false;
     this.nNewGroups = 0;
     try {
@@ -1054,6 +1191,8 @@ class World {
             this.rank = ev.rank;
             this.size = ev.world_size;
             this.incarnation = ev.incarnation;
+            this.peerSets = ev.peer_sets && ev.peer_sets.length === ev.world_size
+              ? ev.peer_sets.map(Number) : null;
             this.worldGroup = new ProcessGroup(this, 0, [...Array(this.size).keys()], this.rank);
             settle(resolveJoin);
             return;
@@ -1085,8 +1224,10 @@ class World {
           }
         });
         this.joinEnded = new Promise((res) => call.on('close', res).on('status', res));
+        const peerCopies = this.peerSelf.wanted();
         call.write({ job: this.job, world_size: worldSize, rank,
-          timeout_ms: Math.min(joinMs, 0xFFFFFFFF) });
+          timeout_ms: Math.min(joinMs, 0xFFFFFFFF), peer_copies: peerCopies,
+          pid_namespace: peerCopies ? String(this.peerSelf.pidnsIno) : '0' });
         // The sending side stays open: that is the membership.
       });
     });
@@ -1292,6 +1433,61 @@ class World {
     return [null, null];
   }
 
+  /** A small collective of its own for a step of header's call, with sequence number seq:
+   * send and recv typed arrays (recv may be send). */
+  _small(g, header, seq, kind, dtype, send, recv, name, op = 0) {
+    const h = { job: this.job, group: g.id, seq: String(seq), kind, op, dtype,
+      count: String(send.length), root: 0, peer: 0, rank: header.rank, tag: 0,
+      timeout_ms: header.timeout_ms, incarnation: header.incarnation };
+    return this._run(g, h, new Segments([view(send, 'send')]),
+      new Segments([view(recv, 'recv')]), name);
+  }
+
+  /** Runs header's all_to_all, all_gather, gather or scatter by peer copies. Resolves to
+   * true when done; false when it is to go through the agent, with header.seq the number
+   * it now goes under. */
+  async _peerRun(g, header, send, recv, name) {
+    const n = g.size();
+    const rank = g.rank();
+    const seq = Number(header.seq);
+    const kind = header.kind;
+    const block = Number(header.count) * ELEMENT_BYTES[header.dtype];
+    const nb = blocksPerRank(kind) ? n : 1;
+    const ins = send ? peerBlocks(send, nb, block) : [];
+    const outs = recv ? peerBlocks(recv, kind === KIND.SCATTER ? 1 : n, block) : [];
+    // Memory from empty() the agent copies in place, between its mappings: faster than
+    // reads that pin its shared pages one by one (client/peer.c). PARAMSYNC_SHM=0 set
+    // since init: payloads over gRPC, as asked.
+    const fits = ins !== null && outs !== null && shmEnabled() &&
+      ![send, recv].some((x) => x && x.bufs.some((b) => this.mem.mems.some((m) =>
+        m.name && m.ab === b.buffer)));
+    // A rank with no input (a scatter's other ranks) describes nb blocks of 0, as every
+    // rank's descriptor is one size.
+    const addrs = fits && ins.length ? ins.map(([b, off]) => native.address(b.buffer) +
+      b.byteOffset + off) : new Array(nb).fill(0);
+    const desc = this.peerSelf.describe(addrs, fits);
+    const words = desc.length;
+    const got = new BigUint64Array(n * words);
+    await this._small(g, header, seq, KIND.ALL_GATHER, DTYPES.uint8,
+      new Uint8Array(desc.buffer), new Uint8Array(got.buffer), `${name} (peer addresses)`);
+    const d = peerAllFit(got, n, words);
+    if (!d) {
+      header.seq = String(seq + 1);
+      return false;
+    }
+    for (const x of [send, recv]) for (const b of x ? x.bufs : []) collapse(b);
+    const ok = peerPull(kind, n, rank, header.root, d, words, block, outs, ins || []);
+    const failed = new Int32Array([ok ? 0 : 1]);
+    await this._small(g, header, seq + 1, KIND.ALL_REDUCE, DTYPES.int32, failed, failed,
+      `${name} (peer copies done)`, ReduceOp.MAX);
+    if (failed[0] === 0) {
+      this.peerUsed++;
+      return true;
+    }
+    header.seq = String(seq + 2);
+    return false;
+  }
+
   async _run(g, header, send, recv, name) {
     const chunk = chunkBytes();
     const what = `${name} (group ${g.id}, seq ${header.seq})`;
@@ -1449,6 +1645,10 @@ class World {
   _start(g, name, kind, { send = [], recv = [], op = 0, dtype = 0, count = 0, root = 0,
     peer = 0, tag = 0, source = false, outputs } = {}) {
     this._check();
+    // Peer copies hold three sequence numbers. Decided from what every rank of the group
+    // has alike: the kind, the block's bytes, the coordinator's sets.
+    const peerCopies = peerTakes(kind, count * ELEMENT_BYTES[dtype], this.peerSets, g.ranks,
+      this.rank);
     let seq;
     if (kind === KIND.SEND) {
       seq = g._sendSeq.get(peer) || 0;
@@ -1456,13 +1656,17 @@ class World {
     } else if (kind === KIND.RECV) {
       seq = g._recvSeq++;
     } else {
-      seq = g._seq++;
+      seq = g._seq;
+      g._seq += peerCopies ? PEER.SEQS : 1;
     }
     const header = { job: this.job, group: g.id, seq: String(seq), kind, op, dtype,
       count: String(count), root, peer, rank: g.rank(), tag, timeout_ms: this.timeoutMs,
       incarnation: this.incarnation };
-    const p = this._run(g, header, send.length ? new Segments(send) : null,
-      recv.length ? new Segments(recv) : null, name);
+    const sendSegs = send.length ? new Segments(send) : null;
+    const recvSegs = recv.length ? new Segments(recv) : null;
+    const p = (peerCopies ? this._peerRun(g, header, sendSegs, recvSegs, name)
+      : Promise.resolve(false)).then((done) => (done ? null
+      : this._run(g, header, sendSegs, recvSegs, name)));
     return p.then((result) => {
       if (source) {
         const s = result ? result.source : -1;

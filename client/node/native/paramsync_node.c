@@ -13,6 +13,9 @@
  *   collapse(buffer, offset, length)    -> 0, or the errno of madvise(MADV_COLLAPSE)
  *                                          over the whole 2 MiB pages in that range
  *   collapseWorks()                     -> whether this kernel collapses on request
+ *   peerRead(pid, nonceAddress, nonce,  -> whether a block of another process came whole,
+ *            address, length, buffer,      read with its nonce (peer copies, client/peer.c)
+ *            offset)
  *
  * wait() blocks a thread of libuv's pool (the event loop goes on); the
  * buffer is kept alive until it ends. Words are shared between processes, so
@@ -32,6 +35,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -304,6 +308,44 @@ static napi_value js_collapse_works(napi_env env, napi_callback_info info)
     return out;
 }
 
+/* peerRead(pid, nonceAddress, nonce, address, length, buffer, offset): reads length
+ * bytes at address of process pid into buffer at offset, with the 8 bytes at
+ * nonceAddress in the same process_vm_readv (client/peer.c's rule): true when all came
+ * and the nonce is the one that process's descriptor gave, so the block came whole from
+ * that very process. */
+static napi_value js_peer_read(napi_env env, napi_callback_info info)
+{
+    napi_value argv[7], out;
+    uint64_t pid, nonce_at, at, n, off, nonce = 0;
+    size_t len;
+    bool lossless = false;
+    if (!get_args(env, info, 7, argv,
+                  "peerRead(pid, nonceAddress, nonce, address, length, buffer, offset): seven "
+                  "arguments"))
+        return NULL;
+    char *data = buffer_of(env, argv[5], &len);
+    if (!data)
+        return NULL;
+    if (get_count(env, argv[0], INT_MAX, &pid) != 0 ||
+        get_count(env, argv[1], 9007199254740992.0, &nonce_at) != 0 ||
+        napi_get_value_bigint_uint64(env, argv[2], &nonce, &lossless) != napi_ok || !lossless ||
+        get_count(env, argv[3], 9007199254740992.0, &at) != 0 ||
+        get_count(env, argv[4], (double)len, &n) != 0 ||
+        get_count(env, argv[6], (double)len, &off) != 0 || off + n > len) {
+        napi_throw_range_error(env, NULL,
+                               "peerRead: integers (the nonce a BigInt), the block inside the "
+                               "buffer");
+        return NULL;
+    }
+    uint64_t seen = 0;
+    struct iovec local[2] = {{&seen, 8}, {data + off, (size_t)n}};
+    struct iovec remote[2] = {{(void *)(uintptr_t)nonce_at, 8}, {(void *)(uintptr_t)at, (size_t)n}};
+    ssize_t got = process_vm_readv((pid_t)pid, local, 2, remote, 2, 0);
+    TRY(env, napi_get_boolean(env, got == (ssize_t)(8 + n) && seen == nonce, &out),
+        "peerRead: result");
+    return out;
+}
+
 static napi_value init(napi_env env, napi_value exports)
 {
     static const struct {
@@ -311,7 +353,8 @@ static napi_value init(napi_env env, napi_value exports)
         napi_callback fn;
     } fns[] = {{"map", js_map},           {"wake", js_wake},
                {"wait", js_wait},         {"address", js_address},
-               {"collapse", js_collapse}, {"collapseWorks", js_collapse_works}};
+               {"collapse", js_collapse}, {"collapseWorks", js_collapse_works},
+               {"peerRead", js_peer_read}};
     for (size_t i = 0; i < sizeof(fns) / sizeof(fns[0]); i++) {
         napi_value f;
         TRY(env, napi_create_function(env, fns[i].name, NAPI_AUTO_LENGTH, fns[i].fn, NULL, &f),

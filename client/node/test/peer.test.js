@@ -1,0 +1,127 @@
+'use strict';
+// Peer copies: large all_to_all, all_gather, gather and scatter of ranks on one agent read
+// each block rank to rank (process_vm_readv), so none of those calls reaches the agent but
+// the exchange of descriptors; where one rank cannot take part, every rank goes through
+// the agent, with the same results.
+const test = require('node:test');
+const assert = require('node:assert');
+const dist = require('..');
+const { worlds, filled, fixture, runNode, scrapeMetrics } = require('./helpers');
+
+const f = fixture(test, dist, { native: true });
+const K = 1 << 20; // int32 elements per block: 4 MiB, past every kind's floor with 3 ranks
+
+/** Ranks' calls of all_to_all, gather and scatter the daemon finished so far. */
+async function agentCalls() {
+  const m = await scrapeMetrics(f.url);
+  return ['all_to_all', 'gather', 'scatter'].reduce((n, k) =>
+    n + (m.get(`paramsync_collectives_total{kind="${k}",code="OK"}`) || 0), 0);
+}
+
+/** The four kinds on ws (3 ranks), every element checked. */
+async function fourKinds(ws) {
+  const all = (fn) => Promise.all(ws.map((w, r) => fn(w, r)));
+  const outs = ws.map(() => new Int32Array(3 * K));
+  await all((w, r) => w.allGatherIntoTensor(outs[r], filled(r, K)));
+  outs.forEach((o) => [0, 1, 2].forEach((j) =>
+    assert.deepStrictEqual(o.subarray(j * K, (j + 1) * K), filled(j, K))));
+  const ins = ws.map((_, r) => filled(r, 3 * K));
+  const a2a = ws.map(() => new Int32Array(3 * K));
+  await all((w, r) => w.allToAllSingle(a2a[r], ins[r]));
+  a2a.forEach((x, r) => [0, 1, 2].forEach((s) => assert.deepStrictEqual(
+    x.subarray(s * K, (s + 1) * K), ins[s].subarray(r * K, (r + 1) * K))));
+  const g = [0, 1, 2].map(() => new Int32Array(2 * K));
+  await all((w, r) => w.gather(filled(r, 2 * K), r === 1 ? g : null, 1));
+  g.forEach((x, j) => assert.deepStrictEqual(x, filled(j, 2 * K)));
+  const sc = ws.map(() => new Int32Array(2 * K));
+  await all((w, r) => w.scatter(sc[r], r === 2 ? [0, 1, 2].map((j) => filled(10 + j, 2 * K))
+    : null, 2));
+  sc.forEach((x, r) => assert.deepStrictEqual(x, filled(10 + r, 2 * K)));
+}
+
+test('the four kinds by peer copies: rank to rank, none at the agent', async (t) => {
+  if (!f.ready(t)) return;
+  const ws = await worlds(dist, f.daemon.addr, 'node-peer', 3);
+  try {
+    ws.forEach((w) => assert.deepStrictEqual(w.peerSets, [1, 1, 1], 'not in one set'));
+    const before = await agentCalls();
+    await fourKinds(ws);
+    ws.forEach((w, r) => assert.strictEqual(w.peerUsed, 4, `rank ${r}`));
+    assert.strictEqual(await agentCalls() - before, 0, 'calls reached the agent');
+    // A list form (each block an array of its own) takes the path too.
+    const lists = ws.map(() => [0, 1, 2].map(() => new Int32Array(K)));
+    await Promise.all(ws.map((w, r) => w.allGather(lists[r], filled(r, K))));
+    lists.forEach((l) => l.forEach((x, j) => assert.deepStrictEqual(x, filled(j, K))));
+    ws.forEach((w) => assert.strictEqual(w.peerUsed, 5));
+    // empty() memory, which the agent copies in place faster, does not: the descriptors
+    // say so and every rank's call goes through the agent.
+    const mems = await Promise.all(ws.map((w) => w.empty(6 * K, 'int32')));
+    mems.forEach((m, r) => m.set(filled(r, 3 * K)));
+    await Promise.all(ws.map((w, r) => w.allToAllSingle(mems[r].subarray(3 * K),
+      mems[r].subarray(0, 3 * K))));
+    mems.forEach((m, r) => [0, 1, 2].forEach((s) => assert.deepStrictEqual(
+      m.subarray(3 * K + s * K, 3 * K + (s + 1) * K), filled(s, 3 * K).subarray(r * K,
+        (r + 1) * K))));
+    ws.forEach((w) => assert.strictEqual(w.peerUsed, 5));
+    assert.strictEqual(await agentCalls() - before, 3, 'each rank\'s all_to_all on empty() memory');
+  } finally {
+    await Promise.all(ws.map((w) => w.destroy()));
+  }
+});
+
+test('a rank that did not ask for peer copies: every rank through the agent, alike',
+  async (t) => {
+    if (!f.ready(t)) return;
+    // Rank 2 in a process of its own with PARAMSYNC_PEER_COPY=0, doing the same calls.
+    const child = runNode(`
+      const assert = require('node:assert');
+      const dist = require('.');
+      const { filled } = require('./test/helpers');
+      const K = ${K};
+      (async () => {
+        const w = await dist.World.init({ initMethod: 'tcp://${f.daemon.addr}?job=node-peer-off',
+          worldSize: 3, rank: 2 });
+        const out = new Int32Array(3 * K);
+        await w.allGatherIntoTensor(out, filled(2, K));
+        [0, 1, 2].forEach((j) => assert.deepStrictEqual(out.subarray(j * K, (j + 1) * K),
+          filled(j, K)));
+        await w.allToAllSingle(out, filled(2, 3 * K));
+        [0, 1, 2].forEach((s) => assert.deepStrictEqual(out.subarray(s * K, (s + 1) * K),
+          filled(s, 3 * K).subarray(2 * K, 3 * K)));
+        await w.gather(filled(2, 2 * K), null, 1);
+        const sc = new Int32Array(2 * K);
+        await w.scatter(sc, [0, 1, 2].map((j) => filled(10 + j, 2 * K)), 2);
+        assert.deepStrictEqual(sc, filled(12, 2 * K));
+        console.log(JSON.stringify({ sets: w.peerSets, used: w.peerUsed }));
+        await w.destroy();
+      })().catch((e) => { console.error(e); process.exit(1); });`, { PARAMSYNC_PEER_COPY: '0' });
+    const ws = await Promise.all([0, 1].map((rank) => dist.World.init({
+      initMethod: `tcp://${f.daemon.addr}?job=node-peer-off`, worldSize: 3, rank })));
+    try {
+      const before = await agentCalls();
+      const all = (fn) => Promise.all(ws.map((w, r) => fn(w, r)));
+      const outs = ws.map(() => new Int32Array(3 * K));
+      await all((w, r) => w.allGatherIntoTensor(outs[r], filled(r, K)));
+      outs.forEach((o) => [0, 1, 2].forEach((j) =>
+        assert.deepStrictEqual(o.subarray(j * K, (j + 1) * K), filled(j, K))));
+      const a2a = ws.map(() => new Int32Array(3 * K));
+      await all((w, r) => w.allToAllSingle(a2a[r], filled(r, 3 * K)));
+      a2a.forEach((x, r) => [0, 1, 2].forEach((s) => assert.deepStrictEqual(
+        x.subarray(s * K, (s + 1) * K), filled(s, 3 * K).subarray(r * K, (r + 1) * K))));
+      const g = [0, 1, 2].map(() => new Int32Array(2 * K));
+      await all((w, r) => w.gather(filled(r, 2 * K), r === 1 ? g : null, 1));
+      g.forEach((x, j) => assert.deepStrictEqual(x, filled(j, 2 * K)));
+      const sc = ws.map(() => new Int32Array(2 * K));
+      await all((w, r) => w.scatter(sc[r], null, 2));
+      sc.forEach((x, r) => assert.deepStrictEqual(x, filled(10 + r, 2 * K)));
+      const c = await child;
+      assert.strictEqual(c.code, 0, c.stderr);
+      const { sets, used } = JSON.parse(c.stdout.trim().split('\n').pop());
+      assert.strictEqual(sets[2], 0, 'rank 2 is in a peer-copy set though it did not ask');
+      assert.strictEqual(used, 0);
+      ws.forEach((w) => assert.strictEqual(w.peerUsed, 0));
+      assert.strictEqual(await agentCalls() - before, 9, 'each rank\'s all_to_all, gather, scatter');
+    } finally {
+      await Promise.all(ws.map((w) => w.destroy()));
+    }
+  });
