@@ -3,9 +3,9 @@
 (several ops and dtypes, and a multi-frame tensor), broadcast, all_gather,
 gather, scatter and barrier together, each checking exact results
 (xlang_worker.c, xlang_worker.py, xlang_worker.js). Three runs rotate the
-languages over ranks 0, 1 and 2, so that each language is a root. Then C and
-Python ranks of one agent take a large all_to_all and all_gather together by
-peer copies (peer_jobs), and a gather and scatter.
+languages over ranks 0, 1 and 2, so that each language is a root. Then C,
+Python and Node.js ranks of one agent take a large all_to_all and all_gather
+together by peer copies (peer_jobs), and a gather and scatter.
 
     xlang.py --paramsyncd BIN --c-worker BIN --python VENV_PY [--node NODE]
 """
@@ -69,13 +69,13 @@ def main():
     if not ok:
         H.fail("a worker failed")
     print("PASS: C, Python and Node.js workers agree on every result, in every rank order; "
-          "C and Python ranks take peer copies together")
+          "C, Python and Node.js ranks take peer copies together")
 
 
 def peer_jobs(d, workers):
-    """C and Python ranks on one agent take a large all_to_all, all_gather, gather and
-    scatter by peer copies together (XLANG_PEER=1: the workers' peer_steps), in two rank
-    orders: every result checked, and none of those kinds reaches the agent but the
+    """C, Python and Node.js ranks on one agent take a large all_to_all, all_gather,
+    gather and scatter by peer copies together (XLANG_PEER=1: the workers' peer_steps),
+    in three rank orders, each language a root: every result checked, and none of those kinds reaches the agent but the
     exchanges of addresses (all_gather)."""
     def a2a():
         m = H.scrape(d.metrics_url)
@@ -83,7 +83,8 @@ def peer_jobs(d, workers):
                    for k in ("all_to_all", "gather", "scatter"))
     before = a2a()
     ok = True
-    for k, order in enumerate([["C", "Python", "C"], ["Python", "C", "Python"]]):
+    for k, order in enumerate([["C", "Python", "Node"], ["Node", "C", "Python"],
+                               ["Python", "Node", "C"]]):
         job = "xlang-peer-%d" % k
         envs = [H.clean_env(PARAMSYNC_ADDR=d.addr, PARAMSYNC_JOB=job, WORLD_SIZE=3, RANK=r,
                             XLANG_PEER=1) for r in range(3)]

@@ -14,10 +14,53 @@ function expect(got, want, what) {
   console.log(`Node rank ${r}: ${what} ok`);
 }
 
+/** Element by element, want(k) for element k, without making arrays of millions. */
+function expectEach(got, want, what) {
+  for (let k = 0; k < got.length; k++) {
+    if (got[k] !== want(k)) {
+      console.error(`Node rank ${r}: ${what}: element ${k} is ${got[k]}, want ${want(k)}`);
+      process.exit(1);
+    }
+  }
+  console.log(`Node rank ${r}: ${what} ok`);
+}
+
+/** xlang_worker.c's peer_steps (XLANG_PEER=1): an all_to_all, an all_gather, a gather and
+ * a scatter of 8 MiB of blocks, which the ranks of one agent take by peer copies, C,
+ * Python and Node.js ranks together. */
+async function peerSteps() {
+  const B = 700001;
+  const mod = (k, m) => k % B % m;
+  const blk = (k) => Math.floor(k / B);
+  const src = Int32Array.from({ length: 3 * B }, (_, k) => 1000 * r + 10 * blk(k) + mod(k, 7));
+  const out = new Int32Array(3 * B);
+  await dist.allToAllSingle(out, src);
+  expectEach(out, (k) => 1000 * blk(k) + 10 * r + mod(k, 7), 'all_to_all int32 of 8 MiB');
+  const fout = new Float32Array(3 * B);
+  await dist.allGatherIntoTensor(fout, Float32Array.from({ length: B }, (_, k) => r +
+    (k % 3) * 0.5));
+  expectEach(fout, (k) => blk(k) + mod(k, 3) * 0.5, 'all_gather float32 of 8 MiB');
+  const lst = r === 1 ? [0, 1, 2].map(() => new Int32Array(B)) : null;
+  await dist.gather(Int32Array.from({ length: B }, (_, j) => 7 * r + j % 5), lst, 1);
+  // The root's blocks end to end (as the C root's one buffer); the others have none.
+  const all = r === 1 ? Int32Array.from({ length: 3 * B }, (_, k) => lst[blk(k)][k % B])
+    : new Int32Array(0);
+  expectEach(all, (k) => 7 * blk(k) + mod(k, 5), 'gather int32 of 8 MiB');
+  const got = new Int32Array(B);
+  await dist.scatter(got, r === 2 ? [0, 1, 2].map((q) => Int32Array.from({ length: B },
+    (_, j) => 9 * q + j % 3)) : null, 2);
+  expectEach(got, (j) => 9 * r + j % 3, 'scatter int32 of 8 MiB');
+  await dist.destroyProcessGroup();
+}
+
 (async () => {
   await dist.initProcessGroup('paramsync');
   r = dist.getRank();
   if (dist.getWorldSize() !== 3) throw new Error('world size');
+  if (process.env.XLANG_PEER === '1') {
+    await peerSteps();
+    return;
+  }
   const R = dist.ReduceOp;
   let x = Float32Array.from([r + 1, (r + 1) * 0.5, -r]);
   await dist.allReduce(x, { op: R.SUM });
