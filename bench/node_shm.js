@@ -9,23 +9,24 @@
  *                          [--modes frames,calls,segment,doorbell,mem]
  *
  * For each world size it starts one paramsyncd on a free loopback port (with
- * /metrics) and runs the same job once per mode: `frames` (PARAMSYNC_SHM=0:
- * every payload byte in gRPC frames), `calls` (PARAMSYNC_NODE_NATIVE=0: a
- * Collective call per collective, the payload through the segment from 64 KiB),
- * `segment` (the native helper: no call, the payload in the doorbell up to
- * 2 KiB, else through the segment; PARAMSYNC_SHM_DIRECT=0), `doorbell` (the
- * same, but from 8 MiB (32 without huge pages) the agent reads and writes the
- * arrays where they are), `mem` (the doorbell, the buffers from dist.empty(),
- * which the agent uses in place: input and output in one). Ops:
- * float32 all_reduce, broadcast (root 0), all_gather, and barrier (no size), one
- * untimed call of each first, of every size (--sizes in bytes, K/M suffixes; or
- * --mib MiB). A call's time is the slowest rank's, from a barrier to its return;
- * the table gives the median over --iters calls in µs, the busbw (nccl-tests
- * factors; an all_gather's size its output's), the first mode's time over each
- * other's, and the payload bytes the daemon counted between workers and agent in
- * each mode's whole run. Results are checked once per op and size. Needs
- * client/node/node_modules (scripts/setup runs npm ci) and, for `segment`,
- * `doorbell` and `mem`, the built paramsync_node target.
+ * /metrics) and runs the same job once per mode: `frames` (PARAMSYNC_SHM=0: every
+ * payload byte in gRPC frames), `calls` (PARAMSYNC_NODE_NATIVE=0: a Collective
+ * call per collective, the payload through the segment from 64 KiB), `segment`
+ * (the native helper: no call, the payload in the doorbell up to 2 KiB, else
+ * through the segment; PARAMSYNC_SHM_DIRECT=0 and PARAMSYNC_PEER_COPY=0),
+ * `doorbell` (the same, but from 8 MiB (32 without huge pages) the agent reads and
+ * writes the arrays where they are), `peer` (that, and peer copies: large
+ * all_gather and all_to_all rank to rank), `mem` (every path, the buffers from
+ * dist.empty(), which the agent uses in place: input and output in one). Ops:
+ * float32 all_reduce, broadcast (root 0), all_gather, all_to_all (single tensor),
+ * and barrier (no size), one untimed call of each first, of every size (--sizes in
+ * bytes, K/M suffixes; or --mib MiB). A call's time is the slowest rank's, from a
+ * barrier to its return; the table gives the median over --iters calls in µs, the
+ * busbw (nccl-tests factors; an all_gather's size its output's), the first mode's
+ * time over each other's, and the payload bytes the daemon counted between workers
+ * and agent in each mode's whole run. Results are checked once per op and size.
+ * Needs client/node/node_modules (scripts/setup runs npm ci) and, for `segment`,
+ * `doorbell`, `peer` and `mem`, the built paramsync_node target.
  */
 const { spawn } = require('child_process');
 const fs = require('fs');
@@ -33,9 +34,10 @@ const os = require('os');
 const path = require('path');
 
 const REPO = path.join(__dirname, '..');
-const OPS = ['all_reduce', 'broadcast', 'all_gather', 'barrier'];
+const OPS = ['all_reduce', 'broadcast', 'all_gather', 'all_to_all', 'barrier'];
 const MODES = { frames: { PARAMSYNC_SHM: '0' }, calls: { PARAMSYNC_NODE_NATIVE: '0' },
-  segment: { PARAMSYNC_SHM_DIRECT: '0' }, doorbell: {}, mem: { BENCH_MEM: '1' } };
+  segment: { PARAMSYNC_SHM_DIRECT: '0', PARAMSYNC_PEER_COPY: '0' },
+  doorbell: { PARAMSYNC_PEER_COPY: '0' }, peer: {}, mem: { BENCH_MEM: '1' } };
 
 function usage(code) {
   const text = fs.readFileSync(__filename, 'utf8');
@@ -105,12 +107,16 @@ async function worker() {
         if (op === 'all_reduce') await dist.allReduce(x);
         else if (op === 'broadcast') await dist.broadcast(x, 0);
         else if (op === 'all_gather') await dist.allGatherIntoTensor(out, x);
+        else if (op === 'all_to_all') await dist.allToAllSingle(out.subarray(0, n), x);
         else await dist.barrier();
         const us = Number(process.hrtime.bigint() - t0) / 1e3;
         if (i === 0) { // untimed: checked instead
           const want = op === 'all_reduce' ? p * (p + 1) / 2 : op === 'broadcast' ? 1 : null;
+          // all_to_all: block s of the output is rank s's, all s + 1 (as the all_gather's).
+          const got = op === 'all_to_all' ? out.subarray(0, n) : out;
+          const per = op === 'all_to_all' ? n / p : n;
           const bad = op === 'barrier' ? -1 : want !== null ? x.findIndex((v) => v !== want)
-            : out.findIndex((v, k) => v !== Math.floor(k / n) + 1);
+            : got.findIndex((v, k) => v !== Math.floor(k / per) + 1);
           if (bad >= 0) throw new Error(`${op} of ${bytes} bytes: element ${bad} is wrong`);
         } else {
           t.push(us);
@@ -164,7 +170,8 @@ function median(xs) {
 }
 
 function busFactor(op, p) {
-  return op === 'all_reduce' ? 2 * (p - 1) / p : op === 'all_gather' ? (p - 1) / p : 1;
+  return op === 'all_reduce' ? 2 * (p - 1) / p
+    : op === 'all_gather' || op === 'all_to_all' ? (p - 1) / p : 1;
 }
 
 function sizeText(b) {
