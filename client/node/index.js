@@ -342,8 +342,8 @@ class ShmSegment {
 /** Makes a POSIX segment of size bytes and offers it with attach(name, size, magic), which
  * resolves to the ShmAttachResponse once the agent mapped it; took(resp) sees the answer.
  * Resolves to { fd, name } (the name unlinked already: the agent holds it now). map: it
- * is mapped here first (the native helper), attach gets the ArrayBuffer too, and the
- * result has it as ab. */
+ * is mapped here instead (the native helper), attach gets the ArrayBuffer too, and the
+ * result is { name, ab }, the file closed. */
 async function shmCreate(size, attach, took, map = false) {
   const name = `/paramsync.${process.pid}.${++shmCounter}.${crypto.randomBytes(3)
     .toString('hex')}`;
@@ -368,6 +368,7 @@ async function shmCreate(size, attach, took, map = false) {
     ab = map ? native.map(fd, size) : null;
     took(await attach(name, size, value.toString(), ab));
     pwriteAll(fd, Buffer.alloc(8), 0);
+    if (map) fs.closeSync(fd);
   } catch (e) {
     fs.closeSync(fd);
     throw e;
@@ -376,7 +377,7 @@ async function shmCreate(size, attach, took, map = false) {
     // happened, so that nothing is left in /dev/shm.
     try { fs.unlinkSync(file); } catch (e) { /* gone already */ }
   }
-  return { fd, name, ab };
+  return map ? { name, ab } : { fd, name };
 }
 
 /** Spare segments: a collective in flight beside the one using the World's segment
@@ -456,12 +457,8 @@ class Registered {
     let mem = null;
     if (native && shmEnabled() && !this.closed) {
       try {
-        const { fd, name } = await shmCreate(size, this.attach, () => {});
-        try {
-          mem = { ab: native.map(fd, size), name, size, inUse: false, retired: false };
-        } finally {
-          fs.closeSync(fd);
-        }
+        const { name, ab } = await shmCreate(size, this.attach, () => {}, true);
+        mem = { ab, name, size, inUse: false, retired: false };
       } catch (e) { /* refused or failed: plain memory, as in C */ }
     }
     if (!mem) mem = { ab: new ArrayBuffer(size), name: null, size, inUse: false, retired: false };
@@ -615,7 +612,6 @@ class ProcessSegment {
           }
           this.blockLists = !!resp.block_lists;
         }, true);
-        fs.closeSync(made.fd);
         this.name = made.name;
         this.ab = made.ab;
       } catch (e) { // refused (another PID namespace, ptrace rules) or failed: for good
@@ -724,15 +720,11 @@ class Doorbell {
     }
     if (!this.ab) {
       try {
-        const { fd, name } = await shmCreate(DB.SIZE, this.attach, (resp) => {
+        const { name, ab } = await shmCreate(DB.SIZE, this.attach, (resp) => {
           this.segments = !!resp.doorbell_segments;
           this.most = Math.max(1, resp.doorbells || 0);
-        });
-        try {
-          this.ab = native.map(fd, DB.SIZE);
-        } finally {
-          fs.closeSync(fd);
-        }
+        }, true);
+        this.ab = ab;
         this.name = name;
         this.u32 = new Uint32Array(this.ab, DB.CTL, (DB.SIZE - DB.CTL) / 4);
         this.i32 = new Int32Array(this.ab, DB.CTL, (DB.SIZE - DB.CTL) / 4);
