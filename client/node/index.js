@@ -415,30 +415,6 @@ class ShmSpares {
   }
 }
 
-/** Where a collective's input and output lie when the agent may use them in place: each
- * side one run of bytes (its buffers end to end) in one ArrayBuffer, both in the same,
- * apart, or all_reduce/reduce's one run. { ab, inOff, outOff }, or null. */
-function placed(inPlace, send, recv) {
-  const side = (x) => {
-    if (!x || !x.total) return null;
-    const b0 = x.bufs[0];
-    let end = b0.byteOffset;
-    for (const b of x.bufs) {
-      if (b.buffer !== b0.buffer || b.byteOffset !== end) return undefined;
-      end += b.length;
-    }
-    return { ab: b0.buffer, off: b0.byteOffset, len: x.total };
-  };
-  const i = side(send);
-  const o = side(recv);
-  if (i === undefined || o === undefined || (!i && !o)) return null;
-  const ab = (i || o).ab;
-  if ((i && i.ab !== ab) || (o && o.ab !== ab)) return null;
-  if (i && o && !(inPlace && i.off === o.off && i.len === o.len) &&
-      i.off < o.off + o.len && o.off < i.off + i.len) return null;
-  return { ab, inOff: i ? i.off : 0, outOff: o ? o.off : 0 };
-}
-
 /** Memory from empty(): each allocation a segment of its own that the agent keeps
  * (ShmAttach registered, at most 64 per rank) and reads and writes in place. One
  * collective at a time per allocation; a concurrent one copies. */
@@ -458,7 +434,7 @@ class Registered {
     if (native && shmEnabled() && !this.closed) {
       try {
         const { name, ab } = await shmCreate(size, this.attach, () => {}, true);
-        mem = { ab, name, size, inUse: false, retired: false };
+        mem = { ab, name, size, base: native.address(ab), inUse: false, retired: false };
       } catch (e) { /* refused or failed: plain memory, as in C */ }
     }
     if (!mem) mem = { ab: new ArrayBuffer(size), name: null, size, inUse: false, retired: false };
@@ -466,18 +442,25 @@ class Registered {
     return mem;
   }
 
-  /** Claims the allocation a collective's input and output lie in: a segment for it (as
-   * ShmSegment's: name, get, end) and the input and output offsets; or null. */
+  /** Claims the allocation a collective's input and output lie in (one run of bytes each
+   * way, apart, or all_reduce's and reduce's one run): a segment for it (as ShmSegment's:
+   * name, get, end) and the input and output offsets; or null. */
   begin(inPlace, send, recv) {
-    if (!shmEnabled() || this.closed) return null;
-    const at = placed(inPlace, send, recv);
-    const mem = at && this.mems.find((m) => m.ab === at.ab && m.name);
-    if (!mem || mem.inUse || mem.retired) return null;
+    if (!shmEnabled() || this.closed || !this.mems.some((m) => m.name)) return null;
+    const at = placedDirect(inPlace, send, recv, false);
+    if (!at) return null;
+    const first = at.in !== null ? at.in : at.out;
+    const mem = this.mems.find((m) => m.name && m.base <= first && first < m.base + m.size);
+    const inside = (a, x) => a === null || (mem.base <= a && a + x.total <= mem.base + mem.size);
+    if (!mem || mem.inUse || mem.retired || !inside(at.in, send) || !inside(at.out, recv)) {
+      return null;
+    }
     mem.inUse = true;
     return { seg: { name: mem.name, get() {}, end(discard = false) {
       mem.inUse = false;
       mem.retired = mem.retired || discard; // the agent may still write into it
-    } }, inOff: at.inOff, outOff: at.outOff };
+    } }, inOff: at.in !== null ? at.in - mem.base : 0,
+    outOff: at.out !== null ? at.out - mem.base : 0 };
   }
 
   /** Forgets the allocation of ArrayBuffer ab and tells the agent; false when there is
