@@ -1346,10 +1346,11 @@ class World {
   get doorbellRung() { return this.doorbells.rung; }
 
   /** Rings doorbell d for a collective: its input and output in the doorbell (seg null),
-   * or at inOff and outOff of seg (the payload segment, its input written there, or
-   * memory from empty()). Ends d, and seg (discarded if the request was abandoned: the
-   * agent may still use it). Resolves to the result, or null when the header does not fit
-   * (nothing was rung; seg stays claimed for a call). */
+   * or at inOff and outOff of seg (the payload segment, its input written there, memory
+   * from empty(), or with seg.direct addresses in this process). Ends seg (discarded if
+   * the request was abandoned: the agent may still use it); the caller ends d. Resolves
+   * to the result, or null when the header does not fit (nothing was rung; seg stays
+   * claimed for a call). */
   async _ring(d, header, send, recv, seg, inOff, outOff, what) {
     let abandoned = false;
     let got = null;
@@ -1390,7 +1391,6 @@ class World {
       }
       return { source: got.source };
     } finally {
-      d.end();
       if (seg && (got || abandoned)) seg.end(abandoned);
     }
   }
@@ -1473,34 +1473,37 @@ class World {
     // Input and output in memory from empty(): the agent uses them where they are.
     const mem = this.mem.begin(inPlace, send, recv);
     // A doorbell when one is free: the payload in it when small, else in memory from
-    // empty() or the segment (when the agent takes that); otherwise a Collective call.
+    // empty(), this process's buffers or the segment (when the agent takes that);
+    // otherwise a Collective call.
     const d = await this.doorbells.begin();
     const small = !mem && (send ? send.total : 0) <= DB.PAYLOAD &&
       (recv ? recv.total : 0) <= DB.PAYLOAD;
-    if (d && small) {
-      const got = await this._ring(d, header, send, recv, null, 0, DB.OUT, what);
-      if (got) return got;
-    }
-    // The doorbell with another segment (it is ended if a header did not fit).
-    let rung = !!(d && !small && d.segments);
-    // Large buffers of this process: the agent reads and writes them where they are.
-    const direct = rung && !mem ? await this.proc.begin(inPlace, send, recv) : null;
-    if (direct) {
-      const seg = { name: this.proc.name, direct: true, get() {}, end() {} };
-      const got = await this._ring(d, header, send, recv, seg, direct.in, direct.out, what);
-      if (got) return got;
-      rung = false;
-    }
     let shm = null;
     let inOff = 0;
     let shmOff = null;
-    if (mem) ({ seg: shm, inOff, outOff: shmOff } = mem);
-    else [shm, shmOff] = await this._claimSegment(inPlace, send, recv, rung);
-    if (rung && shm) {
-      const got = await this._ring(d, header, send, recv, shm, inOff, shmOff, what);
-      if (got) return got;
-    } else if (rung || (d && !small && !direct)) {
-      d.end();
+    try {
+      if (d && small) {
+        const got = await this._ring(d, header, send, recv, null, 0, DB.OUT, what);
+        if (got) return got;
+      }
+      // The doorbell with another segment of the rank.
+      let rung = !!(d && !small && d.segments);
+      // Large buffers of this process: the agent reads and writes them where they are.
+      const direct = rung && !mem ? await this.proc.begin(inPlace, send, recv) : null;
+      if (direct) {
+        const seg = { name: this.proc.name, direct: true, get() {}, end() {} };
+        const got = await this._ring(d, header, send, recv, seg, direct.in, direct.out, what);
+        if (got) return got;
+        rung = false; // its header did not fit: a call
+      }
+      if (mem) ({ seg: shm, inOff, outOff: shmOff } = mem);
+      else [shm, shmOff] = await this._claimSegment(inPlace, send, recv, rung);
+      if (rung && shm) {
+        const got = await this._ring(d, header, send, recv, shm, inOff, shmOff, what);
+        if (got) return got;
+      }
+    } finally {
+      if (d) d.end();
     }
     if (shm) {
       header.shm = shm.name;
