@@ -1408,12 +1408,10 @@ class World {
     return [null, null];
   }
 
-  /** A small collective of its own for a step of header's call, with sequence number seq:
+  /** A small collective of its own for a step of another call, with sequence number seq:
    * send and recv typed arrays (recv may be send). */
-  _small(g, header, seq, kind, dtype, send, recv, name, op = 0) {
-    const h = { job: this.job, group: g.id, seq: String(seq), kind, op, dtype,
-      count: String(send.length), root: 0, peer: 0, rank: header.rank, tag: 0,
-      timeout_ms: header.timeout_ms, incarnation: header.incarnation };
+  _small(g, seq, kind, dtype, send, recv, name, op = 0) {
+    const h = this._header(g, seq, { kind, op, dtype, count: send.length });
     return this._run(g, h, new Segments([view(send, 'send')]),
       new Segments([view(recv, 'recv')]), name);
   }
@@ -1443,7 +1441,7 @@ class World {
     const desc = this.peerSelf.describe(addrs, fits);
     const words = desc.length;
     const got = new BigUint64Array(n * words);
-    await this._small(g, header, seq, KIND.ALL_GATHER, DTYPES.uint8,
+    await this._small(g, seq, KIND.ALL_GATHER, DTYPES.uint8,
       new Uint8Array(desc.buffer), new Uint8Array(got.buffer), `${name} (peer addresses)`);
     const d = peerAllFit(got, n, words);
     if (!d) {
@@ -1453,7 +1451,7 @@ class World {
     for (const x of [send, recv]) for (const b of x ? x.bufs : []) collapse(b);
     const ok = peerPull(kind, n, rank, header.root, d, words, block, outs, ins || []);
     const failed = new Int32Array([ok ? 0 : 1]);
-    await this._small(g, header, seq + 1, KIND.ALL_REDUCE, DTYPES.int32, failed, failed,
+    await this._small(g, seq + 1, KIND.ALL_REDUCE, DTYPES.int32, failed, failed,
       `${name} (peer copies done)`, ReduceOp.MAX);
     if (failed[0] === 0) {
       this.peerUsed++;
@@ -1620,6 +1618,13 @@ class World {
     });
   }
 
+  /** A CollectiveHeader for this rank of group g with sequence number seq. */
+  _header(g, seq, { kind, op = 0, dtype = 0, count = 0, root = 0, peer = 0, tag = 0 }) {
+    return { job: this.job, group: g.id, seq: String(seq), kind, op, dtype,
+      count: String(count), root, peer, rank: g.rank(), tag, timeout_ms: this.timeoutMs,
+      incarnation: this.incarnation };
+  }
+
   _start(g, name, kind, { send = [], recv = [], op = 0, dtype = 0, count = 0, root = 0,
     peer = 0, tag = 0, source = false, outputs } = {}) {
     this._check();
@@ -1637,9 +1642,7 @@ class World {
       seq = g._seq;
       g._seq += peerCopies ? PEER.SEQS : 1;
     }
-    const header = { job: this.job, group: g.id, seq: String(seq), kind, op, dtype,
-      count: String(count), root, peer, rank: g.rank(), tag, timeout_ms: this.timeoutMs,
-      incarnation: this.incarnation };
+    const header = this._header(g, seq, { kind, op, dtype, count, root, peer, tag });
     const sendSegs = send.length ? new Segments(send) : null;
     const recvSegs = recv.length ? new Segments(recv) : null;
     const p = (peerCopies ? this._peerRun(g, header, sendSegs, recvSegs, name)
