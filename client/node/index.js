@@ -726,11 +726,17 @@ class Doorbell {
     return true;
   }
 
+  /** The 32-bit word at byte offset off of the control block (doorbell.h), read and
+   * written atomically (ordered with the plain stores and loads around them). */
   _word(off) { return Atomics.load(this.u32, (off - DB.CTL) / 4); }
 
+  _setWord(off, v) { Atomics.store(this.u32, (off - DB.CTL) / 4, v); }
+
+  _int(off) { return Atomics.load(this.i32, (off - DB.CTL) / 4); }
+
   /** Rings for one collective whose header names this doorbell (header.shm and
-   * shm_out_offset = DB.OUT, input bufs here) or the payload segment (bufs empty: the
-   * input is there). Waits for the answer, asking broken() (null, or the error that ends
+   * shm_out_offset = DB.OUT, input bufs here) or another segment of the rank (bufs empty:
+   * the input is there, or in this process's buffers). Waits for the answer, asking broken() (null, or the error that ends
    * the wait) between slices. direct: the agent reads and writes the caller's own buffers
    * (header.shm_process), so the wait ends unanswered only once it can write no more:
    * broken() should say only that the agent is gone, and a closed doorbell counts once
@@ -743,9 +749,9 @@ class Doorbell {
     let pos = 0;
     for (const b of bufs) { b.copy(this.bytes, pos); pos += b.length; }
     this.bytes.set(packed, DB_HDR);
-    Atomics.store(this.u32, (DB_HLEN - DB.CTL) / 4, packed.length);
+    this._setWord(DB_HLEN, packed.length);
     const req = (this._word(DB_REQ) + 1) >>> 0;
-    Atomics.store(this.u32, (DB_REQ - DB.CTL) / 4, req); // after the stores above
+    this._setWord(DB_REQ, req); // after the stores above
     native.wake(this.ab, DB_REQ);
     for (;;) {
       const r = this._word(DB_RESP);
@@ -759,15 +765,12 @@ class Doorbell {
           grpc.status.UNAVAILABLE);
       }
     }
-    const at = (off) => (off - DB.CTL) / 4;
     const end = this.bytes.indexOf(0, DB_MSG);
     const message = this.bytes.toString('utf8', DB_MSG, end >= 0 && end < DB_MSG + DB_MSG_LEN
       ? end : DB_MSG + DB_MSG_LEN);
     this.rung++;
-    return { code: Atomics.load(this.i32, at(DB_CODE)), message,
-      source: Atomics.load(this.i32, at(DB_SOURCE)),
-      out: Atomics.load(this.u32, at(DB_SHM)) ? this.bytes.subarray(DB.OUT,
-        DB.OUT + DB.PAYLOAD) : null };
+    return { code: this._int(DB_CODE), message, source: this._int(DB_SOURCE),
+      out: this._word(DB_SHM) ? this.bytes.subarray(DB.OUT, DB.OUT + DB.PAYLOAD) : null };
   }
 
   end() { this.inUse = false; }
