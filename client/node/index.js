@@ -463,6 +463,9 @@ class Registered {
     outOff: at.out !== null ? at.out - mem.base : 0 };
   }
 
+  /** Whether ArrayBuffer ab is memory from empty() the agent keeps. */
+  holds(ab) { return this.mems.some((m) => m.name && m.ab === ab); }
+
   /** Forgets the allocation of ArrayBuffer ab and tells the agent; false when there is
    * none or a collective uses it. */
   async free(ab) {
@@ -835,12 +838,17 @@ const PEER = Object.freeze({
     [KIND.SCATTER]: 4 << 20 },
   MAX_ALL_TO_ALL_RANKS: 64, // all_to_all and scatter: descriptors of n words each
   MAGIC: 0x3270656572737370n,
-  W_BLOCKS: 16, // words 6 to 15: a C rank's CUDA device input, 0 here
+  // A descriptor's words: magic, PID namespace (device, inode), the nonce's address, the
+  // nonce, pid | FITS_*; words 6 to 15 a C rank's CUDA device input (0 here); then the
+  // blocks' addresses.
+  W_MAGIC: 0, W_PIDNS_DEV: 1, W_PIDNS_INO: 2, W_NONCE_ADDR: 3, W_NONCE: 4, W_PID_FITS: 5,
+  W_BLOCKS: 16,
   FITS_HOST: 1n << 32n,
   FITS_DEVICE: 1n << 33n,
   SEQS: 3, // sequence numbers a call that takes the path holds
 });
-const ELEMENT_BYTES = [4, 8, 2, 2, 1, 1, 2, 4, 8, 1]; // by DTYPES value
+// Bytes of an element, by DTYPES value: the typed array each dtype travels in.
+const ELEMENT_BYTES = DTYPE_NAMES.map((n) => ALLOWED[n][0].BYTES_PER_ELEMENT);
 
 /** This process to its peers, read once: its PID namespace, and a random number at a
  * fixed address that peers read, in the same system call as a block, to know they read
@@ -920,8 +928,11 @@ function peerBlocks(segs, n, block) {
 function peerAllFit(d, n, words) {
   for (let i = 0; i < n; i++) {
     const x = d.subarray(i * words, (i + 1) * words);
-    if (x[0] !== PEER.MAGIC || !(x[5] & PEER.FITS_HOST) || (x[5] & PEER.FITS_DEVICE) ||
-        !(x[5] & 0xFFFFFFFFn) || !x[2] || x[1] !== d[1] || x[2] !== d[2]) return null;
+    const fits = x[PEER.W_PID_FITS];
+    if (x[PEER.W_MAGIC] !== PEER.MAGIC || !(fits & PEER.FITS_HOST) ||
+        (fits & PEER.FITS_DEVICE) || !(fits & 0xFFFFFFFFn) || !x[PEER.W_PIDNS_INO] ||
+        x[PEER.W_PIDNS_DEV] !== d[PEER.W_PIDNS_DEV] ||
+        x[PEER.W_PIDNS_INO] !== d[PEER.W_PIDNS_INO]) return null;
   }
   return d;
 }
@@ -933,8 +944,9 @@ function peerPull(kind, n, rank, root, d, words, block, outs, ins) {
   const which = blocksPerRank(kind) ? rank : 0;
   const read = (i, [buf, off]) => {
     const x = d.subarray(i * words, (i + 1) * words);
-    return native.peerRead(Number(x[5] & 0xFFFFFFFFn), Number(x[3]), x[4],
-      Number(x[PEER.W_BLOCKS + which]), block, buf.buffer, buf.byteOffset + off);
+    return native.peerRead(Number(x[PEER.W_PID_FITS] & 0xFFFFFFFFn),
+      Number(x[PEER.W_NONCE_ADDR]), x[PEER.W_NONCE], Number(x[PEER.W_BLOCKS + which]), block,
+      buf.buffer, buf.byteOffset + off);
   };
   if (kind === KIND.SCATTER && rank !== root) return read(root, outs[0]);
   if (kind === KIND.GATHER && rank !== root) return true; // it only lends its input
@@ -1435,8 +1447,7 @@ class World {
     // reads that pin its shared pages one by one (client/peer.c). PARAMSYNC_SHM=0 set
     // since init: payloads over gRPC, as asked.
     const fits = ins !== null && outs !== null && shmEnabled() &&
-      ![send, recv].some((x) => x && x.bufs.some((b) => this.mem.mems.some((m) =>
-        m.name && m.ab === b.buffer)));
+      ![send, recv].some((x) => x && x.bufs.some((b) => this.mem.holds(b.buffer)));
     // A rank with no input (a scatter's other ranks) describes nb blocks of 0, as every
     // rank's descriptor is one size.
     const addrs = fits && ins.length ? ins.map(([b, off]) => native.address(b.buffer) +
@@ -1452,7 +1463,7 @@ class World {
       return false;
     }
     for (const x of [send, recv]) for (const b of x ? x.bufs : []) collapse(b);
-    const ok = peerPull(kind, n, rank, header.root, d, words, block, outs, ins || []);
+    const ok = peerPull(kind, n, rank, header.root, d, words, block, outs, ins);
     const failed = new Int32Array([ok ? 0 : 1]);
     await this._small(g, seq + 1, KIND.ALL_REDUCE, DTYPES.int32, failed, failed,
       `${name} (peer copies done)`, ReduceOp.MAX);
