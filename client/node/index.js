@@ -447,7 +447,7 @@ class Registered {
    * name, get, end) and the input and output offsets; or null. */
   begin(inPlace, send, recv) {
     if (!shmEnabled() || this.closed || !this.mems.some((m) => m.name)) return null;
-    const at = placedDirect(inPlace, send, recv, false);
+    const at = placedAt(inPlace, send, recv, false);
     if (!at) return null;
     const first = at.in !== null ? at.in : at.out;
     const mem = this.mems.find((m) => m.name && m.base <= first && first < m.base + m.size);
@@ -538,11 +538,12 @@ function collapse(b) {
   else remember(collapseFailed, key, 16);
 }
 
-/** Where a collective's input and output lie in this process: each side one run of bytes
- * (its buffers end to end), or with lists several buffers of one size; no two apart from
- * all_reduce's and reduce's one run overlapping. { in, out } (an address, a list of
- * addresses, or null for no bytes), or null. */
-function placedDirect(inPlace, send, recv, lists) {
+/** Where a collective's input and output lie in this process (for empty() memory and
+ * the direct path): each side one run of bytes (its buffers end to end), or with lists
+ * several buffers of one size; no two apart from all_reduce's and reduce's one run
+ * overlapping. { in, out } (an address, a list of addresses, or null for no bytes), or
+ * null. */
+function placedAt(inPlace, send, recv, lists) {
   const spans = [];
   const side = (x) => {
     if (!x || !x.total) return null;
@@ -574,7 +575,7 @@ class ProcessSegment {
     this.used = 0; // collectives that went this way (tests read it)
   }
 
-  /** { in, out } (placedDirect's) for a collective the agent may take from and into this
+  /** { in, out } (placedAt's) for a collective the agent may take from and into this
    * process's buffers, the process segment made on first use; null: copy as usual. */
   async begin(inPlace, send, recv) {
     if (this.disabled || this.making || !directEnabled()) return null;
@@ -582,7 +583,7 @@ class ProcessSegment {
     const outs = recv ? recv.total : 0;
     const least = directMin();
     if (ins + outs < least) return null;
-    const got = placedDirect(inPlace, send, recv, true);
+    const got = placedAt(inPlace, send, recv, true);
     if (!got) return null;
     // On huge pages bytes of buffers, an in-place buffer once; on small pages, as measured
     // when that floor was set, input and output together.
