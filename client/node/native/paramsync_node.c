@@ -247,6 +247,9 @@ static napi_value js_wait(napi_env env, napi_callback_info info)
     return promise;
 }
 
+/* User addresses stay below 2^53 on every 64-bit Linux: exact as a double, both ways. */
+#define ADDRESS_MAX 9007199254740992.0
+
 static napi_value js_address(napi_env env, napi_callback_info info)
 {
     napi_value argv[1], out;
@@ -256,7 +259,6 @@ static napi_value js_address(napi_env env, napi_callback_info info)
     void *data = buffer_of(env, argv[0], &len);
     if (!data)
         return NULL;
-    /* User addresses stay below 2^53 on every 64-bit Linux: exact as a double. */
     TRY(env, napi_create_double(env, (double)(uintptr_t)data, &out), "address: result");
     return out;
 }
@@ -327,9 +329,9 @@ static napi_value js_peer_read(napi_env env, napi_callback_info info)
     if (!data)
         return NULL;
     if (get_count(env, argv[0], INT_MAX, &pid) != 0 ||
-        get_count(env, argv[1], 9007199254740992.0, &nonce_at) != 0 ||
+        get_count(env, argv[1], ADDRESS_MAX, &nonce_at) != 0 ||
         napi_get_value_bigint_uint64(env, argv[2], &nonce, &lossless) != napi_ok || !lossless ||
-        get_count(env, argv[3], 9007199254740992.0, &at) != 0 ||
+        get_count(env, argv[3], ADDRESS_MAX, &at) != 0 ||
         get_count(env, argv[4], (double)len, &n) != 0 ||
         get_count(env, argv[6], (double)len, &off) != 0 || off + n > len) {
         napi_throw_range_error(env, NULL,
