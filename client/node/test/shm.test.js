@@ -188,8 +188,12 @@ test('collectives in flight together: a segment each (the first, 3 spares), then
     assert.ok(moved.grpc % rankCall === 0 && moved.grpc <= N * rankCall,
       `${moved.grpc} bytes as frames: all but one collective a rank should take a segment`);
     assert.ok(moved.shm >= 4 * 2 * N * 4 * n, `${moved.shm} bytes through shared memory`);
-    ws.forEach((w) => assert.strictEqual(w.spares.segs.filter((x) => x.fd !== null).length, 3,
-      'three spare segments'));
+    // At most the three spares the agent keeps slots for; fewer when a segment freed
+    // early served a later collective (the doorbells made meanwhile take a call each).
+    ws.forEach((w) => {
+      const made = w.spares.segs.filter((x) => x.fd !== null).length;
+      assert.ok(made <= 3, `${made} spare segments`);
+    });
   });
 
 test('a failed ShmAttach takes frames for that call only; errors lose nothing', async (t) => {
