@@ -69,7 +69,14 @@ def main():
     if not ok:
         H.fail("a worker failed")
     print("PASS: C, Python and Node.js workers agree on every result, in every rank order; "
-          "C, Python and Node.js ranks take peer copies together")
+          "%s ranks take peer copies together" % ("C and Python" if no_node_helper()
+                                                   else "C, Python and Node.js"))
+
+
+def no_node_helper():
+    """The Node.js client's native helper was not built (ctest says so): its ranks take
+    no peer copies."""
+    return os.environ.get("PARAMSYNC_NODE_NATIVE") == "0"
 
 
 def peer_jobs(d, workers):
@@ -83,8 +90,13 @@ def peer_jobs(d, workers):
                    for k in ("all_to_all", "gather", "scatter"))
     before = a2a()
     ok = True
-    for k, order in enumerate([["C", "Python", "Node"], ["Node", "C", "Python"],
-                               ["Python", "Node", "C"]]):
+    orders = [["C", "Python", "Node"], ["Node", "C", "Python"], ["Python", "Node", "C"]]
+    if no_node_helper():
+        # A Node rank takes peer copies only through its native helper, not built here.
+        print("SKIPPED: Node.js ranks in the peer-copy jobs (no native helper: no Node.js "
+              "headers, or PARAMSYNC_NODE_HELPER=OFF); C and Python ranks only")
+        orders = [["C", "Python", "C"], ["Python", "C", "Python"]]
+    for k, order in enumerate(orders):
         job = "xlang-peer-%d" % k
         envs = [H.clean_env(PARAMSYNC_ADDR=d.addr, PARAMSYNC_JOB=job, WORLD_SIZE=3, RANK=r,
                             XLANG_PEER=1) for r in range(3)]
