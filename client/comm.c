@@ -493,6 +493,7 @@ int ps_init(const ps_init_options_t *opts, ps_comm_t **out)
         rc = PS_ENOMEM;
         goto fail;
     }
+    (void)pthread_setname_np(comm->join_thread, "ps-join");
     comm->join_thread_started = 1;
 
     int64_t deadline = start + comm->join_timeout_ms + PS__DEADLINE_GRACE_MS;

@@ -947,6 +947,8 @@ void ps__agent_watch_health(ps__agent_t *a, struct ps__health *health)
 {
     a->health = health;
     a->health_running = pthread_create(&a->health_thread, NULL, health_main, a) == 0;
+    if (a->health_running)
+        (void)pthread_setname_np(a->health_thread, "ps-health");
 }
 
 ps__hub_t *ps__agent_hub(ps__agent_t *a)

@@ -501,6 +501,7 @@ static void coord_join(ps__rpc_call_t *call, void *arg)
         pthread_mutex_unlock(&c->lock);
         goto out;
     }
+    (void)pthread_setname_np(watcher, "ps-join-watch");
     watching = 1;
 
     pthread_mutex_lock(&c->lock);

@@ -214,7 +214,7 @@ int ps__rpc_wait_shutdown(int64_t timeout_ms)
     return 0;
 }
 
-ps__thread_t *ps__thread_start(void *(*fn)(void *), void *arg)
+ps__thread_t *ps__thread_start(const char *name, void *(*fn)(void *), void *arg)
 {
     ps__thread_t *t = malloc(sizeof(*t));
     if (!t)
@@ -225,6 +225,7 @@ ps__thread_t *ps__thread_start(void *(*fn)(void *), void *arg)
         free(t);
         return NULL;
     }
+    (void)pthread_setname_np(t->id, name);
     return t;
 }
 
@@ -674,7 +675,7 @@ static void *pool_main(void *arg);
  * held. 0, or PS_ENOMEM. */
 static int pool_grow(ps__rpc_server_t *s)
 {
-    if (!ps__thread_start(pool_main, s))
+    if (!ps__thread_start("ps-rpc", pool_main, s))
         return PS_ENOMEM;
     s->pool_threads++;
     s->pool_idle++;

@@ -79,10 +79,11 @@ typedef struct ps__thread {
     struct ps__thread *next; /* on a list of ended threads */
 } ps__thread_t;
 
-/* Starts fn(t) on a new thread t, with t->arg = arg. Call with the lock of
- * the list t will end on held, so that t->id is set before anyone joins t.
- * NULL when no thread could be had. */
-ps__thread_t *ps__thread_start(void *(*fn)(void *), void *arg);
+/* Starts fn(t) on a new thread t, with t->arg = arg, named name (what `top
+ * -H` and /proc/PID/task/TID/comm show; 15 characters at most). Call with
+ * the lock of the list t will end on held, so that t->id is set before anyone
+ * joins t. NULL when no thread could be had. */
+ps__thread_t *ps__thread_start(const char *name, void *(*fn)(void *), void *arg);
 
 /* t, about to return from its function, goes on *ended, and the threads
  * that were on it come off: returned, for t to reap once it has let go of

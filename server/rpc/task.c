@@ -101,7 +101,7 @@ int ps__task_run(void *(*fn)(void *), void *arg)
         pthread_mutex_unlock(&pool.lock);
         return 0;
     }
-    int started = ps__thread_start(pool_main, it) != NULL;
+    int started = ps__thread_start("ps-task", pool_main, it) != NULL;
     pool.threads += started;
     pthread_mutex_unlock(&pool.lock);
     if (!started)

@@ -2998,9 +2998,11 @@ int main(int argc, char **argv)
     /* The last ps_finalize, or a ps_init that failed, leaves no thread of the
      * library's or gRPC's behind (a real GPU's driver keeps threads of its
      * own). */
-    int threads = thread_count();
+    int threads = thread_count_settled(threads0, 2000);
     if (threads != threads0 && rc == 0 && strncmp(sc->name, "device", 6) != 0) {
-        fail("the library left %d threads running (%d before ps_init)", threads, threads0);
+        char names[1024];
+        fail("the library left %d threads running (%d before ps_init): %s", threads, threads0,
+             thread_names(names, sizeof(names)));
         rc = -1;
     }
     if (rc == SKIP)

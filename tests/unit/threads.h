@@ -2,7 +2,10 @@
 #ifndef PS_TEST_THREADS_H
 #define PS_TEST_THREADS_H
 
+#include <dirent.h>
 #include <stdio.h>
+#include <string.h>
+#include <time.h>
 
 /* The threads of this process ("Threads:" of /proc/self/status); 0 when
  * it cannot be read. */
@@ -17,6 +20,50 @@ static inline int thread_count(void)
     if (f)
         fclose(f);
     return n;
+}
+
+/* The threads of this process once they are want again, or after ms: what
+ * a test that checks no thread is left compares. A thread that was joined
+ * may still be counted a moment: pthread_join returns when the kernel clears
+ * the thread's id, early in its exit, before the thread leaves the process
+ * (a busy machine can preempt it in between). One left running stays. */
+static inline int thread_count_settled(int want, int ms)
+{
+    int n = thread_count();
+    for (int i = 0; n != want && i < ms; i++) {
+        struct timespec one = {0, 1000000};
+        nanosleep(&one, NULL);
+        n = thread_count();
+    }
+    return n;
+}
+
+/* The names of this process's threads (their comm), space-separated, into
+ * buf: what a test that finds one too many prints. */
+static inline const char *thread_names(char *buf, size_t size)
+{
+    size_t used = 0;
+    buf[0] = '\0';
+    DIR *d = opendir("/proc/self/task");
+    for (struct dirent *e; d && (e = readdir(d));) {
+        if (e->d_name[0] == '.')
+            continue;
+        char path[64], name[32] = "";
+        snprintf(path, sizeof(path), "/proc/self/task/%.16s/comm", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue; /* gone meanwhile */
+        if (fgets(name, sizeof(name), f)) {
+            name[strcspn(name, "\n")] = '\0';
+            int n = snprintf(buf + used, size - used, "%s%s", used ? " " : "", name);
+            if (n > 0 && (size_t)n < size - used)
+                used += (size_t)n;
+        }
+        fclose(f);
+    }
+    if (d)
+        closedir(d);
+    return buf;
 }
 
 #endif
