@@ -25,6 +25,9 @@ export declare class World {
   readonly rank: number; readonly size: number; readonly job: string;
   /** Collectives answered through a doorbell (no gRPC call) so far. */
   readonly doorbellRung: number;
+  /** Of them, those answered while the event loop's thread waited for the answer
+   * ($PARAMSYNC_NODE_WAIT_NOW_US, where the collective was the only one in flight). */
+  readonly doorbellAnsweredNow: number;
   /** Collectives that went rank to rank by peer copies so far. */
   readonly peerUsed: number;
   destroy(): Promise<void>;

@@ -633,10 +633,15 @@ class ProcessSegment {
  * so this needs the native helper (client/node/native/paramsync_node.c, built with the
  * daemon); without it, or with PARAMSYNC_SHM=0, every collective is a call. Its wait
  * takes a thread of libuv's pool (4 unless UV_THREADPOOL_SIZE says more) in slices of
- * DB.SLICE_MS, between which a broken job is noticed.
+ * DB.SLICE_MS, between which a broken job is noticed. Handing the wait to the pool and
+ * its end back to the event loop costs tens of microseconds, so where a collective of
+ * up to DB.WAIT_NOW_BYTES (input and output) is the only one in flight in the process
+ * (one World with doorbells, one of them rung) it first waits on the event loop's own
+ * thread, at most waitNowUs() (the loop stops meanwhile, as it does for the payload's
+ * copies). Larger ones are seldom answered that soon.
  */
 const DB = Object.freeze({ SIZE: 8192, PAYLOAD: 2048, OUT: 2048, CTL: 4096, HEADER: 1024,
-  STOPPED: 2, SLICE_MS: 50, MAX: 8 });
+  STOPPED: 2, SLICE_MS: 50, MAX: 8, WAIT_NOW_BYTES: 256 << 10 });
 // Byte offsets of ps_doorbell_ctl_t's words (doorbell.h): req, resp, closed, header_len,
 // header, then code, source, shm and the message.
 const DB_REQ = DB.CTL;
@@ -649,6 +654,16 @@ const DB_SOURCE = DB_CODE + 4;
 const DB_SHM = DB_CODE + 8;
 const DB_MSG = DB_CODE + 12;
 const DB_MSG_LEN = 2048;
+// Worlds of this process that made a doorbell: waiting on the loop's thread while another
+// World's rank (several ranks in one process) has yet to ring would only delay it.
+let doorbellWorlds = 0;
+
+/** $PARAMSYNC_NODE_WAIT_NOW_US: how long a lone collective waits for its answer on the
+ * event loop's thread before the pool takes the wait (0: at once). */
+function waitNowUs() {
+  const v = Number(process.env.PARAMSYNC_NODE_WAIT_NOW_US ?? 200);
+  return Number.isFinite(v) ? Math.max(0, Math.min(Math.floor(v), 10000)) : 200;
+}
 
 /** The native helper, or null (then no doorbell): $PARAMSYNC_NODE_NATIVE names it (0: do
  * without), else the build's (build/client/node, beside this repository's client/node) or
@@ -687,8 +702,9 @@ function packHeader(header) {
 
 class Doorbell {
   /** attach(name, size, magic) offers the segment as a doorbell: the ShmAttachResponse. */
-  constructor(attach) {
+  constructor(attach, group) {
     this.attach = attach;
+    this.group = group; // its World's Doorbells
     this.segments = false; // the agent takes requests naming the payload segment
     this.most = 1; // the most doorbells the agent keeps for the rank
     this.ab = null;
@@ -696,6 +712,7 @@ class Doorbell {
     this.inUse = false;
     this.disabled = !native;
     this.rung = 0; // requests answered through the doorbell (tests read it)
+    this.answeredNow = 0; // of them, answered while waitNow waited
   }
 
   /** Claims the doorbell, made on first use; false: take a call. claimed: the caller set
@@ -747,7 +764,7 @@ class Doorbell {
    * its thread stopped (DB.STOPPED). Resolves to { code, message, source, out } (out:
    * the output in the doorbell, a Buffer, or null), or null when the header does not fit
    * (take a call). The caller calls end(). */
-  async run(header, bufs, broken, direct = false) {
+  async run(header, bufs, broken, direct = false, bytes = 0) {
     const packed = packHeader(header);
     if (packed.length > DB.HEADER) return null;
     let pos = 0;
@@ -757,6 +774,12 @@ class Doorbell {
     const req = (this._word(DB_REQ) + 1) >>> 0;
     this._setWord(DB_REQ, req); // after the stores above
     native.wake(this.ab, DB_REQ);
+    const now = doorbellWorlds === 1 && this.group.inFlight === 1 &&
+      bytes <= DB.WAIT_NOW_BYTES ? waitNowUs() : 0;
+    if (now > 0) {
+      const r = this._word(DB_RESP);
+      if (r !== req && native.waitNow(this.ab, DB_RESP, r, now)) this.answeredNow++;
+    }
     for (;;) {
       const r = this._word(DB_RESP);
       if (r === req) break;
@@ -795,9 +818,14 @@ class Doorbells {
     this.attach = attach; // attach(name, size, magic), as a doorbell segment
     this.all = [];
     this.max = 1; // until the first doorbell's answer says
+    this.counted = false; // in doorbellWorlds
   }
 
   get rung() { return this.all.reduce((n, d) => n + d.rung, 0); }
+
+  get answeredNow() { return this.all.reduce((n, d) => n + d.answeredNow, 0); }
+
+  get inFlight() { return this.all.reduce((n, d) => n + (d.inUse ? 1 : 0), 0); }
 
   /** Resolves to a claimed Doorbell, or null: take a call. The caller calls its end(). */
   async begin() {
@@ -806,9 +834,13 @@ class Doorbells {
       if (await d.begin()) return d;
     }
     if (this.all.length >= this.max) return null;
-    const d = new Doorbell(this.attach);
+    const d = new Doorbell(this.attach, this);
     d.inUse = true; // this caller's: no other claims it while it is made
     this.all.push(d);
+    if (!this.counted) {
+      this.counted = true;
+      doorbellWorlds++;
+    }
     if (await d.begin(true)) {
       if (d === this.all[0]) this.max = Math.min(d.most, DB.MAX);
       return d;
@@ -817,7 +849,13 @@ class Doorbells {
     return null;
   }
 
-  close() { for (const d of this.all) d.close(); }
+  close() {
+    for (const d of this.all) d.close();
+    if (this.counted) {
+      this.counted = false;
+      doorbellWorlds--;
+    }
+  }
 }
 
 // ------------------------------------------------------------------ peer copies
@@ -1361,6 +1399,9 @@ class World {
   /** Requests answered through the doorbells (tests read it). */
   get doorbellRung() { return this.doorbells.rung; }
 
+  /** Of them, those answered while the event loop's thread waited (waitNowUs). */
+  get doorbellAnsweredNow() { return this.doorbells.answeredNow; }
+
   /** Rings doorbell d for a collective: its input and output in the doorbell (seg null),
    * or at inOff and outOff of seg (the payload segment, its input written there, memory
    * from empty(), or with seg.direct addresses in this process). Ends seg (discarded if
@@ -1384,7 +1425,7 @@ class World {
         // even when the job broke (it fails the collective within about a second); only
         // an agent that is gone cannot answer.
         got = await d.run(header, send && !seg ? send.bufs : [], direct ? () => this._gone()
-          : () => this._broken(), direct);
+          : () => this._broken(), direct, (send ? send.total : 0) + (recv ? recv.total : 0));
       } catch (e) {
         abandoned = true;
         throw e;

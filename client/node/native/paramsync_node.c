@@ -8,6 +8,8 @@
  *   wake(buffer, offset)                -> how many waiters FUTEX_WAKE woke
  *   wait(buffer, offset, value, ms)     -> Promise<boolean>: true once the word
  *                                          is no longer value, false after ms
+ *   waitNow(buffer, offset, value, us)  -> the same, here and now: the event loop
+ *                                          waits too, at most us (up to 10 ms)
  *   address(buffer)                     -> where the buffer's bytes are, for the
  *                                          agent's process_vm_readv/writev
  *   collapse(buffer, offset, length)    -> 0, or the errno of madvise(MADV_COLLAPSE)
@@ -18,7 +20,9 @@
  *            offset)
  *
  * wait() blocks a thread of libuv's pool (the event loop goes on); the
- * buffer is kept alive until it ends. Words are shared between processes, so
+ * buffer is kept alive until it ends. waitNow() saves wait()'s two hand-offs
+ * (to the pool's thread and back to the loop: tens of microseconds) where an
+ * answer is due at once. Words are shared between processes, so
  * the futexes are never FUTEX_PRIVATE_FLAG. Plain C11 on N-API (version 8),
  * so one build serves every Node.js from 18 on.
  */
@@ -172,25 +176,29 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-/* On a thread of libuv's pool: until the word changes or the time is up. */
+/* Until *word is no longer value (true) or timeout_ns have passed (false). */
+static bool wait_word(_Atomic uint32_t *word, uint32_t value, uint64_t timeout_ns)
+{
+    uint64_t end = now_ns() + timeout_ns;
+    for (;;) {
+        if (atomic_load_explicit(word, memory_order_acquire) != value)
+            return true;
+        uint64_t now = now_ns();
+        if (now >= end)
+            return false;
+        uint64_t left = end - now;
+        struct timespec ts = {.tv_sec = (time_t)(left / 1000000000u),
+                              .tv_nsec = (long)(left % 1000000000u)};
+        syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, value, &ts, NULL, 0);
+    }
+}
+
+/* On a thread of libuv's pool. */
 static void wait_execute(napi_env env, void *data)
 {
     (void)env;
     waiter_t *w = data;
-    uint64_t end = now_ns() + w->timeout_ns;
-    for (;;) {
-        if (atomic_load_explicit(w->word, memory_order_acquire) != w->value) {
-            w->changed = true;
-            return;
-        }
-        uint64_t now = now_ns();
-        if (now >= end)
-            return;
-        uint64_t left = end - now;
-        struct timespec ts = {.tv_sec = (time_t)(left / 1000000000u),
-                              .tv_nsec = (long)(left % 1000000000u)};
-        syscall(SYS_futex, (uint32_t *)w->word, FUTEX_WAIT, w->value, &ts, NULL, 0);
-    }
+    w->changed = wait_word(w->word, w->value, w->timeout_ns);
 }
 
 static void wait_complete(napi_env env, napi_status status, void *data)
@@ -245,6 +253,25 @@ static napi_value js_wait(napi_env env, napi_callback_info info)
         return fail(env, "wait: cannot queue");
     }
     return promise;
+}
+
+static napi_value js_wait_now(napi_env env, napi_callback_info info)
+{
+    napi_value argv[4], out;
+    uint64_t value, us;
+    if (!get_args(env, info, 4, argv, "waitNow(buffer, offset, value, us): four arguments"))
+        return NULL;
+    _Atomic uint32_t *word = word_of(env, argv[0], argv[1]);
+    if (!word)
+        return NULL;
+    if (get_count(env, argv[2], UINT32_MAX, &value) != 0 ||
+        get_count(env, argv[3], 10e3, &us) != 0) {
+        napi_throw_range_error(env, NULL, "waitNow: value must be a uint32, us at most 10000");
+        return NULL;
+    }
+    TRY(env, napi_get_boolean(env, wait_word(word, (uint32_t)value, us * 1000u), &out),
+        "waitNow: result");
+    return out;
 }
 
 /* User addresses stay below 2^53 on every 64-bit Linux: exact as a double, both ways. */
@@ -353,9 +380,13 @@ static napi_value init(napi_env env, napi_value exports)
     static const struct {
         const char *name;
         napi_callback fn;
-    } fns[] = {{"map", js_map},           {"wake", js_wake},
-               {"wait", js_wait},         {"address", js_address},
-               {"collapse", js_collapse}, {"collapseWorks", js_collapse_works},
+    } fns[] = {{"map", js_map},
+               {"wake", js_wake},
+               {"wait", js_wait},
+               {"waitNow", js_wait_now},
+               {"address", js_address},
+               {"collapse", js_collapse},
+               {"collapseWorks", js_collapse_works},
                {"peerRead", js_peer_read}};
     for (size_t i = 0; i < sizeof(fns) / sizeof(fns[0]); i++) {
         napi_value f;

@@ -177,6 +177,54 @@ test('the native helper checks its arguments', (t) => {
   assert.throws(() => n.wait(new ArrayBuffer(8), 6, 0, 1), RangeError);
   assert.throws(() => n.wait(new ArrayBuffer(8), 8, 0, 1), RangeError);
   assert.throws(() => n.wait(new ArrayBuffer(8), 0, 2 ** 32, 1), RangeError);
+  assert.throws(() => n.waitNow(new ArrayBuffer(8), 0, 0), /four arguments/);
+  assert.throws(() => n.waitNow(new ArrayBuffer(8), 6, 0, 1), RangeError);
+  assert.throws(() => n.waitNow(new ArrayBuffer(8), 0, 0, 10001), /at most 10000/);
+  // A word that is not the value: at once; one that is: false once the time is up.
+  const words = new Uint32Array(2);
+  words[1] = 7;
+  assert.strictEqual(n.waitNow(words.buffer, 4, 6, 10000), true);
+  const t0 = process.hrtime.bigint();
+  assert.strictEqual(n.waitNow(words.buffer, 4, 7, 3000), false);
+  assert.ok(process.hrtime.bigint() - t0 >= 3000000n, 'waitNow returned before its time');
+});
+
+test('ranks each in a process of their own: lone collectives are answered on the loop\'s ' +
+  'thread, and alike', async (t) => {
+  if (!ready(t)) return;
+  // In this process, several Worlds: none waits on the loop's thread.
+  await all((w) => w.barrier());
+  assert.deepStrictEqual(f.ws.map((w) => w.doorbellAnsweredNow), [0, 0, 0]);
+  const rank = (r, env) => runNode(`
+    const dist = require('.');
+    const { filled } = require('./test/helpers');
+    (async () => {
+      const w = await dist.World.init({ initMethod: 'tcp://${f.daemon.addr}?job=node-now-' +
+        '${env.PARAMSYNC_NODE_WAIT_NOW_US}', worldSize: 2, rank: ${r} });
+      const sums = [];
+      for (let i = 0; i < 200; i++) {
+        await w.barrier();
+        const x = filled(${r} + i, 300);
+        await w.allReduce(x);
+        sums.push(x[299]);
+      }
+      console.log(JSON.stringify({ rung: w.doorbellRung, now: w.doorbellAnsweredNow, sums }));
+      await w.destroy();
+    })().catch((e) => { console.error(e); process.exit(1); });`, env);
+  for (const us of ['10000', '0']) {
+    const env = { PARAMSYNC_NODE_WAIT_NOW_US: us };
+    const out = (await Promise.all([0, 1].map((r) => rank(r, env)))).map((o) => {
+      assert.strictEqual(o.code, 0, o.stderr);
+      return JSON.parse(o.stdout);
+    });
+    for (const o of out) {
+      assert.strictEqual(o.rung, 400);
+      o.sums.forEach((s, i) => assert.strictEqual(s, filled(i, 300)[299] + filled(1 + i, 300)[299]));
+      // Waiting up to 10 ms, some answers come meanwhile; with 0 none is waited for.
+      if (us === '0') assert.strictEqual(o.now, 0);
+      else assert.ok(o.now > 0, `no answer came while the loop's thread waited: ${o.now}`);
+    }
+  }
 });
 
 test('a job over two agents: the doorbell, the segment, empty() and direct at each, no frame',
