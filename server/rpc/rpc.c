@@ -1,7 +1,7 @@
 /* The thin gRPC core wrapper: blocking per-call operations on per-call pluck queues. */
 #include "rpc.h"
+#include "thread_names.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <malloc.h>
 #include <pthread.h>
@@ -155,25 +155,16 @@ static int grpc_still_wanted(void)
     return wanted;
 }
 
+static void count_event_engine(const char *name, void *n)
+{
+    *(int *)n += strncmp(name, "event_engine", 12) == 0;
+}
+
 /* Threads of gRPC's event engine (named so by gRPC) in this process. */
 static int event_engine_threads(void)
 {
-    DIR *d = opendir("/proc/self/task");
     int n = 0;
-    for (struct dirent *e; d && (e = readdir(d));) {
-        if (e->d_name[0] == '.')
-            continue;
-        char path[64], name[32] = "";
-        snprintf(path, sizeof(path), "/proc/self/task/%.16s/comm", e->d_name);
-        FILE *f = fopen(path, "r");
-        if (!f)
-            continue; /* gone meanwhile */
-        if (fgets(name, sizeof(name), f) && strncmp(name, "event_engine", 12) == 0)
-            n++;
-        fclose(f);
-    }
-    if (d)
-        closedir(d);
+    ps__each_thread_name(count_event_engine, &n);
     return n;
 }
 

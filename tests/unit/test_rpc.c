@@ -298,6 +298,8 @@ static void test_shutdown_ends_every_thread(void **state)
     meet_all(f); /* NCALLS handler threads at once */
     int idle = 0;
     assert_true(ps__rpc_server_threads(((fixture_t *)f)->srv, &idle) > NCALLS);
+    char names[2048];
+    assert_non_null(strstr(thread_names(names, sizeof(names)), "ps-rpc"));
     /* A channel to a port nobody listens on leaves a subchannel waiting to
      * reconnect after the channel is gone, holding gRPC up past the last
      * release: the wait sees it through. */

@@ -145,6 +145,9 @@ static void test_quiesce_joins_every_thread(void **state)
     for (int i = 0; i < 4; i++)
         assert_int_equal(ps__task_run(nap_main, NULL), 0);
     assert_true(thread_count() > before);
+    /* The pool's threads say whose they are. */
+    char names[1024];
+    assert_non_null(strstr(thread_names(names, sizeof(names)), "ps-task"));
     assert_int_equal(ps__task_quiesce(5000), 0);
     assert_int_equal(ps__task_idle(), 0);
     assert_int_equal(thread_count_settled(before, 2000), before);

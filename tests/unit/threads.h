@@ -2,10 +2,10 @@
 #ifndef PS_TEST_THREADS_H
 #define PS_TEST_THREADS_H
 
-#include <dirent.h>
 #include <stdio.h>
-#include <string.h>
 #include <time.h>
+
+#include "../../server/rpc/thread_names.h"
 
 /* The threads of this process ("Threads:" of /proc/self/status); 0 when
  * it cannot be read. */
@@ -38,31 +38,26 @@ static inline int thread_count_settled(int want, int ms)
     return n;
 }
 
-/* The names of this process's threads (their comm), space-separated, into
- * buf: what a test that finds one too many prints. */
+typedef struct {
+    char *buf;
+    size_t size, used;
+} thread_names_t;
+
+static inline void add_thread_name(const char *name, void *arg)
+{
+    thread_names_t *t = arg;
+    int n = snprintf(t->buf + t->used, t->size - t->used, "%s%s", t->used ? " " : "", name);
+    if (n > 0 && (size_t)n < t->size - t->used)
+        t->used += (size_t)n;
+}
+
+/* The names of this process's threads, space-separated, into buf: what a test
+ * that finds one too many prints. */
 static inline const char *thread_names(char *buf, size_t size)
 {
-    size_t used = 0;
+    thread_names_t t = {buf, size, 0};
     buf[0] = '\0';
-    DIR *d = opendir("/proc/self/task");
-    for (struct dirent *e; d && (e = readdir(d));) {
-        if (e->d_name[0] == '.')
-            continue;
-        char path[64], name[32] = "";
-        snprintf(path, sizeof(path), "/proc/self/task/%.16s/comm", e->d_name);
-        FILE *f = fopen(path, "r");
-        if (!f)
-            continue; /* gone meanwhile */
-        if (fgets(name, sizeof(name), f)) {
-            name[strcspn(name, "\n")] = '\0';
-            int n = snprintf(buf + used, size - used, "%s%s", used ? " " : "", name);
-            if (n > 0 && (size_t)n < size - used)
-                used += (size_t)n;
-        }
-        fclose(f);
-    }
-    if (d)
-        closedir(d);
+    ps__each_thread_name(add_thread_name, &t);
     return buf;
 }
 
