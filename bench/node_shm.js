@@ -5,7 +5,8 @@
  * doorbell, side by side.
  *
  *   node bench/node_shm.js --paramsyncd BUILD/server/paramsyncd [--mib 64 | --sizes B,...]
- *                          [--np 2,4] [--iters 5] [--ops all_reduce,broadcast,all_gather]
+ *                          [--np 2,4] [--iters 5] [--warmup 5]
+ *                          [--ops all_reduce,broadcast,all_gather]
  *                          [--modes frames,calls,segment,doorbell,mem]
  *
  * For each world size it starts one paramsyncd on a free loopback port (with
@@ -19,8 +20,9 @@
  * all_gather and all_to_all rank to rank), `mem` (every path, the buffers from
  * dist.empty(), which the agent uses in place: input and output in one). Ops:
  * float32 all_reduce, broadcast (root 0), all_gather, all_to_all (single tensor),
- * and barrier (no size), one untimed call of each first, of every size (--sizes in
- * bytes, K/M suffixes; or --mib MiB). A call's time is the slowest rank's, from a
+ * and barrier (no size), --warmup untimed calls of each first (the first checked; V8
+ * compiles the client's code over the first thousands of calls, so small sizes want
+ * many), of every size (--sizes in bytes, K/M suffixes; or --mib MiB). A call's time is the slowest rank's, from a
  * barrier to its return; the table gives the median over --iters calls in µs, the
  * busbw (nccl-tests factors; an all_gather's size its output's), the first mode's
  * time over each other's, and the payload bytes the daemon counted between workers
@@ -54,7 +56,7 @@ function sizeOf(text) {
 
 function parseArgs(argv) {
   const a = { paramsyncd: path.join(REPO, 'build', 'server', 'paramsyncd'), sizes: [64 << 20],
-    np: [2, 4], iters: 5, ops: OPS.slice(0, 3), modes: Object.keys(MODES) };
+    np: [2, 4], iters: 5, warmup: 5, ops: OPS.slice(0, 3), modes: Object.keys(MODES) };
   const fail = (msg) => { console.error(`node_shm: ${msg} (--help)`); process.exit(2); };
   for (let i = 0; i < argv.length; i++) {
     const k = argv[i];
@@ -68,12 +70,14 @@ function parseArgs(argv) {
     else if (k === '--sizes') a.sizes = v().split(',').map(sizeOf);
     else if (k === '--np') a.np = v().split(',').map(Number);
     else if (k === '--iters') a.iters = Number(v());
+    else if (k === '--warmup') a.warmup = Number(v());
     else if (k === '--ops') a.ops = v().split(',');
     else if (k === '--modes') a.modes = v().split(',');
     else fail(`unknown option ${k}`);
   }
-  if (a.sizes.some((b) => !(b >= 4) || b % 4) || !(a.iters >= 1) || a.np.some((p) => !(p >= 2))) {
-    fail('sizes must be multiples of 4 bytes, --iters positive, --np at least 2');
+  if (a.sizes.some((b) => !(b >= 4) || b % 4) || !(a.iters >= 1) || a.np.some((p) => !(p >= 2)) ||
+    !Number.isInteger(a.warmup) || a.warmup < 1) {
+    fail('sizes must be multiples of 4 bytes, --iters and --warmup positive, --np at least 2');
   }
   const bad = a.ops.find((o) => !OPS.includes(o)) || a.modes.find((m) => !MODES[m]);
   if (bad) fail(`unknown op or mode ${bad}: ops ${OPS}, modes ${Object.keys(MODES)}`);
@@ -86,6 +90,7 @@ function parseArgs(argv) {
 async function worker() {
   const dist = require(path.join(REPO, 'client', 'node'));
   const iters = Number(process.env.BENCH_ITERS);
+  const warmup = Number(process.env.BENCH_WARMUP);
   const ops = process.env.BENCH_OPS.split(',');
   await dist.initProcessGroup();
   const r = dist.getRank();
@@ -100,7 +105,7 @@ async function worker() {
     const out = buf.subarray(n);
     for (const op of ops) {
       const t = times[`${op} ${bytes}`] = [];
-      for (let i = 0; i <= iters; i++) {
+      for (let i = 1 - warmup; i <= iters; i++) {
         x.fill(r + 1);
         await dist.barrier();
         const t0 = process.hrtime.bigint();
@@ -110,7 +115,8 @@ async function worker() {
         else if (op === 'all_to_all') await dist.allToAllSingle(out.subarray(0, n), x);
         else await dist.barrier();
         const us = Number(process.hrtime.bigint() - t0) / 1e3;
-        if (i === 0) { // untimed: checked instead
+        if (i <= 0 && i > 1 - warmup) continue; // untimed
+        if (i === 1 - warmup) { // untimed: checked instead
           const want = op === 'all_reduce' ? p * (p + 1) / 2 : op === 'broadcast' ? 1 : null;
           // all_to_all: block s of the output is rank s's, all s + 1 (as the all_gather's).
           const got = op === 'all_to_all' ? out.subarray(0, n) : out;
@@ -147,7 +153,8 @@ async function payloadBytes(url) {
 function runJob(d, p, mode, a, job) {
   const procs = [...Array(p).keys()].map((r) => new Promise((resolve, reject) => {
     const env = { ...process.env, PARAMSYNC_ADDR: d.addr, WORLD_SIZE: String(p), RANK: String(r),
-      PARAMSYNC_JOB: job, BENCH_ITERS: String(a.iters), BENCH_SIZES: a.sizes.join(','),
+      PARAMSYNC_JOB: job, BENCH_ITERS: String(a.iters), BENCH_WARMUP: String(a.warmup),
+      BENCH_SIZES: a.sizes.join(','),
       BENCH_OPS: a.ops.join(','), ...MODES[mode] };
     const c = spawn(process.execPath, [__filename, '--worker'], { env,
       stdio: ['ignore', 'pipe', 'pipe'] });
@@ -186,7 +193,8 @@ async function main() {
     process.exit(2);
   }
   const [first, ...rest] = a.modes;
-  console.log(`node_shm: float32, ${a.iters} timed calls per op and size, median of the ` +
+  console.log(`node_shm: float32, ${a.warmup} untimed and ${a.iters} timed calls per op and ` +
+    'size, median of the ' +
     `slowest rank in µs, busbw in GB/s (node ${process.version}, ${os.cpus().length} cpus)`);
   console.log(`| op | p | size | ${a.modes.map((m) => `${m} µs`).join(' | ')} | ` +
     `${a.modes.map((m) => `${m} busbw`).join(' | ')} | ` +
