@@ -214,25 +214,42 @@ static void wait_complete(napi_env env, napi_status status, void *data)
     free(w);
 }
 
-static napi_value js_wait(napi_env env, napi_callback_info info)
+/* wait's and waitNow's arguments (buffer, offset, value, time): argv, the word,
+ * its value and the time (at most max); NULL (thrown, naming usage or range)
+ * when they are not so. */
+static _Atomic uint32_t *wait_args(napi_env env, napi_callback_info info, napi_value argv[4],
+                                   uint32_t *value, uint64_t *time, double max, const char *usage,
+                                   const char *range)
 {
-    napi_value argv[4], promise, name;
-    uint64_t value, ms;
-    if (!get_args(env, info, 4, argv, "wait(buffer, offset, value, ms): four arguments"))
+    uint64_t v;
+    if (!get_args(env, info, 4, argv, usage))
         return NULL;
     _Atomic uint32_t *word = word_of(env, argv[0], argv[1]);
     if (!word)
         return NULL;
-    if (get_count(env, argv[2], UINT32_MAX, &value) != 0 ||
-        get_count(env, argv[3], 3600e3, &ms) != 0) {
-        napi_throw_range_error(env, NULL, "wait: value must be a uint32, ms at most an hour");
+    if (get_count(env, argv[2], UINT32_MAX, &v) != 0 || get_count(env, argv[3], max, time) != 0) {
+        napi_throw_range_error(env, NULL, range);
         return NULL;
     }
+    *value = (uint32_t)v;
+    return word;
+}
+
+static napi_value js_wait(napi_env env, napi_callback_info info)
+{
+    napi_value argv[4], promise, name;
+    uint32_t value;
+    uint64_t ms;
+    _Atomic uint32_t *word = wait_args(env, info, argv, &value, &ms, 3600e3,
+                                       "wait(buffer, offset, value, ms): four arguments",
+                                       "wait: value must be a uint32, ms at most an hour");
+    if (!word)
+        return NULL;
     waiter_t *w = calloc(1, sizeof(*w));
     if (!w)
         return fail(env, "wait: out of memory");
     w->word = word;
-    w->value = (uint32_t)value;
+    w->value = value;
     w->timeout_ns = ms * 1000000u;
     if (napi_create_reference(env, argv[0], 1, &w->keep) != napi_ok) {
         free(w);
@@ -258,19 +275,14 @@ static napi_value js_wait(napi_env env, napi_callback_info info)
 static napi_value js_wait_now(napi_env env, napi_callback_info info)
 {
     napi_value argv[4], out;
-    uint64_t value, us;
-    if (!get_args(env, info, 4, argv, "waitNow(buffer, offset, value, us): four arguments"))
-        return NULL;
-    _Atomic uint32_t *word = word_of(env, argv[0], argv[1]);
+    uint32_t value;
+    uint64_t us;
+    _Atomic uint32_t *word = wait_args(env, info, argv, &value, &us, 10e3,
+                                       "waitNow(buffer, offset, value, us): four arguments",
+                                       "waitNow: value must be a uint32, us at most 10000");
     if (!word)
         return NULL;
-    if (get_count(env, argv[2], UINT32_MAX, &value) != 0 ||
-        get_count(env, argv[3], 10e3, &us) != 0) {
-        napi_throw_range_error(env, NULL, "waitNow: value must be a uint32, us at most 10000");
-        return NULL;
-    }
-    TRY(env, napi_get_boolean(env, wait_word(word, (uint32_t)value, us * 1000u), &out),
-        "waitNow: result");
+    TRY(env, napi_get_boolean(env, wait_word(word, value, us * 1000u), &out), "waitNow: result");
     return out;
 }
 
