@@ -792,11 +792,15 @@ class Doorbell {
           grpc.status.UNAVAILABLE);
       }
     }
-    const end = this.bytes.indexOf(0, DB_MSG);
-    const message = this.bytes.toString('utf8', DB_MSG, end >= 0 && end < DB_MSG + DB_MSG_LEN
-      ? end : DB_MSG + DB_MSG_LEN);
     this.rung++;
-    return { code: this._int(DB_CODE), message, source: this._int(DB_SOURCE),
+    const code = this._int(DB_CODE);
+    let message = ''; // only an error has one
+    if (code) {
+      const end = this.bytes.indexOf(0, DB_MSG);
+      message = this.bytes.toString('utf8', DB_MSG, end >= 0 && end < DB_MSG + DB_MSG_LEN
+        ? end : DB_MSG + DB_MSG_LEN);
+    }
+    return { code, message, source: this._int(DB_SOURCE),
       out: this._word(DB_SHM) ? this.bytes.subarray(DB.OUT, DB.OUT + DB.PAYLOAD) : null };
   }
 
@@ -1350,12 +1354,7 @@ class World {
         clearTimeout(timer);
       }
     } finally {
-      this.closed = true;
-      this.shm.close();
-      this.spares.close();
-      this.doorbells.close();
-      this.mem.close();
-      this.proc.close();
+      this._close();
       this.client.close();
     }
   }
@@ -1363,14 +1362,15 @@ class World {
   /** Breaks the membership stream without Leave: the others hear MEMBER_LOST. */
   abort() {
     this.leaving = true;
-    this.closed = true;
-    this.shm.close();
-    this.spares.close();
-    this.doorbells.close();
-    this.mem.close();
-    this.proc.close();
+    this._close();
     if (this.joinCall) this.joinCall.cancel();
     this.client.close();
+  }
+
+  /** No more collectives: every segment and doorbell of this rank let go. */
+  _close() {
+    this.closed = true;
+    for (const x of [this.shm, this.spares, this.doorbells, this.mem, this.proc]) x.close();
   }
 
   // -------------------------------------------------------------- collectives engine
@@ -1701,9 +1701,9 @@ class World {
     const header = this._header(g, seq, { kind, op, dtype, count, root, peer, tag });
     const sendSegs = send.length ? new Segments(send) : null;
     const recvSegs = recv.length ? new Segments(recv) : null;
-    const p = (peerCopies ? this._peerRun(g, header, sendSegs, recvSegs, name)
-      : Promise.resolve(false)).then((done) => (done ? null
-      : this._run(g, header, sendSegs, recvSegs, name)));
+    const p = peerCopies ? this._peerRun(g, header, sendSegs, recvSegs, name).then((done) =>
+      (done ? null : this._run(g, header, sendSegs, recvSegs, name)))
+      : this._run(g, header, sendSegs, recvSegs, name);
     return p.then((result) => {
       if (source) {
         const s = result ? result.source : -1;
