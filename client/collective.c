@@ -102,8 +102,8 @@ static void fail_local(ps__coll_t *c, recv_state_t *st, int err, char *msg)
     }
 }
 
-/* Takes one response frame: the result first, then output bytes in order,
- * straight into the caller's buffer. */
+/* Takes one response frame: the result first, then output bytes at their
+ * offsets, straight into the caller's buffer. */
 static void take_frame(ps__coll_t *c, recv_state_t *st, grpc_byte_buffer *bb)
 {
     ps__frame_t f;
@@ -145,10 +145,12 @@ static void take_frame(ps__coll_t *c, recv_state_t *st, grpc_byte_buffer *bb)
     }
     if (f.data_len) {
         uint64_t off = f.meta->offset;
-        if (off != st->received || f.data_len > c->out_bytes - st->received) {
+        /* Any order: round a ring an all_gather's blocks take turns. */
+        if (off > c->out_bytes || f.data_len > c->out_bytes - off ||
+            f.data_len > c->out_bytes - st->received) {
             fail_local(c, st, PS_EDATALOSS,
-                       ps__strdupf("the agent sent result bytes [%llu, %llu); this rank expects "
-                                   "byte %zu next of %zu",
+                       ps__strdupf("the agent sent result bytes [%llu, %llu) after %zu; this "
+                                   "rank expects %zu in all",
                                    (unsigned long long)off, (unsigned long long)(off + f.data_len),
                                    st->received, c->out_bytes));
             goto out;
