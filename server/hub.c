@@ -1231,8 +1231,8 @@ static void plan_step(const coll_t *c, int64_t s, step_plan_t *p)
     p->len = left < c->step_bytes ? left : c->step_bytes;
     p->out_len = p->slice = p->len;
     /* A receiver of every block (all_gather, gather's root) has them in
-     * rank order; one of a block of each rank (all_to_all), in rank order
-     * too; every other takes one block. */
+     * rank order, one of all_to_all its block from each rank in rank order,
+     * any other one block. */
     p->at = ch * c->step_bytes;
     if (c->kind == K_ALL_GATHER || c->kind == K_GATHER)
         p->at += blk * c->block;
@@ -3859,8 +3859,6 @@ static int ring_thread_start(ps__hub_t *h, coll_t *c, void *(*fn)(void *), void 
     return 0;
 }
 
-/* Makes c a ring collective (a mesh for all_to_all) and starts its links to
- * the other agents. Lock held. 0, or -1 with the collective failed. */
 /* An all_gather round a ring (PASS) goes block after block as other kinds
  * do, each block round from the agent of its rank to the one before: the
  * link into that agent is idle while the block goes round, so the ring ran
@@ -3880,19 +3878,28 @@ static int ring_block_order(coll_t *c)
         free(next);
         return -1;
     }
-    while (k < n)
+    for (int took = 1; k < n && took;) {
+        took = 0;
         for (int pos = 0; pos < a; pos++) {
             /* next[pos]: where to look for agent pos's next rank */
             while (next[pos] < n && c->ring->agent_of[next[pos]] != pos)
                 next[pos]++;
-            if (next[pos] < n)
+            if (next[pos] < n) {
                 order[k++] = next[pos]++;
+                took = 1;
+            }
         }
+    }
     free(next);
-    c->order = order;
+    if (k < n) /* not reached: every rank's agent is in the ring; block after block then */
+        free(order);
+    else
+        c->order = order;
     return 0;
 }
 
+/* Makes c a ring collective (a mesh for all_to_all) and starts its links to
+ * the other agents. Lock held. 0, or -1 with the collective failed. */
 static int coll_ring_start(ps__hub_t *h, coll_t *c, const ring_plan_t *plan, int64_t timeout_ms)
 {
     ring_t *rg = calloc(1, sizeof(*rg));
