@@ -590,7 +590,8 @@ typedef struct member {
     int link;                        /* PS_M_LINK_AGENT when another agent forwarded the call */
     pthread_t thread;                /* the handler thread serving it */
     ps__shm_place_t shm_in, shm_out; /* where input and output are in it */
-    int by_file; /* the segment is read and written through its file (shm_by_file) */
+    int by_file;   /* the segment is read and written through its file (shm_by_file) */
+    int deposited; /* its input went in before the last arrival (deposits_early) */
 } member_t;
 
 #define K_BARRIER        PARAMSYNC__V1__COLLECTIVE_KIND__BARRIER
@@ -682,6 +683,7 @@ typedef struct coll {
     int *ranks; /* group ranks of the members (p2p: sender, receiver) */
     member_t **members;
     int narrived, nfinished;
+    int nearly;               /* members that deposit before the last arrival (deposits_early) */
     int64_t alive_checked_ms; /* the last check_missing_alive */
     int failed;
     int code;
@@ -4717,6 +4719,52 @@ done:
     protobuf_c_message_free_unpacked(&meta->base, NULL);
 }
 
+/* Works out where m's input and output are and checks them: 0, or -1 with
+ * the collective failed (also when it had failed before). */
+static int member_prepare(ps__hub_t *h, coll_t *c, member_t *m)
+{
+    char msg[512];
+    member_totals(c, m->index, &m->in_total, &m->out_total);
+    if (m->shm) {
+        const header_t *mh = m->first->header;
+        m->by_file = shm_by_file(h, m->shm, c, mh);
+        shm_places(mh, m->in_total, m->out_total, &m->shm_in, &m->shm_out);
+    }
+    if (c->failed)
+        return -1;
+    /* Output after the input, or (all_reduce, reduce) over it at 0: those
+     * write each step only once it has been reduced. */
+    if (m->shm &&
+        !shm_holds(m->shm, m->first->header, m->in_total, m->out_total, msg, sizeof(msg))) {
+        pthread_mutex_lock(&h->lock);
+        coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT, "%s", msg);
+        pthread_mutex_unlock(&h->lock);
+        return -1;
+    }
+    if (m->frame.data_len > m->in_total) {
+        pthread_mutex_lock(&h->lock);
+        coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
+                  "%s (group %u, seq %" PRIu64 "): rank %d sent more bytes than its count implies",
+                  kind_name(c->kind), c->group, c->seq, c->ranks[m->index]);
+        pthread_mutex_unlock(&h->lock);
+        return -1;
+    }
+    return 0;
+}
+
+/* Whether member m of c puts its input in as it arrives, before the others
+ * come, rather than after the last: a collective of one step at this agent
+ * (not a ring's) whose input m has in shared memory, where depositing never
+ * waits on another rank. Its step is then made by the last deposit, at the
+ * last arrival, and the members that came before wake once, to the result,
+ * not once to the arrival and again to the result (p - 1 wake-ups fewer per
+ * collective; docs/PERFORMANCE.md, "Small collectives: one wake-up per
+ * member"). Lock held. */
+static int deposits_early(const coll_t *c, const member_t *m)
+{
+    return c->nsteps == 1 && !c->ring && !c->p2p && m->shm;
+}
+
 void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
 {
     char msg[512];
@@ -4933,48 +4981,43 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
         /* The members that came before wait for the last (wait_arrivals),
          * and so does a ring's token 1 (ring_tok_held): waking them at
          * every arrival woke each of p members up to p - 1 times for
-         * nothing. */
-        if (c->narrived == coll_nlocal(c) || c->failed)
+         * nothing. Where they all deposited already (deposits_early), the
+         * last one wakes them after its own deposit, which, when it makes
+         * the result, wakes them to it: once, not once to the arrival and
+         * again to the result (the wake-up after that finds nobody left to
+         * wake). */
+        int early = deposits_early(c, m), last = c->narrived == coll_nlocal(c);
+        int wake_after = last && early && c->nearly == c->narrived - 1;
+        if (early && !last)
+            c->nearly++;
+        if ((last && !wake_after) || c->failed)
             pthread_cond_broadcast(&c->cond);
         if (c->failed)
             ps__rpc_call_cancel(call, c->code, c->message);
+        if (early && !c->failed) {
+            pthread_mutex_unlock(&h->lock);
+            if (member_prepare(h, c, m) == 0)
+                member_deposit(m);
+            m->deposited = 1;
+            pthread_mutex_lock(&h->lock);
+        }
+        if (wake_after)
+            pthread_cond_broadcast(&c->cond);
         wait_arrivals(h, c, timeout);
     }
     pthread_mutex_unlock(&h->lock);
 
-    member_totals(c, m->index, &m->in_total, &m->out_total);
-    if (m->shm) {
-        const header_t *mh = m->first->header;
-        m->by_file = shm_by_file(h, m->shm, c, mh);
-        shm_places(mh, m->in_total, m->out_total, &m->shm_in, &m->shm_out);
-    }
     ps__task_t writer;
     int have_writer = 0;
-    if (!c->failed) {
-        /* Output after the input, or (all_reduce, reduce) over it at 0:
-         * those write each step only once it has been reduced. */
-        if (m->shm &&
-            !shm_holds(m->shm, m->first->header, m->in_total, m->out_total, msg, sizeof(msg))) {
+    if (!m->deposited && member_prepare(h, c, m) == 0 && m->out_total > 0 && c->nsteps > 1) {
+        have_writer = ps__task_start(&writer, writer_main, m) == 0;
+        if (!have_writer) {
             pthread_mutex_lock(&h->lock);
-            coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT, "%s", msg);
+            coll_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "no thread for the collective");
             pthread_mutex_unlock(&h->lock);
-        } else if (m->frame.data_len > m->in_total) {
-            pthread_mutex_lock(&h->lock);
-            coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
-                      "%s (group %u, seq %" PRIu64
-                      "): rank %d sent more bytes than its count implies",
-                      kind_name(c->kind), c->group, c->seq, c->ranks[m->index]);
-            pthread_mutex_unlock(&h->lock);
-        } else if (m->out_total > 0 && c->nsteps > 1) {
-            have_writer = ps__task_start(&writer, writer_main, m) == 0;
-            if (!have_writer) {
-                pthread_mutex_lock(&h->lock);
-                coll_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "no thread for the collective");
-                pthread_mutex_unlock(&h->lock);
-            }
         }
     }
-    if (!c->failed)
+    if (!c->failed && !m->deposited)
         member_deposit(m);
     if (have_writer)
         ps__task_join(&writer);

@@ -929,6 +929,94 @@ static int doorbell_foreign(ctx_t *cx, ps_doorbell_ctl_t *ctl)
  * at least one per round. Every tenth round an async all_reduce small
  * enough for the doorbell runs beside the blocking calls, so that one or
  * the other finds the doorbell busy and takes a gRPC call. */
+/* One small collective of kind k (int32 elements, one per rank and block)
+ * with root `root`, its result checked. */
+static int arrival_call(ctx_t *cx, kind_t k, int root)
+{
+    enum { MAXN = 64 };
+    int n = cx->size, me = cx->rank;
+    int32_t in[MAXN], out[MAXN], v = me + 1;
+    CHECK(n <= MAXN, "arrival_order: %d ranks, at most %d here", n, MAXN);
+    for (int i = 0; i < n; i++) {
+        in[i] = me * 100 + i;
+        out[i] = -1;
+    }
+    switch (k) {
+    case K_BROADCAST:
+        v = me == root ? 77 : -1;
+        CHECK_OK(ps_broadcast(cx->comm, &v, 1, PS_INT32, root, NULL));
+        CHECK(v == 77, "broadcast from %d gave %d", root, v);
+        break;
+    case K_ALL_REDUCE:
+        CHECK_OK(ps_all_reduce(cx->comm, &v, 1, PS_INT32, PS_SUM, NULL));
+        CHECK(v == n * (n + 1) / 2, "all_reduce gave %d, want %d", v, n * (n + 1) / 2);
+        break;
+    case K_REDUCE:
+        CHECK_OK(ps_reduce_to(cx->comm, &v, 1, PS_INT32, PS_SUM, root, NULL));
+        CHECK(me != root || v == n * (n + 1) / 2, "reduce to %d gave %d", root, v);
+        break;
+    case K_ALL_GATHER:
+        CHECK_OK(ps_all_gather(cx->comm, out, &v, 1, PS_INT32, NULL));
+        for (int i = 0; i < n; i++)
+            CHECK(out[i] == i + 1, "all_gather block %d is %d", i, out[i]);
+        break;
+    case K_GATHER:
+        CHECK_OK(ps_gather(cx->comm, me == root ? out : NULL, &v, 1, PS_INT32, root, NULL));
+        for (int i = 0; me == root && i < n; i++)
+            CHECK(out[i] == i + 1, "gather to %d: block %d is %d", root, i, out[i]);
+        break;
+    case K_SCATTER:
+        v = -1;
+        CHECK_OK(ps_scatter(cx->comm, &v, me == root ? in : NULL, 1, PS_INT32, root, NULL));
+        CHECK(v == root * 100 + me, "scatter from %d gave %d", root, v);
+        break;
+    default: /* all_to_all */
+        CHECK_OK(ps_all_to_all(cx->comm, out, in, 1, PS_INT32, NULL));
+        for (int j = 0; j < n; j++)
+            CHECK(out[j] == j * 100 + me, "all_to_all block %d is %d", j, out[j]);
+        break;
+    }
+    return 0;
+}
+
+/* Every order of arrival wakes the ranks that came first as soon as the last
+ * comes: small collectives of each kind, the root (or rank 0) arriving last
+ * and then first, the others LATE_MS later. A rank left asleep after the last
+ * arrival (a lost wake-up) only wakes to the hub's one-second liveness
+ * check, so the early ranks' calls would take about a second; with every
+ * wake-up they take about LATE_MS. Of ROUNDS rounds per case the fastest
+ * must be under LIMIT_MS (far from both), so one round slowed by the
+ * machine does not fail it. */
+static int sc_arrival_order(ctx_t *cx)
+{
+    enum { ROUNDS = 3, LATE_MS = 20, LIMIT_MS = 700 };
+    static const kind_t kinds[] = {K_BROADCAST, K_ALL_REDUCE, K_REDUCE,    K_ALL_GATHER,
+                                   K_GATHER,    K_SCATTER,    K_ALL_TO_ALL};
+    int n = cx->size, me = cx->rank;
+    for (size_t k = 0; k < sizeof(kinds) / sizeof(kinds[0]); k++) {
+        for (int order = 0; order < 2; order++) {
+            int root = order == 0 ? 0 : n - 1;
+            int late = order == 0 ? root : (root + 1) % n; /* root last, then root first */
+            int64_t best = INT64_MAX;
+            for (int round = 0; round < ROUNDS; round++) {
+                CHECK_OK(ps_barrier(cx->comm, NULL));
+                if (me == late)
+                    sleep_ms(LATE_MS);
+                int64_t t0 = now_us();
+                TRY(arrival_call(cx, kinds[k], root));
+                int64_t took = now_us() - t0;
+                if (took < best)
+                    best = took;
+            }
+            CHECK(me == late || best < (int64_t)LIMIT_MS * 1000,
+                  "%s, root %d, rank %d arriving last: rank %d's fastest of %d calls took %lld "
+                  "ms (a wake-up lost?)",
+                  kind_names[kinds[k]], root, late, me, ROUNDS, (long long)(best / 1000));
+        }
+    }
+    return 0;
+}
+
 static int sc_doorbell(ctx_t *cx)
 {
     enum { ROUNDS = 150, NA = 200 };
@@ -2899,6 +2987,7 @@ static const scenario_t scenarios[] = {
     {"barrier", sc_barrier, 1, 0},
     {"send_recv", sc_send_recv, 1, 0},
     {"doorbell", sc_doorbell, 1, 0},
+    {"arrival_order", sc_arrival_order, 1, 0},
     {"inflight", sc_inflight, 1, 0},
     {"shm_reuse", sc_shm_reuse, 1, 30000},
     {"collectives", sc_collectives, 1, 0},
