@@ -1746,6 +1746,15 @@ static void coll_unlink(job_t *j, coll_t *c)
 /* The widest window of a collective whose slots hold no heap memory. */
 #define PS_HUB_VIEW_WINDOW 64
 
+/* Below this many bytes a step's output is not a view of a member's segment
+ * (step_out_view, a lone contributor's input) but a copy of the agent's: a
+ * member answers only once no view of its segment is left
+ * (member_views_wait), so with a view the member whose segment it was waits
+ * for every other to copy out, one more wake-up on its path, where copying
+ * a few KiB costs well under one (docs/PERFORMANCE.md, "Small collectives:
+ * one wake-up per member"). */
+#define PS_HUB_VIEW_MIN (64u << 10)
+
 /* A collective that only moves bytes (every step has one contributor) and
  * whose members all use shared memory through their mappings holds nothing
  * but views of their segments in its slots: it gets a wider window, so
@@ -2121,7 +2130,7 @@ static size_t step_places(const coll_t *c, const slot_t *sl, int64_t s, const st
  * output is a blob. */
 static blob_t *step_out_view(const coll_t *c, const slot_t *sl, int64_t s, const step_plan_t *p)
 {
-    if (c->packed || c->ring || step_cuda(c, p->len))
+    if (c->packed || c->ring || step_cuda(c, p->len) || p->len < PS_HUB_VIEW_MIN)
         return NULL;
     for (int i = 0; i < c->n; i++)
         if (step_receives(c, p, i) && (!c->members[i] || !c->members[i]->shm))
@@ -2360,6 +2369,12 @@ static void member_deposit(member_t *m)
             if (sl->need == 1 && !ring_acc(c)) {
                 sl->out = b;
                 sl->in[m->index] = NULL;
+                blob_t *copy = view && p.len < PS_HUB_VIEW_MIN ? blob_new(p.len) : NULL;
+                if (copy) { /* a small one: the sender need not wait for its readers */
+                    memcpy(copy->data, b->data, p.len);
+                    sl->out = copy;
+                    blob_unref(b);
+                }
             } else {
                 /* The last contributor reduces (or, packed, puts the
                  * blocks together), outside the lock, in rank order so
