@@ -923,12 +923,6 @@ static int doorbell_foreign(ctx_t *cx, ps_doorbell_ctl_t *ctl)
     return ps_barrier(cx->comm, NULL);
 }
 
-/* Small collectives of every kind, many times, each result checked. With
- * shared memory on they go through the doorbell: the scenario checks it is
- * mapped and, at the end, that it answered every request rung on it, and
- * at least one per round. Every tenth round an async all_reduce small
- * enough for the doorbell runs beside the blocking calls, so that one or
- * the other finds the doorbell busy and takes a gRPC call. */
 /* One small collective of kind k (int32 elements, one per rank and block)
  * with root `root`, its result checked. */
 static int arrival_call(ctx_t *cx, kind_t k, int root)
@@ -1017,6 +1011,12 @@ static int sc_arrival_order(ctx_t *cx)
     return 0;
 }
 
+/* Small collectives of every kind, many times, each result checked. With
+ * shared memory on they go through the doorbell: the scenario checks it is
+ * mapped and, at the end, that it answered every request rung on it, and
+ * at least one per round. Every tenth round an async all_reduce small
+ * enough for the doorbell runs beside the blocking calls, so that one or
+ * the other finds the doorbell busy and takes a gRPC call. */
 static int sc_doorbell(ctx_t *cx)
 {
     enum { ROUNDS = 150, NA = 200 };
