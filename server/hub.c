@@ -683,7 +683,6 @@ typedef struct coll {
     int *ranks; /* group ranks of the members (p2p: sender, receiver) */
     member_t **members;
     int narrived, nfinished;
-    int nearly;               /* members that deposit before the last arrival (deposits_early) */
     int64_t alive_checked_ms; /* the last check_missing_alive */
     int failed;
     int code;
@@ -1321,6 +1320,13 @@ static int ring_acc(const coll_t *c)
  * blocks together. ACC adds the previous agent's step into the output: never
  * a view of a rank's input (its input stays as it was), so it reduces even
  * one input. */
+/* Whether step p's output is its one contributor's input as it came (no
+ * reduction, nothing put together; not a ring's ACC, which adds to it). */
+static int step_lone(const coll_t *c, const step_plan_t *p)
+{
+    return p->ncontrib == 1 && !ring_acc(c);
+}
+
 static int step_reduces(const coll_t *c, const step_plan_t *p)
 {
     if (p->ncontrib == 1 && !ring_acc(c))
@@ -2333,15 +2339,24 @@ static void member_deposit(member_t *m)
         plan_step(c, s, &p);
         if (!step_contributes(&p, m->index))
             continue;
-        int view = m->shm && !m->by_file;
-        /* An input the CPU reduces is read where it arrived, not copied. */
+        /* An input the CPU reduces is read where it arrived, not copied; so
+         * is one in a segment mapped here, but for a lone contributor's small
+         * one (PS_HUB_VIEW_MIN): as the step's output, a view would keep its
+         * rank unanswered until every reader had copied it. */
+        int mapped = m->shm && !m->by_file;
+        int lone = step_lone(c, &p);
+        int view = mapped && !(lone && p.len < PS_HUB_VIEW_MIN);
         int reduces = step_reduces(c, &p);
         int gpu = reduces && step_cuda(c, p.len);
         int held = reduces && !gpu && !m->shm;
-        blob_t *b = view   ? blob_view(m->shm, m->shm->base + m->shm_in.at + m->in_off, p.len)
-                    : held ? blob_pieces(p.len)
-                    : gpu  ? blob_new_pinned(p.len)
-                           : blob_new(p.len);
+        uint8_t *src = mapped ? m->shm->base + m->shm_in.at + m->in_off : NULL;
+        blob_t *b = view     ? blob_view(m->shm, src, p.len)
+                    : mapped ? blob_new(p.len)
+                    : held   ? blob_pieces(p.len)
+                    : gpu    ? blob_new_pinned(p.len)
+                             : blob_new(p.len);
+        if (b && mapped && !view)
+            memcpy(b->data, src, p.len);
         uint64_t at = m->in_off;
         pthread_mutex_lock(c->lock);
         slot_t *sl = b ? slot_claim(c, s) : NULL;
@@ -2350,10 +2365,10 @@ static void member_deposit(member_t *m)
         pthread_mutex_unlock(c->lock);
         if (sl && m->shm) {
             m->in_off += p.len;
-            ps__metrics_shm_bytes(PS_M_RX, shm_access(m->shm, !view), p.len);
+            ps__metrics_shm_bytes(PS_M_RX, shm_access(m->shm, m->by_file), p.len);
         }
         if (!sl || (!m->shm && member_read(m, b, p.len) < 0) ||
-            (m->shm && !view &&
+            (m->shm && m->by_file &&
              seg_failed(m, 0, seg_io(m->shm, 0, b->data, p.len, &m->shm_in, at)))) {
             blob_unref(b);
             return;
@@ -2366,15 +2381,9 @@ static void member_deposit(member_t *m)
         }
         sl->in[m->index] = b;
         if (++sl->have == sl->need) {
-            if (sl->need == 1 && !ring_acc(c)) {
+            if (lone) {
                 sl->out = b;
                 sl->in[m->index] = NULL;
-                blob_t *copy = view && p.len < PS_HUB_VIEW_MIN ? blob_new(p.len) : NULL;
-                if (copy) { /* a small one: the sender need not wait for its readers */
-                    memcpy(copy->data, b->data, p.len);
-                    sl->out = copy;
-                    blob_unref(b);
-                }
             } else {
                 /* The last contributor reduces (or, packed, puts the
                  * blocks together), outside the lock, in rank order so
@@ -4780,6 +4789,16 @@ static int deposits_early(const coll_t *c, const member_t *m)
     return c->nsteps == 1 && !c->ring && !c->p2p && m->shm;
 }
 
+/* Whether every member that has come deposits early: at the last arrival,
+ * then none waits for the arrival, only for the result. Lock held. */
+static int all_deposit_early(const coll_t *c)
+{
+    for (int i = 0; i < c->n; i++)
+        if (c->members[i] && !deposits_early(c, c->members[i]))
+            return 0;
+    return 1;
+}
+
 void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
 {
     char msg[512];
@@ -5002,9 +5021,7 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
          * again to the result (the wake-up after that finds nobody left to
          * wake). */
         int early = deposits_early(c, m), last = c->narrived == coll_nlocal(c);
-        int wake_after = last && early && c->nearly == c->narrived - 1;
-        if (early && !last)
-            c->nearly++;
+        int wake_after = last && all_deposit_early(c);
         if ((last && !wake_after) || c->failed)
             pthread_cond_broadcast(&c->cond);
         if (c->failed)
