@@ -3111,8 +3111,8 @@ static size_t ring_step(const ps__hub_t *h, const ring_plan_t *plan, int kind)
 }
 
 /* --ring auto: the ranks per agent (on average) from which a kind goes round
- * the ring at any size, or 0 for a kind that stays at the hub. */
-static uint64_t ring_auto_ranks(int kind)
+ * the ring with `bytes` per rank, or 0 for a kind that stays at the hub. */
+static uint64_t ring_auto_ranks(int kind, uint64_t bytes)
 {
     switch (kind) {
     case K_ALL_REDUCE:
@@ -3120,6 +3120,7 @@ static uint64_t ring_auto_ranks(int kind)
     case K_BARRIER:
     case K_BROADCAST:
     case K_REDUCE:
+        return bytes < PS_RING_AUTO_SMALL_BYTES ? PS_RING_AUTO_RANKS : PS_RING_AUTO_OTHER_RANKS;
     case K_ALL_GATHER:
         return PS_RING_AUTO_OTHER_RANKS;
     default:
@@ -3149,7 +3150,7 @@ static int ring_wanted(const ps__hub_t *h, const header_t *hd)
 {
     uint64_t esize = ps_dtype_size((ps_dtype_t)hd->dtype);
     if (h->cfg->ring == PS_RING_AUTO)
-        return (ring_auto_ranks(hd->kind) || hd->kind == K_ALL_TO_ALL ||
+        return (ring_auto_ranks(hd->kind, 0) || hd->kind == K_ALL_TO_ALL ||
                 hd->kind == K_REDUCE_SCATTER) &&
                (esize || hd->kind == K_BARRIER);
     if (h->cfg->ring != PS_RING_ON || ring_mode(hd->kind) < 0)
@@ -3163,9 +3164,11 @@ static int ring_wanted(const ps__hub_t *h, const header_t *hd)
  * (ring_plan_clear after) if so. --ring auto takes the ring where its
  * hierarchy pays (each agent reduces its ranks first, where the hub takes
  * every rank's tensor): an all_reduce from PS_RING_AUTO_RANKS ranks per
- * agent at any size, 2 from --ring-min-bytes; a barrier (no bytes, two laps
- * of tokens), broadcast, reduce or all_gather from PS_RING_AUTO_OTHER_RANKS,
- * but not an all_gather whose output fits in a step (--step-bytes: one step
+ * agent at any size, 2 from --ring-min-bytes; a broadcast, reduce or
+ * all_gather from PS_RING_AUTO_OTHER_RANKS (a barrier, which has no bytes
+ * and takes two laps of tokens, and a broadcast or reduce under
+ * PS_RING_AUTO_SMALL_BYTES from PS_RING_AUTO_RANKS), but not an all_gather
+ * whose output fits in a step (--step-bytes: one step
  * at the hub, coll_packs); an all_to_all over the mesh from
  * --ring-min-bytes per block, where the hub carries (A - 1) x A blocks each
  * way and a mesh link one (4 netns hosts, one rank each, 16 MiB per rank:
@@ -3188,7 +3191,7 @@ static int ring_use(const ps__hub_t *h, const job_t *j, const header_t *hd, ring
     if (h->cfg->ring != PS_RING_AUTO)
         return 1;
     uint64_t n = (uint64_t)group_size(j, hd->group), a = (uint64_t)plan->nagents;
-    uint64_t ranks = ring_auto_ranks(hd->kind);
+    uint64_t ranks = ring_auto_ranks(hd->kind, bytes);
     int big = bytes >= h->cfg->ring_min_bytes;
     int apart = plan->machines >= 2 && hd->kind != K_BARRIER;
     int use = (ranks && n >= ranks * a) || (hd->kind == K_ALL_REDUCE && n >= 2 * a && big) ||

@@ -2978,6 +2978,8 @@ static const scenario_t scenarios[] = {
     {"broadcast", sc_broadcast, 1, 0},
     {"all_gather", sc_all_gather, 1, 0},
     {"all_gather_small", sc_all_gather, 1, 0},
+    {"broadcast_small", sc_broadcast, 1, 0},
+    {"reduce_small", sc_reduce, 1, 0},
     {"gather", sc_gather, 1, 0},
     {"scatter", sc_scatter, 1, 0},
     {"reduce_scatter", sc_reduce_scatter, 1, 0},
@@ -3047,7 +3049,8 @@ int main(int argc, char **argv)
     g_rank = cx.rank;
     g_verbose = env_int("PS_TEST_VERBOSE", 0);
     g_light = strcmp(sc->name, "collectives_light") == 0;
-    g_small = strcmp(sc->name, "all_gather_small") == 0;
+    size_t nlen = strlen(sc->name);
+    g_small = nlen > 6 && strcmp(sc->name + nlen - 6, "_small") == 0;
 
     int64_t t0 = now_ms();
     /* The device scenario loads CUDA before it joins, as a training process
