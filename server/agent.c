@@ -713,13 +713,31 @@ static void collective_proxy(ps__agent_t *a, ps__rpc_call_t *down, grpc_byte_buf
     ps__task_t t;
     int rc = hub_call_start(a, down, hub, &fw);
     ps__rpc_call_t *up = fw.up;
+    /* A worker whose first frame holds its whole input half-closes with it
+     * (the C client sends both in one batch): that frame goes to the hub with
+     * the half-close, and no thread pipes the rest, a thread hand-off fewer
+     * on the way of every small collective. */
+    int whole = 0, broke = 0;
     if (rc == 0) {
+        grpc_byte_buffer *next = NULL;
+        int ready = ps__rpc_call_recv_ready(down, &next);
+        whole = ready == 0 && !next;
+        broke = ready < 0;
         count_frame(first, 1); /* before the send, which empties the buffer */
-        rc = ps__rpc_call_send(up, first);
+        rc = whole ? ps__rpc_call_send_last(up, first, 0, NULL) : ps__rpc_call_send(up, first);
+        if (next) { /* the second frame came as soon: the pipe takes the rest */
+            count_frame(next, 1);
+            if (rc == 0)
+                rc = ps__rpc_call_send(up, next);
+            grpc_byte_buffer_destroy(next);
+        }
+        if (broke)
+            ps__rpc_call_cancel(up, GRPC_STATUS_CANCELLED, "the worker's stream broke");
     }
     pipe_arg_t pa = {down, up, 1, 1};
-    int piping = rc == 0 && ps__task_start(&t, pipe_main, &pa) == 0;
-    while (piping) {
+    int piping = rc == 0 && !whole && !broke && ps__task_start(&t, pipe_main, &pa) == 0;
+    int receiving = piping || (rc == 0 && whole);
+    while (receiving) {
         grpc_byte_buffer *bb = NULL;
         if (ps__rpc_call_recv(up, &bb) < 0 || !bb)
             break;

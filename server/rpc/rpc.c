@@ -55,6 +55,10 @@ struct ps__rpc_call {
     int close_seen;                 /* server: RECV_CLOSE_ON_SERVER already plucked */
     grpc_metadata_array md_request; /* server: the client's metadata */
     ps__rpc_channel_t *channel;     /* client: for its metadata */
+    /* A receive batch left outstanding by ps__rpc_call_recv_ready, and the
+     * message it receives into (every receive's target) */
+    int recv_outstanding;
+    grpc_byte_buffer *recv_bb;
     /* Tags: distinct addresses inside the call. */
     char tag_start, tag_status, tag_send, tag_recv, tag_close, tag_md;
     /* A local call (ps__rpc_call_local): no gRPC call behind it; what is
@@ -357,6 +361,12 @@ static void call_free(ps__rpc_call_t *c)
 {
     if (!c)
         return;
+    if (c->recv_outstanding) { /* its batch must end before the queue goes */
+        grpc_call_cancel(c->call, NULL);
+        pluck(c->cq, &c->tag_recv);
+        if (c->recv_bb)
+            grpc_byte_buffer_destroy(c->recv_bb);
+    }
     if (c->call)
         grpc_call_unref(c->call);
     if (c->cq) {
@@ -1282,27 +1292,65 @@ int ps__rpc_call_send_or(ps__rpc_call_t *c, grpc_byte_buffer *msg, int (*give_up
     return pluck(c->cq, &c->tag_send) ? 0 : PS_EUNAVAIL;
 }
 
-int ps__rpc_call_recv(ps__rpc_call_t *c, grpc_byte_buffer **msg)
+/* Starts the batch that receives one message into c->recv_bb, unless one
+ * is outstanding already (left by ps__rpc_call_recv_ready). */
+static int recv_start(ps__rpc_call_t *c)
 {
-    if (c->local) { /* a local call's request is all in its first frame */
-        *msg = NULL;
+    if (c->recv_outstanding)
         return 0;
-    }
     send_md_alone(c);
-    grpc_byte_buffer *bb = NULL;
+    c->recv_bb = NULL;
     grpc_op op;
     memset(&op, 0, sizeof(op));
     op.op = GRPC_OP_RECV_MESSAGE;
-    op.data.recv_message.recv_message = &bb;
+    op.data.recv_message.recv_message = &c->recv_bb;
     if (grpc_call_start_batch(c->call, &op, 1, &c->tag_recv, NULL) != GRPC_CALL_OK)
         return PS_EINTERNAL;
-    if (!pluck(c->cq, &c->tag_recv)) {
+    c->recv_outstanding = 1;
+    return 0;
+}
+
+/* The outcome of the receive batch, which ended with success flag ok. */
+static int recv_take(ps__rpc_call_t *c, int ok, grpc_byte_buffer **msg)
+{
+    grpc_byte_buffer *bb = c->recv_bb;
+    c->recv_bb = NULL;
+    c->recv_outstanding = 0;
+    if (!ok) {
         if (bb)
             grpc_byte_buffer_destroy(bb);
         return PS_EUNAVAIL;
     }
     *msg = bb;
     return 0;
+}
+
+int ps__rpc_call_recv(ps__rpc_call_t *c, grpc_byte_buffer **msg)
+{
+    if (c->local) { /* a local call's request is all in its first frame */
+        *msg = NULL;
+        return 0;
+    }
+    int rc = recv_start(c);
+    if (rc < 0)
+        return rc;
+    return recv_take(c, pluck(c->cq, &c->tag_recv), msg);
+}
+
+int ps__rpc_call_recv_ready(ps__rpc_call_t *c, grpc_byte_buffer **msg)
+{
+    if (c->local) {
+        *msg = NULL;
+        return 0;
+    }
+    int rc = recv_start(c);
+    if (rc < 0)
+        return rc;
+    grpc_event ev =
+        grpc_completion_queue_pluck(c->cq, &c->tag_recv, gpr_time_0(GPR_CLOCK_MONOTONIC), NULL);
+    if (ev.type == GRPC_QUEUE_TIMEOUT)
+        return 1; /* the batch stays for the next receive */
+    return recv_take(c, ev.type == GRPC_OP_COMPLETE && ev.success, msg);
 }
 
 void ps__rpc_call_cancel(ps__rpc_call_t *c, int code, const char *message)

@@ -226,6 +226,12 @@ int ps__rpc_call_send_or(ps__rpc_call_t *call, grpc_byte_buffer *msg, int (*give
  * end of the stream. 0, or a negative code when the call is broken. */
 int ps__rpc_call_recv(ps__rpc_call_t *call, grpc_byte_buffer **msg);
 
+/** As ps__rpc_call_recv, without waiting: 0 with *msg set when the next
+ * message (or the end of the stream, NULL) has come already, 1 when it has
+ * not (the receive stays started: the next ps__rpc_call_recv takes it), or
+ * a negative error. */
+int ps__rpc_call_recv_ready(ps__rpc_call_t *call, grpc_byte_buffer **msg);
+
 /** Sends msg as the last message in the same batch as the end of the
  * stream: on a server with the status (code, message), on a client with
  * the half-close (code and message unused). Does not take msg. */
