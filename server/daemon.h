@@ -60,7 +60,7 @@ enum { PS_RING_OFF, PS_RING_ON, PS_RING_AUTO };
 #define PS_RING_AUTO_OTHER_RANKS 4
 /* ... but a barrier, or a broadcast or reduce of fewer bytes per rank than
  * this, only from PS_RING_AUTO_RANKS: with ranks on shared memory the hub
- * took 0.55-0.7x the ring's time for them at 4 ranks per agent, where the
+ * took 0.57-0.87x the ring's time for them at 4 ranks per agent, where the
  * ring's two laps of tokens are 2A - 1 hops one after another. */
 #define PS_RING_AUTO_SMALL_BYTES ((uint64_t)64 << 10)
 /* With agents on two or more machines (--machine-id), auto also takes the

@@ -1315,11 +1315,6 @@ static int ring_acc(const coll_t *c)
     return c->ring && c->ring->mode == RING_ACC;
 }
 
-/* Whether the step's last contributor reduces its inputs (reduce_step),
- * rather than passing its one input on as the output or putting packed
- * blocks together. ACC adds the previous agent's step into the output: never
- * a view of a rank's input (its input stays as it was), so it reduces even
- * one input. */
 /* Whether step p's output is its one contributor's input as it came (no
  * reduction, nothing put together; not a ring's ACC, which adds to it). */
 static int step_lone(const coll_t *c, const step_plan_t *p)
@@ -1327,9 +1322,14 @@ static int step_lone(const coll_t *c, const step_plan_t *p)
     return p->ncontrib == 1 && !ring_acc(c);
 }
 
+/* Whether the step's last contributor reduces its inputs (reduce_step),
+ * rather than passing its one input on as the output or putting packed
+ * blocks together. ACC adds the previous agent's step into the output: never
+ * a view of a rank's input (its input stays as it was), so it reduces even
+ * one input. */
 static int step_reduces(const coll_t *c, const step_plan_t *p)
 {
-    if (p->ncontrib == 1 && !ring_acc(c))
+    if (step_lone(c, p))
         return 0;
     return !(c->packed && c->kind != K_REDUCE_SCATTER);
 }
@@ -2350,11 +2350,10 @@ static void member_deposit(member_t *m)
         int gpu = reduces && step_cuda(c, p.len);
         int held = reduces && !gpu && !m->shm;
         uint8_t *src = mapped ? m->shm->base + m->shm_in.at + m->in_off : NULL;
-        blob_t *b = view     ? blob_view(m->shm, src, p.len)
-                    : mapped ? blob_new(p.len)
-                    : held   ? blob_pieces(p.len)
-                    : gpu    ? blob_new_pinned(p.len)
-                             : blob_new(p.len);
+        blob_t *b = view   ? blob_view(m->shm, src, p.len)
+                    : held ? blob_pieces(p.len)     /* never mapped */
+                    : gpu  ? blob_new_pinned(p.len) /* never lone, so mapped is a view */
+                           : blob_new(p.len);
         if (b && mapped && !view)
             memcpy(b->data, src, p.len);
         uint64_t at = m->in_off;
