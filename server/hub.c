@@ -2827,7 +2827,7 @@ static int header_check(const ps__config_t *cfg, const header_t *hd, int n, char
 #define PS_HUB_LIVENESS_CHECK_MS 1000
 
 /* Asks the coordinator whether the ranks still missing are members; fails
- * the collective naming the first that is not (it died or left), so the
+ * the collective naming those that are not (they died or left), so the
  * others need not wait for the timeout. At most once a second for the
  * collective, whichever of its waiting threads (ranks, ring links) calls
  * first: the others return at once. Lock held; dropped while asking. */
@@ -2850,8 +2850,13 @@ static void check_missing_alive(ps__hub_t *h, coll_t *c)
         ps__job_info_clear(&info);
         return;
     }
-    /* In a ring the ranks of the other agents are waited for too. */
+    /* In a ring the ranks of the other agents are waited for too. Every
+     * rank gone is named: one that left after another died (a survivor
+     * giving up) must not hide the one that died. */
     int nall = c->ring ? group_size(c->job, c->group) : c->n;
+    char gone[256] = "";
+    size_t glen = 0;
+    int ngone = 0;
     for (int i = 0; i < nall && !c->failed; i++) {
         if (!c->ring && c->members[i])
             continue;
@@ -2867,13 +2872,20 @@ static void check_missing_alive(ps__hub_t *h, coll_t *c)
         int alive = 0;
         for (int k = 0; k < info.njoined; k++)
             alive |= info.joined[k] == jr;
-        if (!alive)
-            coll_fail(c, GRPC_STATUS_ABORTED,
-                      "%s (group %u, seq %" PRIu64 "): rank %d is no longer a member of job %s "
-                      "(its process or connection died, or it left); the job must be formed "
-                      "again",
-                      kind_name(c->kind), c->group, c->seq, grank, c->job->name);
+        if (alive || glen >= sizeof(gone) - 16)
+            continue;
+        glen +=
+            (size_t)snprintf(gone + glen, sizeof(gone) - glen, "%s%d", ngone ? ", " : "", grank);
+        ngone++;
     }
+    if (ngone && !c->failed)
+        coll_fail(c, GRPC_STATUS_ABORTED,
+                  "%s (group %u, seq %" PRIu64 "): %s %s %s of job %s (%s); the job must be "
+                  "formed again",
+                  kind_name(c->kind), c->group, c->seq, ngone > 1 ? "ranks" : "rank", gone,
+                  ngone > 1 ? "are no longer members" : "is no longer a member", c->job->name,
+                  ngone > 1 ? "their processes or connections died, or they left"
+                            : "its process or connection died, or it left");
     ps__job_info_clear(&info);
 }
 
