@@ -232,6 +232,14 @@ void ps__shm_end(ps_comm_t *comm, ps__coll_t *c);
 /** PARAMSYNC_SHM=0 now (read on every collective): payloads over gRPC only. */
 int ps__shm_off(void);
 
+/** 1 when ptr lies in memory from ps_mem_alloc(comm) that the agent shares
+ * and would read and write in place, through its mapping, in a collective
+ * that touches `touched` bytes of its ranks' segments (summed over them):
+ * not over the agent's --shm-resident-bytes (ShmAttachResponse.resident_bytes;
+ * an agent that does not say maps them always). Else 0: plain memory, or
+ * read through the segment's file. */
+int ps__mem_mapped_for(ps_comm_t *comm, const void *ptr, uint64_t touched);
+
 /** Asks for huge pages under c's buffers from the second time they come
  * (shm.c, collapse()): another process copies them faster, with
  * process_vm_readv/writev, on huge pages. */

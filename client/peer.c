@@ -182,6 +182,22 @@ int ps__overlap(const void *a, size_t alen, const void *b, size_t blen)
     return alen && blen && x < y + blen && y < x + alen;
 }
 
+/* The bytes of its ranks' memory an agent taking c would touch, summed over
+ * them, as the agent counts them against --shm-resident-bytes (hub.c,
+ * member_totals): inputs and outputs of blocks of `block` bytes. */
+static uint64_t agent_touches(const ps__coll_t *c, size_t block)
+{
+    uint64_t n = (uint64_t)c->group->size, p = block;
+    switch (c->hdr.kind) {
+    case K(ALL_TO_ALL):
+        return 2 * n * n * p;
+    case K(ALL_GATHER):
+        return n * p + n * n * p;
+    default: /* gather, scatter: every rank's block, and the root's n */
+        return 2 * n * p;
+    }
+}
+
 /* This rank's descriptor, into d (desc_words). */
 static void describe(const ps__coll_t *c, size_t block, uint64_t *d)
 {
@@ -203,9 +219,12 @@ static void describe(const ps__coll_t *c, size_t block, uint64_t *d)
     int fits = in_place || !ps__overlap(c->in, c->in_bytes, c->out, c->out_bytes);
     /* Memory from ps_mem_alloc the agent copies in place, between its
      * mappings: 1.1-2.2x faster at 16-64 MiB than reads that pin its shared
-     * pages one by one (PERFORMANCE.md, "Peer copies"). */
-    if ((c->in && ps_mem_is_shared(c->comm, c->in)) ||
-        (c->out && ps_mem_is_shared(c->comm, c->out)))
+     * pages one by one (PERFORMANCE.md, "Peer copies"). Not where the call
+     * is over the agent's --shm-resident-bytes: it would copy through the
+     * segments' files, a step at a time. */
+    uint64_t touched = agent_touches(c, block);
+    if ((c->in && ps__mem_mapped_for(c->comm, c->in, touched)) ||
+        (c->out && ps__mem_mapped_for(c->comm, c->out, touched)))
         fits = 0;
     /* PARAMSYNC_SHM=0 set since ps_init (it is read on every collective):
      * payloads over gRPC, as asked. */

@@ -69,6 +69,9 @@ struct ps__shm {
     int ready;     /* the process segment: attached, the agent reaches our memory */
     int own_block; /* a process or registered segment: the agent leaves our own block
                       to us (ShmAttachResponse.own_block) */
+    /* a registered segment: the agent's --shm-resident-bytes (UINT64_MAX: not
+     * told; ShmAttachResponse.resident_bytes) */
+    uint64_t resident;
 };
 
 /* PARAMSYNC_SHM=0: neither segment; read on every collective. */
@@ -150,6 +153,7 @@ static int segment_create(ps_comm_t *comm, struct ps__shm *s, size_t size, int k
     s->doorbells = attached ? (int)resp->doorbells : 0;
     int slots = attached ? (int)resp->payload_slots : 0;
     int own = attached && resp->own_block;
+    uint64_t resident = attached && resp->resident_told ? resp->resident_bytes : UINT64_MAX;
     if (resp)
         protobuf_c_message_free_unpacked(&resp->base, NULL);
     /* The agent unlinks the name once it maps the segment; do it here too
@@ -166,6 +170,7 @@ static int segment_create(ps_comm_t *comm, struct ps__shm *s, size_t size, int k
     pthread_mutex_lock(&comm->lock);
     s->slots = slots;
     s->own_block = own;
+    s->resident = resident;
     pthread_mutex_unlock(&comm->lock);
     s->base = base;
     s->size = size;
@@ -272,17 +277,22 @@ int ps_mem_free(ps_comm_t *comm, void *ptr)
     return 0;
 }
 
-int ps_mem_is_shared(ps_comm_t *comm, const void *ptr)
+int ps__mem_mapped_for(ps_comm_t *comm, const void *ptr, uint64_t touched)
 {
-    int shared = 0;
+    int mapped = 0;
     if (!comm || !ptr)
         return 0;
     pthread_mutex_lock(&comm->lock);
     for (struct ps__mem *m = comm->mem; m; m = m->next)
         if ((const uint8_t *)ptr >= m->seg.base && (const uint8_t *)ptr < m->seg.base + m->seg.size)
-            shared = m->shared;
+            mapped = m->shared && touched <= m->seg.resident;
     pthread_mutex_unlock(&comm->lock);
-    return shared;
+    return mapped;
+}
+
+int ps_mem_is_shared(ps_comm_t *comm, const void *ptr)
+{
+    return ps__mem_mapped_for(comm, ptr, 0);
 }
 
 /*

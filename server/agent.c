@@ -505,6 +505,8 @@ static void worker_shm_attach(ps__rpc_call_t *call, void *arg)
     resp.process_memory = resp.attached && req->process;
     resp.own_block = resp.attached && (req->process || req->registered);
     resp.block_lists = resp.process_memory;
+    resp.resident_told = resp.attached && req->registered;
+    resp.resident_bytes = resp.resident_told ? a->cfg->shm_resident_bytes : 0;
     if (!resp.attached)
         PS_LOG(PS_LOG_INFO, "job %s: rank %d's %s not used: %s", req->job, req->rank,
                req->doorbell  ? "doorbell"

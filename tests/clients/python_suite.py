@@ -5,7 +5,7 @@
 
 Scenarios (each its own ctest test): collectives, groups, async, p2p, torch, registered, doorbell,
 local_errors, daemon_errors, timeout, member_lost, init_methods, launcher,
-shm_reuse, shm_paths, peer, peer_unreadable. With --transport the workers run with PARAMSYNC_SHM=0 (grpc) or
+shm_reuse, shm_paths, peer, peer_unreadable, peer_registered. With --transport the workers run with PARAMSYNC_SHM=0 (grpc) or
 shared memory on (shm) and check, from the daemon's /metrics, that their big
 payloads went that way; the driver checks that no segment name of theirs is
 left in /dev/shm.
@@ -1470,6 +1470,36 @@ def w_peer():
           % (r, went))
 
 
+def w_peer_registered():
+    """Memory from empty() in an all_to_all of peer-copy size: the agent copies it in place
+    through its mappings while the call is within its --shm-resident-bytes (the driver
+    starts it with 64M); past that (it would copy through the segments' files) the ranks
+    copy rank to rank, as from any other memory. Input and output in one allocation."""
+    import numpy as np
+    dist = _w_init()
+    r, n = dist.get_rank(), dist.get_world_size()
+    w = dist._get_world()
+    for mib, by_peer in ((1, False), (4, True)):
+        # Blocks of `mib` MiB: the agent would touch 2 n^2 blocks (18 or 72 MiB).
+        b = (mib << 20) // 4
+        buf = dist.empty(2 * n * b, np.int32)
+        assert dist.is_shared(buf), "empty() memory is not shared"
+        x, o = buf[:n * b], buf[n * b:]
+        x[:] = np.concatenate([np.full(b, 1000 * r + j, np.int32) for j in range(n)])
+        before = w.peer_used
+        dist.all_to_all_single(o, x)
+        expect_eq(o, np.repeat(np.arange(n, dtype=np.int32) * 1000 + r, b),
+                  "all_to_all_single of %d MiB blocks" % mib)
+        went = w.peer_used - before
+        assert went == (1 if by_peer else 0), \
+            "all_to_all of %d MiB blocks from empty(): %d by peer copies, want %d" % (
+                mib, went, 1 if by_peer else 0)
+        dist.free(buf)
+    dist.destroy_process_group()
+    print("rank %d: empty() memory by the agent within its budget, by peer copies past it"
+          % r)
+
+
 WORKERS = {
     "doorbell": w_doorbell,
     "registered": w_registered,
@@ -1477,14 +1507,14 @@ WORKERS = {
     "torch": w_torch, "local_errors": w_local_errors, "daemon_errors": w_daemon_errors,
     "timeout": w_timeout, "member_lost": w_member_lost, "init_methods": w_init_methods,
     "shm_reuse": w_shm_reuse, "shm_paths": w_shm_paths, "peer": w_peer,
-    "peer_unreadable": w_peer,
+    "peer_unreadable": w_peer, "peer_registered": w_peer_registered,
 }
 
 # ---------------------------------------------------------------------------------- driver
 
 NPROC = {"doorbell": 3, "registered": 3, "collectives": 3, "groups": 4, "async": 3, "p2p": 3, "torch": 3, "local_errors": 2,
          "daemon_errors": 3, "timeout": 2, "member_lost": 2, "shm_reuse": 3, "peer": 3,
-         "peer_unreadable": 3}
+         "peer_unreadable": 3, "peer_registered": 3}
 
 
 # Scenarios that count what the agent's own paths took: large all_gather and all_to_all
@@ -1547,7 +1577,8 @@ def driver(a):
         return launcher(a)
     if a.scenario == "shm_paths":
         return shm_paths(a)
-    with H.Daemon(a.paramsyncd, metrics=bool(a.transport)) as d:
+    extra = ("--shm-resident-bytes", "64M") if a.scenario == "peer_registered" else ()
+    with H.Daemon(a.paramsyncd, *extra, metrics=bool(a.transport)) as d:
         if a.scenario == "init_methods":
             ok = init_methods(py, d, a.paramsyncd)
         elif a.scenario == "member_lost":

@@ -87,6 +87,16 @@ def takes(kind, block, sets, group_ranks, rank):
     return mine != 0 and all(sets[r] == mine for r in group_ranks)
 
 
+def agent_touches(kind, n, block):
+    """The bytes of its ranks' memory an agent taking the call would touch, summed over
+    them, as it counts them against --shm-resident-bytes (client/peer.c)."""
+    if kind == ALL_TO_ALL:
+        return 2 * n * n * block
+    if kind == ALL_GATHER:
+        return n * block + n * n * block
+    return 2 * n * block  # gather, scatter: every rank's block, and the root's n
+
+
 class _Iovec(ctypes.Structure):
     _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
 

@@ -533,9 +533,9 @@ class Process:
 class Mem:
     """One allocation of Registered: its segment (name None: plain memory, the agent
     could not share it), where it is mapped here, and whether a collective uses it."""
-    __slots__ = ("name", "map", "addr", "size", "in_use", "retired", "own_block")
+    __slots__ = ("name", "map", "addr", "size", "in_use", "retired", "own_block", "resident")
 
-    def __init__(self, name, m, size, own_block=False):
+    def __init__(self, name, m, size, own_block=False, resident=None):
         self.name = name
         self.map = m
         self.size = size
@@ -543,6 +543,14 @@ class Mem:
         self.in_use = False
         self.retired = False  # a call was abandoned: the agent may still write into it
         self.own_block = own_block  # the agent takes the own block in place (own_in_place)
+        # The agent's --shm-resident-bytes (ShmAttachResponse.resident_bytes; None: not
+        # told): a collective touching more of its ranks' memory goes through the files.
+        self.resident = resident
+
+    def mapped_for(self, touched):
+        """Whether the agent takes a collective touching `touched` bytes of its ranks'
+        memory (summed over them) in place, through its mapping of this allocation."""
+        return self.resident is None or touched <= self.resident
 
 
 class Registered:
@@ -567,7 +575,9 @@ class Registered:
             try:
                 resp = []
                 name, m = create(size, lambda *a: resp.append(self._attach(*a)))
-                mem = Mem(name, m, size, bool(getattr(resp[0], "own_block", False)))
+                told = getattr(resp[0], "resident_told", False)
+                mem = Mem(name, m, size, bool(getattr(resp[0], "own_block", False)),
+                          resp[0].resident_bytes if told else None)
             except Exception:  # noqa: B902 - refused or failed: plain memory, as in C
                 mem = None
         if mem is None:

@@ -632,9 +632,13 @@ class _World:
             fits = outs[0] == ins[rank] if kind == _K.SCATTER else (
                 kind != _K.ALL_TO_ALL and ins[0] == outs[rank])
         # Memory from empty() the agent copies in place, between its mappings: faster than
-        # reads that pin its shared pages one by one (client/peer.c).
-        fits = fits and not any(self.mem.find(at, len(mv)) for x in (send, recv) if x
-                                for at, mv in zip(_shm.addresses(x), x.mvs))
+        # reads that pin its shared pages one by one (client/peer.c). Not over the agent's
+        # --shm-resident-bytes: it would copy through the segments' files.
+        touched = _peer.agent_touches(kind, n, block)
+        fits = fits and not any(
+            mem.mapped_for(touched) for x in (send, recv) if x
+            for mem in (self.mem.find(at, len(mv)) for at, mv in zip(_shm.addresses(x), x.mvs))
+            if mem)
         # PARAMSYNC_SHM=0 set since init (it is read on every collective): payloads over
         # gRPC, as asked.
         fits = fits and _shm.enabled()
