@@ -1440,10 +1440,18 @@ static int check_collapse(ctx_t *cx)
             mode[0] = 0;
         fclose(f);
     }
-    if (!strstr(mode, "[madvise]") || !collapse_works()) {
+    /* The check is collectives: every rank must decide alike, and a collapse
+     * may fail on one rank only (no huge page free just then), so the ranks
+     * agree on the least of their answers. */
+    int32_t can = strstr(mode, "[madvise]") && collapse_works();
+    int rc = ps_all_reduce(cx->comm, &can, 1, PS_INT32, PS_MIN, NULL);
+    if (rc != 0)
+        return fail("all_reduce of whether the huge-page check can run: %d (%s)", rc,
+                    ps_strerror(rc));
+    if (!can) {
         note("SKIPPED the huge-page check: it needs transparent huge pages on request only "
              "(here: %.40s) and a kernel that collapses memory on request (MADV_COLLAPSE, "
-             "Linux 6.1)",
+             "Linux 6.1), on every rank",
              mode[0] ? mode : "none");
         return 0;
     }

@@ -549,8 +549,9 @@ class Mem:
 
     def mapped_for(self, touched):
         """Whether the agent takes a collective touching `touched` bytes of its ranks'
-        memory (summed over them) in place, through its mapping of this allocation."""
-        return self.resident is None or touched <= self.resident
+        memory (summed over them) in place, through its mapping of this allocation (as
+        the C client's ps__mem_mapped_for): never plain memory."""
+        return self.name is not None and (self.resident is None or touched <= self.resident)
 
 
 class Registered:
