@@ -426,15 +426,20 @@ class Registered {
     this.closed = false;
   }
 
-  /** { ab, name, size, inUse, retired } of at least nbytes (a page at least); name null
-   * for plain memory. */
+  /** { ab, name, size, inUse, retired, resident } of at least nbytes (a page at least);
+   * name null for plain memory; resident the agent's --shm-resident-bytes
+   * (ShmAttachResponse.resident_bytes), null where it did not say. */
   async alloc(nbytes) {
     const size = Math.max(SHM_ALIGN, Math.ceil(nbytes / SHM_ALIGN) * SHM_ALIGN);
     let mem = null;
     if (native && shmEnabled() && !this.closed) {
       try {
-        const { name, ab } = await shmCreate(size, this.attach, () => {}, true);
-        mem = { ab, name, size, base: native.address(ab), inUse: false, retired: false };
+        let resident = null;
+        const { name, ab } = await shmCreate(size, this.attach, (resp) => {
+          if (resp && resp.resident_told) resident = Number(resp.resident_bytes);
+        }, true);
+        mem = { ab, name, size, base: native.address(ab), inUse: false, retired: false,
+          resident };
       } catch (e) { /* refused or failed: plain memory, as in C */ }
     }
     if (!mem) mem = { ab: new ArrayBuffer(size), name: null, size, inUse: false, retired: false };
@@ -465,6 +470,15 @@ class Registered {
 
   /** Whether ArrayBuffer ab is memory from empty() the agent keeps. */
   holds(ab) { return this.mems.some((m) => m.name && m.ab === ab); }
+
+  /** Whether ArrayBuffer ab is memory from empty() the agent keeps and would take in
+   * place, through its mapping, in a call touching `touched` bytes of its ranks' memory
+   * (summed over them): not over its --shm-resident-bytes (as the C client's
+   * ps__mem_mapped_for). */
+  mappedFor(ab, touched) {
+    return this.mems.some((m) => m.name && m.ab === ab &&
+      (m.resident === null || touched <= m.resident));
+  }
 
   /** Forgets the allocation of ArrayBuffer ab and tells the agent; false when there is
    * none or a collective uses it. */
@@ -949,6 +963,14 @@ function peerTakes(kind, block, sets, groupRanks, rank) {
   if (blocksPerRank(kind) && n > PEER.MAX_ALL_TO_ALL_RANKS) return false;
   const mine = sets[rank];
   return mine !== 0 && groupRanks.every((r) => sets[r] === mine);
+}
+
+/** The bytes of its ranks' memory an agent taking the call would touch, summed over them,
+ * as it counts them against --shm-resident-bytes (client/peer.c). */
+function agentTouches(kind, n, block) {
+  if (kind === KIND.ALL_TO_ALL) return 2 * n * n * block;
+  if (kind === KIND.ALL_GATHER) return n * block + n * n * block;
+  return 2 * n * block; // gather, scatter: every rank's block, and the root's n
 }
 
 /** Each of the n blocks of block bytes of segs as [buffer, offset in it], or null where a
@@ -1486,10 +1508,12 @@ class World {
     const ins = send ? peerBlocks(send, nb, block) : [];
     const outs = recv ? peerBlocks(recv, kind === KIND.SCATTER ? 1 : n, block) : [];
     // Memory from empty() the agent copies in place, between its mappings: faster than
-    // reads that pin its shared pages one by one (client/peer.c). PARAMSYNC_SHM=0 set
+    // reads that pin its shared pages one by one (client/peer.c), unless the call is over
+    // its --shm-resident-bytes (it would copy through the files). PARAMSYNC_SHM=0 set
     // since init: payloads over gRPC, as asked.
+    const touched = agentTouches(kind, n, block);
     const fits = ins !== null && outs !== null && shmEnabled() &&
-      ![send, recv].some((x) => x && x.bufs.some((b) => this.mem.holds(b.buffer)));
+      ![send, recv].some((x) => x && x.bufs.some((b) => this.mem.mappedFor(b.buffer, touched)));
     // A rank with no input (a scatter's other ranks) describes nb blocks of 0, as every
     // rank's descriptor is one size.
     const addrs = fits && ins.length ? ins.map(([b, off]) => native.address(b.buffer) +

@@ -6,7 +6,8 @@
 const test = require('node:test');
 const assert = require('node:assert');
 const dist = require('..');
-const { worlds, filled, fixture, runNode, scrapeMetrics } = require('./helpers');
+const { worlds, filled, fixture, runNode, scrapeMetrics, daemonWithMetrics } =
+  require('./helpers');
 
 const f = fixture(test, dist, { native: true });
 const K = 1 << 20; // int32 elements per block: 4 MiB, past every kind's floor with 3 ranks
@@ -66,6 +67,29 @@ test('the four kinds by peer copies: rank to rank, none at the agent', async (t)
     assert.strictEqual(await agentCalls() - before, 3, 'each rank\'s all_to_all on empty() memory');
   } finally {
     await Promise.all(ws.map((w) => w.destroy()));
+  }
+});
+
+test('empty() memory over the agent\'s --shm-resident-bytes: by peer copies', async (t) => {
+  if (!f.ready(t)) return;
+  // The agent would copy such a call through the segments' files, slower than the ranks.
+  const [d] = await daemonWithMetrics(['--shm-resident-bytes', '1M']);
+  try {
+    const ws = await worlds(dist, d.addr, 'node-peer-resident', 3);
+    try {
+      const mems = await Promise.all(ws.map((w) => w.empty(6 * K, 'int32')));
+      mems.forEach((m, r) => m.set(filled(r, 3 * K)));
+      await Promise.all(ws.map((w, r) => w.allToAllSingle(mems[r].subarray(3 * K),
+        mems[r].subarray(0, 3 * K))));
+      mems.forEach((m, r) => [0, 1, 2].forEach((s) => assert.deepStrictEqual(
+        m.subarray(3 * K + s * K, 3 * K + (s + 1) * K), filled(s, 3 * K).subarray(r * K,
+          (r + 1) * K))));
+      ws.forEach((w, r) => assert.strictEqual(w.peerUsed, 1, `rank ${r}`));
+    } finally {
+      await Promise.all(ws.map((w) => w.destroy()));
+    }
+  } finally {
+    await d.stop();
   }
 });
 
