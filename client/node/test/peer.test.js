@@ -40,6 +40,18 @@ async function fourKinds(ws) {
   sc.forEach((x, r) => assert.deepStrictEqual(x, filled(10 + r, 2 * K)));
 }
 
+/** An all_to_all_single on ws (3 ranks) whose input and output lie in one allocation from
+ * empty(), every element checked. */
+async function allToAllOnEmpty(ws) {
+  const mems = await Promise.all(ws.map((w) => w.empty(6 * K, 'int32')));
+  mems.forEach((m, r) => m.set(filled(r, 3 * K)));
+  await Promise.all(ws.map((w, r) => w.allToAllSingle(mems[r].subarray(3 * K),
+    mems[r].subarray(0, 3 * K))));
+  mems.forEach((m, r) => [0, 1, 2].forEach((s) => assert.deepStrictEqual(
+    m.subarray(3 * K + s * K, 3 * K + (s + 1) * K), filled(s, 3 * K).subarray(r * K,
+      (r + 1) * K))));
+}
+
 test('the four kinds by peer copies: rank to rank, none at the agent', async (t) => {
   if (!f.ready(t)) return;
   const ws = await worlds(dist, f.daemon.addr, 'node-peer', 3);
@@ -56,13 +68,7 @@ test('the four kinds by peer copies: rank to rank, none at the agent', async (t)
     ws.forEach((w) => assert.strictEqual(w.peerUsed, 5));
     // empty() memory, which the agent copies in place faster, does not: the descriptors
     // say so and every rank's call goes through the agent.
-    const mems = await Promise.all(ws.map((w) => w.empty(6 * K, 'int32')));
-    mems.forEach((m, r) => m.set(filled(r, 3 * K)));
-    await Promise.all(ws.map((w, r) => w.allToAllSingle(mems[r].subarray(3 * K),
-      mems[r].subarray(0, 3 * K))));
-    mems.forEach((m, r) => [0, 1, 2].forEach((s) => assert.deepStrictEqual(
-      m.subarray(3 * K + s * K, 3 * K + (s + 1) * K), filled(s, 3 * K).subarray(r * K,
-        (r + 1) * K))));
+    await allToAllOnEmpty(ws);
     ws.forEach((w) => assert.strictEqual(w.peerUsed, 5));
     assert.strictEqual(await agentCalls() - before, 3, 'each rank\'s all_to_all on empty() memory');
   } finally {
@@ -77,13 +83,7 @@ test('empty() memory over the agent\'s --shm-resident-bytes: by peer copies', as
   try {
     const ws = await worlds(dist, d.addr, 'node-peer-resident', 3);
     try {
-      const mems = await Promise.all(ws.map((w) => w.empty(6 * K, 'int32')));
-      mems.forEach((m, r) => m.set(filled(r, 3 * K)));
-      await Promise.all(ws.map((w, r) => w.allToAllSingle(mems[r].subarray(3 * K),
-        mems[r].subarray(0, 3 * K))));
-      mems.forEach((m, r) => [0, 1, 2].forEach((s) => assert.deepStrictEqual(
-        m.subarray(3 * K + s * K, 3 * K + (s + 1) * K), filled(s, 3 * K).subarray(r * K,
-          (r + 1) * K))));
+      await allToAllOnEmpty(ws);
       ws.forEach((w, r) => assert.strictEqual(w.peerUsed, 1, `rank ${r}`));
     } finally {
       await Promise.all(ws.map((w) => w.destroy()));
