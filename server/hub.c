@@ -2856,7 +2856,7 @@ static void check_missing_alive(ps__hub_t *h, coll_t *c)
     int nall = c->ring ? group_size(c->job, c->group) : c->n;
     char gone[256] = "";
     size_t glen = 0;
-    int ngone = 0;
+    int ngone = 0, unlisted = 0;
     for (int i = 0; i < nall && !c->failed; i++) {
         if (!c->ring && c->members[i])
             continue;
@@ -2872,12 +2872,17 @@ static void check_missing_alive(ps__hub_t *h, coll_t *c)
         int alive = 0;
         for (int k = 0; k < info.njoined; k++)
             alive |= info.joined[k] == jr;
-        if (alive || glen >= sizeof(gone) - 16)
+        if (alive)
             continue;
-        glen +=
-            (size_t)snprintf(gone + glen, sizeof(gone) - glen, "%s%d", ngone ? ", " : "", grank);
+        if (glen < sizeof(gone) - 32)
+            glen += (size_t)snprintf(gone + glen, sizeof(gone) - glen, "%s%d", ngone ? ", " : "",
+                                     grank);
+        else
+            unlisted++;
         ngone++;
     }
+    if (unlisted)
+        snprintf(gone + glen, sizeof(gone) - glen, " and %d more", unlisted);
     if (ngone && !c->failed)
         coll_fail(c, GRPC_STATUS_ABORTED,
                   "%s (group %u, seq %" PRIu64 "): %s %s %s of job %s (%s); the job must be "
