@@ -310,6 +310,14 @@ class _World:
         token = os.environ.get("PARAMSYNC_TOKEN")
         self.md = (("authorization", "Bearer " + token),) if token else None
         self.stub = pb_grpc.WorkerStub(self.channel)
+        # The same method for a collective whose request is one frame: gRPC sends that
+        # frame and the half-close in one batch, where a request iterator's thread sends
+        # the half-close later; an agent forwarding the call to another's hub then passes
+        # both on at once instead of starting a thread to wait for it (server/agent.c,
+        # collective_proxy).
+        self.collective_one = self.channel.unary_stream(
+            "/paramsync.v1.Worker/Collective", request_serializer=pb.Frame.SerializeToString,
+            response_deserializer=pb.Frame.FromString)
         self.lock = threading.Lock()
         self.failure = None
         self.inflight = set()
@@ -691,10 +699,15 @@ class _World:
 
         deadline = (header.timeout_ms or self.timeout_ms) / 1000.0 + 30
         want = recv.total if recv is not None else 0
+        one = send is None or shm is not None or send.total <= chunk
         with self.lock:
             try:
                 self.check()
-                call = self.stub.Collective(requests(), timeout=deadline, metadata=self.md)
+                if one:
+                    call = self.collective_one(next(requests()), timeout=deadline,
+                                               metadata=self.md)
+                else:
+                    call = self.stub.Collective(requests(), timeout=deadline, metadata=self.md)
             except BaseException:
                 if shm is not None:
                     shm.end()
