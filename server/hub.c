@@ -2823,6 +2823,31 @@ static int header_check(const ps__config_t *cfg, const header_t *hd, int n, char
     return 0;
 }
 
+/* Ranks named in a message ("1, 3"; past its room " and N more"). */
+typedef struct rank_list {
+    char text[256];
+    size_t len;
+    int n, unlisted;
+} rank_list_t;
+
+static void rank_list_add(rank_list_t *l, int rank)
+{
+    if (l->len < sizeof(l->text) - 32)
+        l->len += (size_t)snprintf(l->text + l->len, sizeof(l->text) - l->len, "%s%d",
+                                   l->n ? ", " : "", rank);
+    else
+        l->unlisted++;
+    l->n++;
+}
+
+/* The list's text, with how many it left out; once all are added. */
+static const char *rank_list_text(rank_list_t *l)
+{
+    if (l->unlisted)
+        snprintf(l->text + l->len, sizeof(l->text) - l->len, " and %d more", l->unlisted);
+    return l->text;
+}
+
 /* Liveness of missing ranks is checked this often while a collective waits. */
 #define PS_HUB_LIVENESS_CHECK_MS 1000
 
@@ -2854,9 +2879,7 @@ static void check_missing_alive(ps__hub_t *h, coll_t *c)
      * rank gone is named: one that left after another died (a survivor
      * giving up) must not hide the one that died. */
     int nall = c->ring ? group_size(c->job, c->group) : c->n;
-    char gone[256] = "";
-    size_t glen = 0;
-    int ngone = 0, unlisted = 0;
+    rank_list_t gone = {.len = 0};
     for (int i = 0; i < nall && !c->failed; i++) {
         if (!c->ring && c->members[i])
             continue;
@@ -2872,25 +2895,18 @@ static void check_missing_alive(ps__hub_t *h, coll_t *c)
         int alive = 0;
         for (int k = 0; k < info.njoined; k++)
             alive |= info.joined[k] == jr;
-        if (alive)
-            continue;
-        if (glen < sizeof(gone) - 32)
-            glen += (size_t)snprintf(gone + glen, sizeof(gone) - glen, "%s%d", ngone ? ", " : "",
-                                     grank);
-        else
-            unlisted++;
-        ngone++;
+        if (!alive)
+            rank_list_add(&gone, grank);
     }
-    if (unlisted)
-        snprintf(gone + glen, sizeof(gone) - glen, " and %d more", unlisted);
-    if (ngone && !c->failed)
+    if (gone.n && !c->failed)
         coll_fail(c, GRPC_STATUS_ABORTED,
                   "%s (group %u, seq %" PRIu64 "): %s %s %s of job %s (%s); the job must be "
                   "formed again",
-                  kind_name(c->kind), c->group, c->seq, ngone > 1 ? "ranks" : "rank", gone,
-                  ngone > 1 ? "are no longer members" : "is no longer a member", c->job->name,
-                  ngone > 1 ? "their processes or connections died, or they left"
-                            : "its process or connection died, or it left");
+                  kind_name(c->kind), c->group, c->seq, gone.n > 1 ? "ranks" : "rank",
+                  rank_list_text(&gone),
+                  gone.n > 1 ? "are no longer members" : "is no longer a member", c->job->name,
+                  gone.n > 1 ? "their processes or connections died, or they left"
+                             : "its process or connection died, or it left");
     ps__job_info_clear(&info);
 }
 
@@ -2926,16 +2942,14 @@ static void wait_arrivals(ps__hub_t *h, coll_t *c, int64_t timeout_ms)
             continue;
         }
         if (ps__now_ms() >= end && c->narrived < nlocal && !c->failed) {
-            char missing[256];
-            int off = 0;
-            for (int i = 0; i < c->n && off < (int)sizeof(missing) - 12; i++)
+            rank_list_t missing = {.len = 0};
+            for (int i = 0; i < c->n; i++)
                 if (!c->members[i] && coll_serves(c, i))
-                    off += snprintf(missing + off, sizeof(missing) - (size_t)off, "%s%d",
-                                    off ? ", " : "", c->ranks[i]);
+                    rank_list_add(&missing, c->ranks[i]);
             coll_fail(c, GRPC_STATUS_DEADLINE_EXCEEDED,
                       "%s (group %u, seq %" PRIu64 "): rank%s %s did not arrive within %lld ms",
-                      kind_name(c->kind), c->group, c->seq, strchr(missing, ',') ? "s" : "",
-                      missing, (long long)timeout_ms);
+                      kind_name(c->kind), c->group, c->seq, missing.n > 1 ? "s" : "",
+                      rank_list_text(&missing), (long long)timeout_ms);
         }
     }
 }

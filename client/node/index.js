@@ -468,9 +468,6 @@ class Registered {
     outOff: at.out !== null ? at.out - mem.base : 0 };
   }
 
-  /** Whether ArrayBuffer ab is memory from empty() the agent keeps. */
-  holds(ab) { return this.mems.some((m) => m.name && m.ab === ab); }
-
   /** Whether ArrayBuffer ab is memory from empty() the agent keeps and would take in
    * place, through its mapping, in a call touching `touched` bytes of its ranks' memory
    * (summed over them): not over its --shm-resident-bytes (as the C client's

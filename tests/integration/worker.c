@@ -2330,13 +2330,17 @@ static int sc_barrier_late_half(ctx_t *cx)
     return expect_absent(cx, cx->rank % 2 == 1, 1, want);
 }
 
-/* 1 when msg names rank r: "rank r" or r in a list "ranks a, b, r". A bare
+/* 1 when msg names rank r in a list after `word` at any of its
+ * occurrences: "rank r", "ranks a, b, r", "missing ranks: a r". A bare
  * digit is not enough (job names carry process ids). */
-static int names_rank(const char *msg, int r)
+static int names_rank(const char *msg, const char *word, int r)
 {
-    for (const char *p = strstr(msg, "rank"); p; p = strstr(p + 4, "rank")) {
-        const char *q = p + 4;
+    size_t wl = strlen(word);
+    for (const char *p = strstr(msg, word); p; p = strstr(p + wl, word)) {
+        const char *q = p + wl;
         if (*q == 's')
+            q++;
+        if (*q == ':')
             q++;
         while (*q == ' ') {
             char *end;
@@ -2397,8 +2401,8 @@ static int sc_member_lost(ctx_t *cx)
     CHECK(rc == PS_EABORTED || rc == PS_EUNAVAIL, "lost member: %d (%s), want PS_EABORTED", rc,
           ps_strerror(rc));
     CHECK(took <= 15000, "lost member: failed after %lld ms", (long long)took);
-    CHECK(names_rank(msg, victim), "lost member: the message does not name rank %d: %s", victim,
-          msg);
+    CHECK(names_rank(msg, "rank", victim), "lost member: the message does not name rank %d: %s",
+          victim, msg);
     CHECK(!a2a || strstr(msg, "all_to_all (peer addresses)"),
           "lost member: the message does not name the call: %s", msg);
     /* The comm stays failed: a later call fails at once with the same cause. */
@@ -2556,22 +2560,11 @@ static int sc_join_timeout(ctx_t *cx)
     int rc = join_expect(&o, PS_ETIMEDOUT, "missing ranks:", "a rank never joins");
     int64_t took = now_ms() - t0;
     /* The list names the rank that never came (and may name another that
-     * gave up first); not the bare number anywhere: job names carry
-     * process ids. */
+     * gave up first). */
     char msg[1024];
     last_error(msg, sizeof(msg));
-    const char *list = strstr(msg, "missing ranks:");
-    int named = 0;
-    for (const char *p = list ? list + 14 : NULL; p && *p == ' ';) {
-        char *end;
-        long v = strtol(p + 1, &end, 10);
-        if (end == p + 1)
-            break;
-        named |= v == cx->size;
-        p = end;
-    }
-    CHECK(rc != 0 || named, "a rank never joins: the missing ranks do not name %d: %s", cx->size,
-          msg);
+    CHECK(rc != 0 || names_rank(msg, "missing rank", cx->size),
+          "a rank never joins: the missing ranks do not name %d: %s", cx->size, msg);
     CHECK(took >= 1500 && took <= 5000, "join timeout after %lld ms; the deadline is 2000",
           (long long)took);
     return rc;
