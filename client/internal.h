@@ -104,12 +104,16 @@ typedef struct ps__pinned {
     int kind;
 } ps__pinned_t;
 
-/* Another rank's device allocation opened here (peer.c). */
+/* Another rank's memory mapped here (peer.c): a device allocation opened
+ * by CUDA IPC, or the file of a ps_mem_alloc segment. */
 #define PS__IPC_MAPS 32
 typedef struct ps__ipc_map {
     void *at;     /* where it is mapped here; NULL: a free slot */
     uint32_t pid; /* the process that exported it */
+    /* the CUDA IPC handle; a segment: its file's device and inode */
     unsigned char handle[PS_GPU_IPC_HANDLE_BYTES];
+    size_t len;    /* a segment: the bytes mapped; 0: a device allocation */
+    int fd;        /* a segment: the number of its file in process pid */
     int users;     /* copies reading it now */
     uint64_t used; /* the comm's ipc_clock when last used: the oldest unused one goes */
 } ps__ipc_map_t;
@@ -240,6 +244,12 @@ int ps__shm_off(void);
  * read through the segment's file. */
 int ps__mem_mapped_for(ps_comm_t *comm, const void *ptr, uint64_t touched);
 
+/** The file of the ps_mem_alloc(comm) segment that holds [ptr, ptr + len)
+ * whole, kept open for peer copies (client/peer.c maps it from the other
+ * ranks), with where the segment starts here and its bytes; -1 when there
+ * is none (plain memory, a small allocation, PARAMSYNC_SHM=0). */
+int ps__mem_file(ps_comm_t *comm, const void *ptr, size_t len, uint64_t *base, uint64_t *size);
+
 /** Asks for huge pages under c's buffers from the second time they come
  * (shm.c, collapse()): another process copies them faster, with
  * process_vm_readv/writev, on huge pages. */
@@ -360,7 +370,8 @@ int ps__peer_takes(const ps__coll_t *c);
  * IPC): not with PARAMSYNC_CUDA_IPC=0. */
 int ps__peer_ipc_wanted(void);
 
-/** Closes every device allocation of another rank that comm mapped. */
+/** Closes every device allocation and segment of another rank that comm
+ * mapped. */
 void ps__peer_ipc_close_all(ps_comm_t *comm);
 
 /** Maps the device allocation ipc of process pid (another rank's), or finds

@@ -44,8 +44,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -76,10 +78,17 @@
  *   3 the address of its nonce and 4 the nonce
  *   5 its pid (low 32 bits), whether its buffers suit peer copies (bit 32:
  *     no overlap between input and output, but an all_gather's own block;
- *     neither in memory from ps_mem_alloc) and whether its input is CUDA
- *     device memory that the others may open (bit 33: device peer copies)
+ *     neither in memory from ps_mem_alloc that the agent would copy in
+ *     place) and whether its input is CUDA device memory that the others
+ *     may open (bit 33: device peer copies)
  *   6 and 7, with bit 33: where the device allocation the input lies in
  *     starts in this process, and its bytes; 8..15 its CUDA IPC handle
+ *   6, 7 and 8, with bit 34 (host memory from ps_mem_alloc, which the C
+ *     client keeps a file open for): where the segment the input lies in
+ *     starts in this process, its bytes, and the number of that file here:
+ *     the others map it (pidfd_getfd) and copy from the mapping instead of
+ *     process_vm_readv, which pins shared pages one by one; clients that do
+ *     not know the bit read as before, and write 0 there
  *   16.. where its input's blocks are: an all_to_all's block for rank j in
  *     word 16 + j (a list of buffers need not lie end to end), an
  *     all_gather's one block in word 16
@@ -92,10 +101,15 @@ enum {
     W_NONCE,
     W_PID_FITS,
     W_DEV, /* PS__IPC_WORDS: the input's device allocation */
-    W_BLOCKS = W_DEV + PS__IPC_WORDS
+    W_BLOCKS = W_DEV + PS__IPC_WORDS,
+    /* with FITS_SEGMENT, in the device words */
+    W_SEG_BASE = W_DEV,
+    W_SEG_SIZE,
+    W_SEG_FD
 };
-#define FITS_HOST   (UINT64_C(1) << 32)
-#define FITS_DEVICE (UINT64_C(1) << 33)
+#define FITS_HOST    (UINT64_C(1) << 32)
+#define FITS_DEVICE  (UINT64_C(1) << 33)
+#define FITS_SEGMENT (UINT64_C(1) << 34)
 
 /* Whether each rank's input holds a block for every rank (all_to_all, a
  * scatter's root) rather than one (all_gather, gather). */
@@ -198,6 +212,14 @@ static uint64_t agent_touches(const ps__coll_t *c, size_t block)
     }
 }
 
+/* PARAMSYNC_PEER_MAP=0: peer copies from ps_mem_alloc memory by
+ * process_vm_readv, as from any other memory (read on every call). */
+static int map_wanted(void)
+{
+    const char *env = getenv("PARAMSYNC_PEER_MAP");
+    return !(env && strcmp(env, "0") == 0);
+}
+
 /* This rank's descriptor, into d (desc_words). */
 static void describe(const ps__coll_t *c, size_t block, uint64_t *d)
 {
@@ -221,7 +243,9 @@ static void describe(const ps__coll_t *c, size_t block, uint64_t *d)
      * mappings: 1.1-2.2x faster at 16-64 MiB than reads that pin its shared
      * pages one by one (PERFORMANCE.md, "Peer copies"). Not where the call
      * is over the agent's --shm-resident-bytes: it would copy through the
-     * segments' files, a step at a time. */
+     * segments' files, a step at a time, where the ranks map each other's
+     * segments (FITS_SEGMENT: 1.2-1.8x faster than process_vm_readv at
+     * 64-256 MiB, PERFORMANCE.md). */
     uint64_t touched = agent_touches(c, block);
     if ((c->in && ps__mem_mapped_for(c->comm, c->in, touched)) ||
         (c->out && ps__mem_mapped_for(c->comm, c->out, touched)))
@@ -239,6 +263,16 @@ static void describe(const ps__coll_t *c, size_t block, uint64_t *d)
     if (device) {
         d[W_PID_FITS] |= FITS_DEVICE;
         ps__ipc_put(&d[W_DEV], &c->peer_ipc);
+    }
+    uint64_t seg_base = 0, seg_size = 0;
+    int fd = fits && !device && c->in && map_wanted()
+                 ? ps__mem_file(c->comm, c->in, c->in_bytes, &seg_base, &seg_size)
+                 : -1;
+    if (fd >= 0) {
+        d[W_PID_FITS] |= FITS_SEGMENT;
+        d[W_SEG_BASE] = seg_base;
+        d[W_SEG_SIZE] = seg_size;
+        d[W_SEG_FD] = (uint64_t)fd;
     }
     for (size_t j = 0; c->in && j < nb; j++)
         d[W_BLOCKS + j] = (uint64_t)(uintptr_t)((const char *)c->in + j * block);
@@ -286,7 +320,36 @@ int ps__peer_ipc_wanted(void)
     return !(ipc && strcmp(ipc, "0") == 0);
 }
 
-void *ps__ipc_map(ps_comm_t *comm, uint32_t pid, const ps_gpu_ipc_t *ipc, int *slot)
+/* What maps_take maps: another rank's device allocation (ipc), or the file
+ * of its segment (fd, here; its `len` bytes, owner_fd in the owner). */
+typedef struct map_want {
+    uint32_t pid;
+    unsigned char key[PS_GPU_IPC_HANDLE_BYTES]; /* ps__ipc_map_t.handle */
+    const ps_gpu_ipc_t *ipc;
+    int fd, owner_fd;
+    size_t len;
+} map_want_t;
+
+static void *map_open(const map_want_t *w)
+{
+    void *at = NULL;
+    if (w->ipc)
+        return ps_gpu_ipc_open(w->ipc, &at) == 0 ? at : NULL;
+    at = mmap(NULL, w->len, PROT_READ, MAP_SHARED, w->fd, 0);
+    return at == MAP_FAILED ? NULL : at;
+}
+
+static void map_close(void *at, size_t len)
+{
+    if (len)
+        munmap(at, len);
+    else
+        (void)ps_gpu_ipc_close(at);
+}
+
+/* Maps w, or finds it mapped: its address here, or NULL. *slot is its place
+ * in comm's maps, -1 when it is mapped for this use alone (maps_give). */
+static void *maps_take(ps_comm_t *comm, const map_want_t *w, int *slot)
 {
     void *at = NULL;
     pthread_mutex_lock(&comm->lock);
@@ -295,7 +358,8 @@ void *ps__ipc_map(ps_comm_t *comm, uint32_t pid, const ps_gpu_ipc_t *ipc, int *s
         ps__ipc_map_t *m = &comm->ipc_maps[i];
         if (!m->at) {
             free_at = free_at < 0 ? i : free_at;
-        } else if (m->pid == pid && !memcmp(m->handle, ipc->handle, sizeof(m->handle))) {
+        } else if (m->pid == w->pid && !memcmp(m->handle, w->key, sizeof(m->handle)) &&
+                   m->len == w->len && m->fd == w->owner_fd) {
             m->users++;
             m->used = ++comm->ipc_clock;
             *slot = i;
@@ -305,20 +369,21 @@ void *ps__ipc_map(ps_comm_t *comm, uint32_t pid, const ps_gpu_ipc_t *ipc, int *s
             oldest = i;
         }
     }
-    if (ps_gpu_ipc_open(ipc, &at) != 0) {
-        at = NULL;
+    if (!(at = map_open(w))) {
         free_at = -1;
     } else if (free_at < 0 && oldest >= 0) {
         /* A full table gives up the mapping used longest ago, which no copy reads now. */
-        (void)ps_gpu_ipc_close(comm->ipc_maps[oldest].at);
+        map_close(comm->ipc_maps[oldest].at, comm->ipc_maps[oldest].len);
         comm->ipc_maps[oldest].at = NULL;
         free_at = oldest;
     }
     if (at && free_at >= 0) {
         ps__ipc_map_t *m = &comm->ipc_maps[free_at];
         m->at = at;
-        m->pid = pid;
-        memcpy(m->handle, ipc->handle, sizeof(m->handle));
+        m->pid = w->pid;
+        memcpy(m->handle, w->key, sizeof(m->handle));
+        m->len = w->len;
+        m->fd = w->owner_fd;
         m->users = 1;
         m->used = ++comm->ipc_clock;
     }
@@ -327,14 +392,95 @@ void *ps__ipc_map(ps_comm_t *comm, uint32_t pid, const ps_gpu_ipc_t *ipc, int *s
     return at;
 }
 
-void ps__ipc_unmap(ps_comm_t *comm, int slot, void *at)
+/* Gives back what maps_take gave (len: what was asked for). */
+static void maps_give(ps_comm_t *comm, int slot, void *at, size_t len)
 {
     pthread_mutex_lock(&comm->lock);
     if (slot >= 0)
         comm->ipc_maps[slot].users--;
     else
-        (void)ps_gpu_ipc_close(at);
+        map_close(at, len);
     pthread_mutex_unlock(&comm->lock);
+}
+
+void *ps__ipc_map(ps_comm_t *comm, uint32_t pid, const ps_gpu_ipc_t *ipc, int *slot)
+{
+    map_want_t w = {.pid = pid, .ipc = ipc, .fd = -1, .owner_fd = 0};
+    memcpy(w.key, ipc->handle, sizeof(w.key));
+    return maps_take(comm, &w, slot);
+}
+
+void ps__ipc_unmap(ps_comm_t *comm, int slot, void *at)
+{
+    maps_give(comm, slot, at, 0);
+}
+
+/* A pidfd of the rank whose descriptor is x, checked against its nonce
+ * (read after the pidfd is taken, so a pid used again by then would not
+ * hold it), or -1. */
+static int peer_pidfd(const uint64_t *x)
+{
+    pid_t pid = (pid_t)(uint32_t)x[W_PID_FITS];
+    int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+    if (pidfd < 0)
+        return -1;
+    uint64_t seen = 0;
+    struct iovec local = {&seen, sizeof(seen)};
+    struct iovec remote = {(void *)(uintptr_t)x[W_NONCE_ADDR], sizeof(seen)};
+    if (process_vm_readv(pid, &local, 1, &remote, 1, 0) == (ssize_t)sizeof(seen) &&
+        seen == x[W_NONCE])
+        return pidfd;
+    close(pidfd);
+    return -1;
+}
+
+/* The file at number fd of the process pidfd, with its device and inode in
+ * key: a descriptor of it here, or -1. */
+static int peer_file(int pidfd, int fd, struct stat *st, unsigned char *key)
+{
+    int here = (int)syscall(SYS_pidfd_getfd, pidfd, fd, 0);
+    if (here < 0)
+        return -1;
+    if (fstat(here, st) != 0 || !S_ISREG(st->st_mode)) {
+        close(here);
+        return -1;
+    }
+    memset(key, 0, PS_GPU_IPC_HANDLE_BYTES);
+    uint64_t id[2] = {(uint64_t)st->st_dev, (uint64_t)st->st_ino};
+    memcpy(key, id, sizeof(id));
+    return here;
+}
+
+/* Lets go of the segments mapped here that their owners no longer hold
+ * (freed, or gone), which the mappings would keep in memory: done before a
+ * call's peer copies, so memory another rank frees is given back here at
+ * this rank's next one (or its ps_finalize). */
+static void maps_sweep(ps_comm_t *comm)
+{
+    ps__ipc_map_t seen[PS__IPC_MAPS];
+    pthread_mutex_lock(&comm->lock);
+    memcpy(seen, comm->ipc_maps, sizeof(seen));
+    pthread_mutex_unlock(&comm->lock);
+    for (int i = 0; i < PS__IPC_MAPS; i++) {
+        if (!seen[i].at || !seen[i].len)
+            continue;
+        unsigned char key[PS_GPU_IPC_HANDLE_BYTES];
+        struct stat st;
+        int pidfd = (int)syscall(SYS_pidfd_open, (pid_t)seen[i].pid, 0);
+        int fd = pidfd < 0 ? -1 : peer_file(pidfd, seen[i].fd, &st, key);
+        int held = fd >= 0 && !memcmp(key, seen[i].handle, sizeof(key));
+        if (fd >= 0)
+            close(fd);
+        if (pidfd >= 0)
+            close(pidfd);
+        pthread_mutex_lock(&comm->lock);
+        ps__ipc_map_t *m = &comm->ipc_maps[i];
+        if (!held && m->at == seen[i].at && !m->users) {
+            map_close(m->at, m->len);
+            m->at = NULL;
+        }
+        pthread_mutex_unlock(&comm->lock);
+    }
 }
 
 void ps__ipc_put(uint64_t *words, const ps_gpu_ipc_t *ipc)
@@ -387,9 +533,41 @@ void ps__ipc_held_release(ps__ipc_held_t *h)
 void ps__peer_ipc_close_all(ps_comm_t *comm)
 {
     for (int i = 0; i < PS__IPC_MAPS; i++) {
-        (void)ps_gpu_ipc_close(comm->ipc_maps[i].at);
+        if (comm->ipc_maps[i].at)
+            map_close(comm->ipc_maps[i].at, comm->ipc_maps[i].len);
         comm->ipc_maps[i].at = NULL;
     }
+}
+
+/* Reads one block of rank x, whose input lies in a segment it keeps open
+ * (FITS_SEGMENT), through a mapping of that segment's file taken from it,
+ * kept for later calls in comm's maps (a reader of shared memory that
+ * process_vm_readv reads pins its pages one by one, each call): 0, or -1
+ * where that cannot be done (the caller reads as from other memory then). */
+static int read_mapped(ps_comm_t *comm, const uint64_t *x, size_t which, void *to, size_t block)
+{
+    uint64_t base = x[W_SEG_BASE], size = x[W_SEG_SIZE], at = x[W_BLOCKS + which];
+    if (at < base || at - base > size || block > size - (at - base) || x[W_SEG_FD] > INT32_MAX ||
+        size > SIZE_MAX || !size)
+        return -1;
+    int pidfd = peer_pidfd(x);
+    if (pidfd < 0)
+        return -1;
+    map_want_t w = {.pid = (uint32_t)x[W_PID_FITS], .owner_fd = (int)x[W_SEG_FD], .len = size};
+    struct stat st;
+    w.fd = peer_file(pidfd, w.owner_fd, &st, w.key);
+    close(pidfd);
+    if (w.fd < 0)
+        return -1;
+    int slot = -1;
+    /* A file shorter than the mapping would fault on the copy (SIGBUS). */
+    const char *m = (uint64_t)st.st_size >= size ? maps_take(comm, &w, &slot) : NULL;
+    close(w.fd);
+    if (!m)
+        return -1;
+    memcpy(to, m + (at - base), block);
+    maps_give(comm, slot, (void *)m, size);
+    return 0;
 }
 
 /* Where pull reads the other ranks' blocks: their host memory
@@ -399,6 +577,7 @@ void ps__peer_ipc_close_all(ps_comm_t *comm)
 typedef struct source {
     uint64_t how;
     ps__ipc_held_t held;
+    ps_comm_t *comm;
 } source_t;
 
 /* Reads block `which` of rank x into `to`, or enqueues the copy: 0, or -1
@@ -406,7 +585,9 @@ typedef struct source {
 static int read_from(source_t *src, const uint64_t *x, size_t which, void *to, size_t block)
 {
     if (src->how != FITS_DEVICE)
-        return read_block(x, which, to, block);
+        return (x[W_PID_FITS] & FITS_SEGMENT) && read_mapped(src->comm, x, which, to, block) == 0
+                   ? 0
+                   : read_block(x, which, to, block);
     const void *from =
         ps__ipc_held_at(&src->held, (uint32_t)x[W_PID_FITS], &x[W_DEV], x[W_BLOCKS + which]);
     if (!from)
@@ -452,9 +633,11 @@ static int pull_blocks(const ps__coll_t *c, source_t *src, const uint64_t *d, in
  * a failure: no rank says it is done (step 3) while its copies still run. */
 static int pull(const ps__coll_t *c, const uint64_t *d, int n, size_t block, uint64_t how)
 {
-    source_t src = {.how = how};
-    if (how != FITS_DEVICE)
+    source_t src = {.how = how, .comm = c->comm};
+    if (how != FITS_DEVICE) {
+        maps_sweep(c->comm);
         return pull_blocks(c, &src, d, n, block);
+    }
     int rc =
         ps__ipc_held_init(&src.held, c->comm, n) == 0 && ps_gpu_set_device(c->stage_device) == 0
             ? pull_blocks(c, &src, d, n, block)

@@ -72,7 +72,16 @@ struct ps__shm {
     /* a registered segment: the agent's --shm-resident-bytes (UINT64_MAX: not
      * told; ShmAttachResponse.resident_bytes) */
     uint64_t resident;
+    /* a registered segment from ps_mem_alloc of PS__MEM_FD_MIN_BYTES or more:
+     * its file, kept open for the ranks that copy from it to map
+     * (pidfd_getfd; client/peer.c); else -1 */
+    int fd;
 };
+
+/* Registered memory smaller than this keeps no file open: peer copies of
+ * blocks that small pay more for mapping than they save, and a program
+ * with many small allocations would run out of descriptors. */
+#define PS__MEM_FD_MIN_BYTES ((size_t)1 << 20)
 
 /* PARAMSYNC_SHM=0: neither segment; read on every collective. */
 static int shm_off(void)
@@ -92,6 +101,10 @@ static void segment_unmap(struct ps__shm *s)
         munmap(s->base, s->size);
         s->base = NULL;
         s->size = 0;
+        /* Only a segment made by segment_create (which sets it) has one. */
+        if (s->fd >= 0)
+            close(s->fd);
+        s->fd = -1;
     }
 }
 
@@ -99,9 +112,11 @@ enum { SEG_PAYLOAD, SEG_DOORBELL, SEG_REGISTERED, SEG_PROCESS };
 
 /* Creates a segment of size bytes and offers it to the agent, as a payload
  * segment, a doorbell or registered memory. 0 when the agent attached it; a
- * negative code otherwise (the segment is gone). */
-static int segment_create(ps_comm_t *comm, struct ps__shm *s, size_t size, int kind)
+ * negative code otherwise (the segment is gone). keep_fd: keep its file
+ * open in s->fd (else closed once mapped). */
+static int segment_create(ps_comm_t *comm, struct ps__shm *s, size_t size, int kind, int keep_fd)
 {
+    s->fd = -1;
     static unsigned counter;
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -123,7 +138,10 @@ static int segment_create(ps_comm_t *comm, struct ps__shm *s, size_t size, int k
     if (fa && fa != EOPNOTSUPP && fa != ENOSYS && fa != EINVAL)
         rc = PS_ENOMEM;
     uint8_t *base = rc ? MAP_FAILED : mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
+    if (keep_fd && base != MAP_FAILED)
+        s->fd = fd;
+    else
+        close(fd);
     if (base == MAP_FAILED) {
         shm_unlink(s->name);
         return PS_ENOMEM;
@@ -161,6 +179,9 @@ static int segment_create(ps_comm_t *comm, struct ps__shm *s, size_t size, int k
     shm_unlink(s->name);
     if (!attached) {
         munmap(base, size);
+        if (s->fd >= 0)
+            close(s->fd);
+        s->fd = -1;
         return rc < 0 ? rc : PS_ENOTSUP;
     }
     /* The magic bytes were for the agent's check: the memory reads as
@@ -217,7 +238,8 @@ void *ps_mem_alloc(ps_comm_t *comm, size_t bytes)
     if (!m)
         return NULL;
     size_t size = page_round(bytes);
-    if (shm_off() || segment_create(comm, &m->seg, size, SEG_REGISTERED) < 0) {
+    if (shm_off() ||
+        segment_create(comm, &m->seg, size, SEG_REGISTERED, size >= PS__MEM_FD_MIN_BYTES) < 0) {
         /* The agent cannot map it (another host, PARAMSYNC_SHM=0, the limit
          * of segments per rank): plain memory, used like any other. */
         void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -227,6 +249,7 @@ void *ps_mem_alloc(ps_comm_t *comm, size_t bytes)
         }
         m->seg.base = p;
         m->seg.size = size;
+        m->seg.fd = -1;
     } else {
         m->shared = 1;
     }
@@ -290,6 +313,26 @@ int ps__mem_mapped_for(ps_comm_t *comm, const void *ptr, uint64_t touched)
     return mapped;
 }
 
+int ps__mem_file(ps_comm_t *comm, const void *ptr, size_t len, uint64_t *base, uint64_t *size)
+{
+    int fd = -1;
+    const uint8_t *p = ptr;
+    if (!comm || !ptr)
+        return -1;
+    pthread_mutex_lock(&comm->lock);
+    for (struct ps__mem *m = comm->mem; m; m = m->next) {
+        if (m->shared && m->seg.fd >= 0 && p >= m->seg.base && len <= m->seg.size &&
+            (size_t)(p - m->seg.base) <= m->seg.size - len) {
+            fd = m->seg.fd;
+            *base = (uint64_t)(uintptr_t)m->seg.base;
+            *size = m->seg.size;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&comm->lock);
+    return fd;
+}
+
 int ps_mem_is_shared(ps_comm_t *comm, const void *ptr)
 {
     return ps__mem_mapped_for(comm, ptr, 0);
@@ -318,7 +361,7 @@ void *ps__mem_stage_alloc(ps_comm_t *comm, size_t bytes, size_t *size)
     struct ps__mem *m = calloc(1, sizeof(*m));
     if (!m)
         return NULL;
-    int rc = segment_create(comm, &m->seg, page_round(bytes), SEG_REGISTERED);
+    int rc = segment_create(comm, &m->seg, page_round(bytes), SEG_REGISTERED, 0);
     if (rc < 0) {
         /* An agent that cannot map ours never will. */
         if (rc == PS_ENOTSUP || rc == PS_EUNAVAIL) {
@@ -657,7 +700,7 @@ static int direct_begin(ps_comm_t *comm, ps__coll_t *c, int own)
     int ready = p && p->ready, takes_own = p && p->own_block;
     pthread_mutex_unlock(&comm->lock);
     if (make) {
-        int rc = segment_create(comm, p, PS__SHM_ALIGN, SEG_PROCESS);
+        int rc = segment_create(comm, p, PS__SHM_ALIGN, SEG_PROCESS, 0);
         pthread_mutex_lock(&comm->lock);
         p->in_use = 0;
         p->ready = ready = rc == 0;
@@ -712,7 +755,7 @@ int ps__shm_begin(ps_comm_t *comm, ps__coll_t *c, int rung)
         while (size < need)
             size *= 2;
         segment_unmap(s);
-        int rc = segment_create(comm, s, size, SEG_PAYLOAD);
+        int rc = segment_create(comm, s, size, SEG_PAYLOAD, 0);
         if (rc < 0) {
             pthread_mutex_lock(&comm->lock);
             s->in_use = 0;
@@ -824,7 +867,7 @@ static struct ps__doorbell *doorbell_claim(ps_comm_t *comm)
     pthread_mutex_unlock(&comm->lock);
 
     if (!d->seg.base) {
-        int rc = segment_create(comm, &d->seg, PS_DOORBELL_SIZE, SEG_DOORBELL);
+        int rc = segment_create(comm, &d->seg, PS_DOORBELL_SIZE, SEG_DOORBELL, 0);
         pthread_mutex_lock(&comm->lock);
         if (rc < 0) {
             /* Refused (another host, an older agent) or failed: no more

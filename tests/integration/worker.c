@@ -1705,6 +1705,89 @@ static int sc_peer(ctx_t *cx)
     return 0;
 }
 
+/* The body of sc_peer_mapped, on buffers it frees: in (ps_mem_alloc, in_bytes
+ * of it) and, at the root, out (malloc'd). */
+static int peer_mapped_gathers(ctx_t *cx, int32_t *in, size_t in_bytes, int32_t *out, size_t count)
+{
+    for (int round = 0; round < 2; round++) {
+        for (size_t i = 0; i < count; i++)
+            in[i] = (int32_t)(i * 7 + (size_t)cx->rank * 1000003 + (size_t)round);
+        if (cx->rank != 0 && mprotect(in, in_bytes, PROT_NONE) != 0)
+            return fail("mprotect PROT_NONE: %s", strerror(errno));
+        int rc = ps_gather(cx->comm, out, in, count, PS_INT32, 0, NULL);
+        if (cx->rank != 0 && mprotect(in, in_bytes, PROT_READ | PROT_WRITE) != 0)
+            return fail("mprotect back: %s", strerror(errno));
+        CHECK(rc == 0, "gather %d: %s", round, ps_strerror(rc));
+        for (size_t i = 0; i < count; i++)
+            CHECK(in[i] == (int32_t)(i * 7 + (size_t)cx->rank * 1000003 + (size_t)round),
+                  "gather %d changed its input at %zu", round, i);
+        for (int r = 0; out && r < cx->size; r++)
+            for (size_t i = 0; i < count; i++)
+                CHECK(out[(size_t)r * count + i] ==
+                          (int32_t)(i * 7 + (size_t)r * 1000003 + (size_t)round),
+                      "gather %d: rank %d element %zu is %d", round, r, i,
+                      out[(size_t)r * count + i]);
+    }
+    return 0;
+}
+
+/* How many mappings of other processes' paramsync segments this one has
+ * (their names carry their pids: /dev/shm/paramsync.PID...), or -1. */
+static int others_segments_mapped(void)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (!f)
+        return -1;
+    char line[1024], mine[64];
+    snprintf(mine, sizeof(mine), "/paramsync.%d.", (int)getpid());
+    int n = 0;
+    while (fgets(line, sizeof(line), f))
+        n += strstr(line, "/paramsync.") && !strstr(line, mine);
+    fclose(f);
+    return n;
+}
+
+/* Peer copies from ps_mem_alloc memory through a mapping of the owner's
+ * segment file (client/peer.c, read_mapped): gathers of 3 MiB blocks and
+ * some, over the agent's --shm-resident-bytes (the harness makes it small,
+ * so the ranks copy), each lending rank's input made unreadable through
+ * its page tables (PROT_NONE) for the call. process_vm_readv cannot read
+ * it there and the call would go through the agent, which reads the
+ * segment's file; a mapping of that file can. The harness's --metric
+ * checks which way the calls went (none to the agent; with
+ * PARAMSYNC_PEER_MAP=0 all to it), and the results are the same. The root
+ * keeps its mappings of the others' segments for later calls, and lets go
+ * of those the others freed at its next peer copy (/proc/self/maps). */
+static int sc_peer_mapped(ctx_t *cx)
+{
+    if (cx->size < 2) {
+        note("SKIPPED: needs two ranks");
+        return SKIP;
+    }
+    const char *env = getenv("PARAMSYNC_PEER_MAP");
+    int kept = env && strcmp(env, "0") == 0 ? 0 : cx->size - 1;
+    const size_t count = (3u << 20) / 4 + 11;
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t in_bytes = (count * 4 + page - 1) / page * page;
+    int32_t *out = cx->rank == 0 ? xmalloc(count * 4 * (size_t)cx->size) : NULL;
+    int rc = 0;
+    for (int alloc = 0; alloc < 2 && rc == 0; alloc++) {
+        int32_t *in = ps_mem_alloc(cx->comm, in_bytes);
+        CHECK(in, "ps_mem_alloc returned NULL");
+        rc = ps_mem_is_shared(cx->comm, in)
+                 ? peer_mapped_gathers(cx, in, in_bytes, out, count)
+                 : fail("ps_mem_alloc memory is not shared with the agent");
+        int mapped = cx->rank == 0 ? others_segments_mapped() : kept;
+        if (rc == 0 && mapped != kept)
+            rc = fail("after the gathers on allocation %d the root maps %d of the others' "
+                      "segments, expected %d",
+                      alloc, mapped, kept);
+        CHECK_OK(ps_mem_free(cx->comm, in));
+    }
+    free(out);
+    return rc;
+}
+
 /* One all_reduce of >= 256 MiB: streams far past any gRPC message limit. */
 static int sc_big(ctx_t *cx)
 {
@@ -3034,6 +3117,7 @@ static const scenario_t scenarios[] = {
     {"all_to_all", sc_all_to_all, 1, 0},
     {"all_to_all_large", sc_all_to_all_large, 1, 0},
     {"peer", sc_peer, 1, 0},
+    {"peer_mapped", sc_peer_mapped, 1, 0},
     {"barrier", sc_barrier, 1, 0},
     {"send_recv", sc_send_recv, 1, 0},
     {"doorbell", sc_doorbell, 1, 0},
