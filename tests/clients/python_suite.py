@@ -1497,16 +1497,27 @@ def w_peer():
           % (r, went))
 
 
+def _others_segments_mapped():
+    """How many mappings of other processes' paramsync segments this one has (their names
+    carry their pids: /dev/shm/paramsync.PID...)."""
+    mine = "/paramsync.%d." % os.getpid()
+    with open("/proc/self/maps") as f:
+        return sum(1 for line in f if "/paramsync." in line and mine not in line)
+
+
 def w_peer_registered():
     """Memory from empty() in an all_to_all of peer-copy size: the agent copies it in place
     through its mappings while the call is within its --shm-resident-bytes (the driver
     starts it with 64M); past that (it would copy through the segments' files) the ranks
-    copy rank to rank, as from any other memory. Input and output in one allocation."""
+    copy rank to rank, as from any other memory, each reading the others' segments through
+    mappings it keeps (n - 1 of them after the call, where process_vm_readv would leave
+    none) and lets go of once they are freed (still n - 1 after a second allocation's
+    call). Input and output in one allocation."""
     import numpy as np
     dist = _w_init()
     r, n = dist.get_rank(), dist.get_world_size()
     w = dist._get_world()
-    for mib, by_peer in ((1, False), (4, True)):
+    for mib, by_peer in ((1, False), (4, True), (4, True)):
         # Blocks of `mib` MiB: the agent would touch 2 n^2 blocks (18 or 72 MiB).
         b = (mib << 20) // 4
         buf = dist.empty(2 * n * b, np.int32)
@@ -1521,6 +1532,11 @@ def w_peer_registered():
         assert went == (1 if by_peer else 0), \
             "all_to_all of %d MiB blocks from empty(): %d by peer copies, want %d" % (
                 mib, went, 1 if by_peer else 0)
+        mapped = _others_segments_mapped()
+        assert mapped == (n - 1 if by_peer else 0), \
+            "after the all_to_all of %d MiB blocks this rank maps %d of the others' " \
+            "segments, want %d" % (mib, mapped, n - 1 if by_peer else 0)
+        dist.barrier()  # every rank counted before any frees
         dist.free(buf)
     dist.destroy_process_group()
     print("rank %d: empty() memory by the agent within its budget, by peer copies past it"

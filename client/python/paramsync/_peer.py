@@ -15,7 +15,9 @@ asked at Join (PARAMSYNC_PEER_COPY=0 or PARAMSYNC_SHM=0 keep a rank out).
 """
 import ctypes
 import os
+import stat
 import struct
+import threading
 
 from . import _shm
 from ._proto import pb
@@ -33,6 +35,12 @@ MAGIC = 0x3270656572737370
 W_MAGIC, W_PIDNS_DEV, W_PIDNS_INO, W_NONCE_ADDR, W_NONCE, W_PID_FITS = range(6)
 W_BLOCKS = 16
 FITS_HOST, FITS_DEVICE = 1 << 32, 1 << 33
+# With bit 34 a rank's input lies in an empty() segment whose file it keeps open: words 6,
+# 7 and 8 are where the segment starts in that process, its bytes, and the file's number
+# there; readers map it (Maps) instead of reading with process_vm_readv, which pins shared
+# pages one by one (client/peer.c).
+FITS_SEGMENT = 1 << 34
+W_SEG_BASE, W_SEG_SIZE, W_SEG_FD = 6, 7, 8
 SEQS = 3  # sequence numbers a call that takes this path holds
 
 
@@ -130,13 +138,22 @@ def block_addresses(segs, addrs, n, block):
     return out
 
 
-def describe(me, ins, fits):
+def map_wanted():
+    """PARAMSYNC_PEER_MAP=0: read empty() memory with process_vm_readv too (client/peer.c)."""
+    return os.environ.get("PARAMSYNC_PEER_MAP") != "0"
+
+
+def describe(me, ins, fits, seg=None):
     """This rank's descriptor (bytes): me its Self, ins the addresses of its input's blocks
     (an all_to_all's or scatter root's n, an all_gather's or gather's one); fits: its
-    buffers suit peer copies."""
+    buffers suit peer copies; seg: (start, bytes, descriptor) of the empty() segment its
+    input lies in whole, kept open, for the others to map."""
     words = [MAGIC, me.pidns_dev, me.pidns_ino, me.nonce_address, me.nonce,
              (os.getpid() & 0xFFFFFFFF) | (FITS_HOST if fits else 0)]
     words += [0] * (W_BLOCKS - len(words))
+    if fits and seg is not None:
+        words[W_PID_FITS] |= FITS_SEGMENT
+        words[W_SEG_BASE:W_SEG_FD + 1] = seg
     words += ins
     return struct.pack("=%dQ" % len(words), *words)
 
@@ -154,23 +171,174 @@ def all_fit(descs, n, words):
     return d
 
 
-def _read_block(readv, x, which, to, block, seen, local, remote):
+_SYS_PIDFD_GETFD = 438  # the same on every architecture (new system calls share numbers)
+_PROT_READ, _MAP_SHARED = 1, 1
+_libc = []
+
+
+def _libc_calls():
+    """libc's syscall, mmap and munmap through ctypes."""
+    if not _libc:
+        lib = ctypes.CDLL(None, use_errno=True)
+        sc, mm, mu = lib.syscall, lib.mmap, lib.munmap
+        sc.restype = ctypes.c_long
+        mm.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                       ctypes.c_int, ctypes.c_long)
+        mm.restype = ctypes.c_void_p
+        mu.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+        mu.restype = ctypes.c_int
+        _libc.append((sc, mm, mu))
+    return _libc[0]
+
+
+def _peer_file(pidfd, fd):
+    """The file at number fd of the process pidfd: (a descriptor of it here, its stat), or
+    None when it cannot be taken or is not a regular file."""
+    syscall = _libc_calls()[0]
+    here = syscall(_SYS_PIDFD_GETFD, ctypes.c_int(pidfd), ctypes.c_int(fd), ctypes.c_uint(0))
+    if here < 0:
+        return None
+    try:
+        st = os.fstat(here)
+    except OSError:
+        os.close(here)
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        os.close(here)
+        return None
+    return here, st
+
+
+class Maps:
+    """Other ranks' empty() segments mapped here, as the C client keeps them (its table of
+    other ranks' memory, client/peer.c): taken with pidfd_getfd, mapped read-only, kept for
+    later calls (at most CAP; the oldest unused one goes), and let go, before each call's
+    reads, where the owner no longer holds that file (freed, or gone): a mapping keeps the
+    owner's memory."""
+    CAP = 32
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._maps = {}  # (pid, fd there, dev, ino, bytes) -> [address, users, last use]
+        self._clock = 0
+
+    def _take(self, key, fd):
+        with self._lock:
+            e = self._maps.get(key)
+            if e is not None:
+                e[1] += 1
+                self._clock += 1
+                e[2] = self._clock
+                return e[0], True
+        mmap_, munmap = _libc_calls()[1:]
+        at = mmap_(None, key[4], _PROT_READ, _MAP_SHARED, fd, 0)
+        if at is None or at == ctypes.c_void_p(-1).value:
+            return None, False
+        with self._lock:
+            if key not in self._maps:
+                if len(self._maps) >= self.CAP:
+                    idle = [k for k, v in self._maps.items() if v[1] == 0]
+                    if not idle:
+                        return at, False  # for this copy alone
+                    old = min(idle, key=lambda k: self._maps[k][2])
+                    munmap(self._maps.pop(old)[0], old[4])
+                self._clock += 1
+                self._maps[key] = [at, 1, self._clock]
+                return at, True
+        munmap(at, key[4])  # another thread mapped it meanwhile
+        return self._take(key, fd)
+
+    def _give(self, key, at, kept):
+        if not kept:
+            _libc_calls()[2](at, key[4])
+            return
+        with self._lock:
+            self._maps[key][1] -= 1
+
+    def read(self, x, which, to, block, nonce_ok):
+        """Copies block `which` of the rank whose descriptor is x (FITS_SEGMENT) to address
+        `to` through a mapping of its segment: whether it could. nonce_ok(x) reads the
+        rank's nonce, after the pidfd is taken, so a pid used again would not hold it."""
+        base, size, at = x[W_SEG_BASE], x[W_SEG_SIZE], x[W_BLOCKS + which]
+        if not size or at < base or at - base > size or block > size - (at - base) \
+                or x[W_SEG_FD] > 0x7FFFFFFF:
+            return False
+        pid = x[W_PID_FITS] & 0xFFFFFFFF
+        try:
+            pidfd = os.pidfd_open(pid)
+        except (OSError, AttributeError):
+            return False
+        try:
+            got = _peer_file(pidfd, x[W_SEG_FD]) if nonce_ok(x) else None
+        finally:
+            os.close(pidfd)
+        if got is None:
+            return False
+        fd, st = got
+        try:
+            # A file shorter than the mapping would fault on the copy (SIGBUS).
+            if st.st_size < size:
+                return False
+            key = (pid, x[W_SEG_FD], st.st_dev, st.st_ino, size)
+            m, kept = self._take(key, fd)
+        finally:
+            os.close(fd)
+        if m is None:
+            return False
+        ctypes.memmove(to, m + (at - base), block)
+        self._give(key, m, kept)
+        return True
+
+    def sweep(self):
+        """Lets go of the idle mappings whose owner no longer holds that file there."""
+        with self._lock:
+            keys = [k for k, v in self._maps.items() if v[1] == 0]
+        for key in keys:
+            held = False
+            try:
+                pidfd = os.pidfd_open(key[0])
+            except OSError:
+                pidfd = -1
+            if pidfd >= 0:
+                got = _peer_file(pidfd, key[1])
+                os.close(pidfd)
+                if got is not None:
+                    os.close(got[0])
+                    held = (got[1].st_dev, got[1].st_ino) == key[2:4]
+            if not held:
+                with self._lock:
+                    e = self._maps.get(key)
+                    if e is not None and e[1] == 0:
+                        del self._maps[key]
+                        _libc_calls()[2](e[0], key[4])
+
+    def close(self):
+        """Unmaps every one (the rank left)."""
+        with self._lock:
+            maps, self._maps = self._maps, {}
+        for key, e in maps.items():
+            _libc_calls()[2](e[0], key[4])
+
+
+def _read_block(readv, x, which, to, block, seen, local, remote, nonce_only=False):
     """Reads block `which` of the rank whose descriptor is x into address `to`, with its
-    nonce in the same system call: whether it came whole from that process."""
+    nonce in the same system call: whether it came whole from that process (nonce_only:
+    the nonce alone)."""
     seen.value = 0
     local[1].base, local[1].len = to, block
     remote[0].base, remote[0].len = x[W_NONCE_ADDR], 8
     remote[1].base, remote[1].len = x[W_BLOCKS + which], block
-    got = readv(x[W_PID_FITS] & 0xFFFFFFFF, local, 2, remote, 2, 0)
-    return got == 8 + block and seen.value == x[W_NONCE]
+    iovs = 1 if nonce_only else 2
+    got = readv(x[W_PID_FITS] & 0xFFFFFFFF, local, iovs, remote, iovs, 0)
+    return got == 8 + (0 if nonce_only else block) and seen.value == x[W_NONCE]
 
 
-def pull(kind, n, rank, root, d, words, block, outs, ins):
+def pull(kind, n, rank, root, d, words, block, outs, ins, maps=None):
     """Reads this rank's blocks from the others (all_to_all and all_gather: every other
     rank's; a gather's root: every other rank's; a scatter's other ranks: the root's)
     into outs (its output's block addresses) and copies its own from ins (its input's):
     True, or False if any could not be read whole from the process that holds its rank's
-    nonce."""
+    nonce. maps: where the segments of ranks that offer them (FITS_SEGMENT) are mapped."""
     readv = _process_vm_readv()
     which = rank if blocks_per_rank(kind) else 0
     seen = ctypes.c_uint64(0)
@@ -178,15 +346,26 @@ def pull(kind, n, rank, root, d, words, block, outs, ins):
     remote = (_Iovec * 2)()
     local[0].base, local[0].len = ctypes.addressof(seen), 8
 
+    def nonce_ok(x):
+        return _read_block(readv, x, which, 0, 0, seen, local, remote, nonce_only=True)
+
+    def read(x, to):
+        if maps is not None and x[W_PID_FITS] & FITS_SEGMENT and maps.read(
+                x, which, to, block, nonce_ok):
+            return True
+        return _read_block(readv, x, which, to, block, seen, local, remote)
+
     def block_of(i):
         return d[i * words:(i + 1) * words]
+    if maps is not None:
+        maps.sweep()
     if kind == SCATTER and rank != root:
-        return _read_block(readv, block_of(root), which, outs[0], block, seen, local, remote)
+        return read(block_of(root), outs[0])
     if kind == GATHER and rank != root:
         return True  # it only lends its input
     for k in range(1, n if kind != SCATTER else 1):
         i = (rank + k) % n  # not every rank at rank 0 first
-        if not _read_block(readv, block_of(i), which, outs[i], block, seen, local, remote):
+        if not read(block_of(i), outs[i]):
             return False
     to = outs[0] if kind == SCATTER else outs[rank]
     if to != ins[which]:

@@ -237,10 +237,11 @@ class Payloads:
             seg.close()
 
 
-def create(size, attach, pass_map=False):
+def create(size, attach, pass_map=False, keep_fd=None):
     """Creates a segment of size bytes and offers it to the agent with attach(name, size,
     magic) (pass_map: attach(name, size, magic, mmap)); returns (name, mmap). The name
-    never outlives this function, whatever happens."""
+    never outlives this function, whatever happens. keep_fd, a list: the segment's file
+    stays open, its descriptor appended there (closed on failure)."""
     global _counter
     with _counter_lock:
         _counter += 1
@@ -266,7 +267,9 @@ def create(size, attach, pass_map=False):
             m = mmap.mmap(fd, size, flags=mmap.MAP_SHARED,
                           prot=mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
-            os.close(fd)
+            if keep_fd is None or m is None:
+                os.close(fd)
+                fd = -1
         # Random, in native byte order: the agent memcpy's 8 bytes into a uint64.
         magic = secrets.randbits(64)
         m[0:8] = magic.to_bytes(8, sys.byteorder)
@@ -278,6 +281,8 @@ def create(size, attach, pass_map=False):
     except BaseException:
         if m is not None:
             m.close()
+        if fd >= 0:
+            os.close(fd)
         raise
     finally:
         # The agent unlinks the name once it maps the segment; do it here
@@ -286,6 +291,8 @@ def create(size, attach, pass_map=False):
             _shm_unlink(name)
         except OSError:
             pass
+    if keep_fd is not None:
+        keep_fd.append(fd)
     return name, m
 
 
@@ -533,10 +540,14 @@ class Process:
 class Mem:
     """One allocation of Registered: its segment (name None: plain memory, the agent
     could not share it), where it is mapped here, and whether a collective uses it."""
-    __slots__ = ("name", "map", "addr", "size", "in_use", "retired", "own_block", "resident")
+    __slots__ = ("name", "map", "addr", "size", "in_use", "retired", "own_block", "resident",
+                 "fd")
 
-    def __init__(self, name, m, size, own_block=False, resident=None):
+    def __init__(self, name, m, size, own_block=False, resident=None, fd=-1):
         self.name = name
+        # The segment's file, kept open (FD_MIN_BYTES and up) for the ranks that copy from
+        # it rank to rank to map (_peer.Maps); -1: none.
+        self.fd = fd
         self.map = m
         self.size = size
         self.addr = address(m)
@@ -552,6 +563,17 @@ class Mem:
         memory (summed over them) in place, through its mapping of this allocation (as
         the C client's ps__mem_mapped_for): never plain memory."""
         return self.name is not None and (self.resident is None or touched <= self.resident)
+
+    def close_fd(self):
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+# Allocations of empty() this large keep their segment's file open (client/shm.c's
+# PS__MEM_FD_MIN_BYTES): smaller ones are not worth mapping, and many would use up
+# descriptors.
+FD_MIN_BYTES = 1 << 20
 
 
 class Registered:
@@ -574,11 +596,12 @@ class Registered:
         mem = None
         if enabled():
             try:
-                resp = []
-                name, m = create(size, lambda *a: resp.append(self._attach(*a)))
+                resp, fd = [], []
+                name, m = create(size, lambda *a: resp.append(self._attach(*a)),
+                                 keep_fd=fd if size >= FD_MIN_BYTES else None)
                 told = getattr(resp[0], "resident_told", False)
                 mem = Mem(name, m, size, bool(getattr(resp[0], "own_block", False)),
-                          resp[0].resident_bytes if told else None)
+                          resp[0].resident_bytes if told else None, fd[0] if fd else -1)
             except Exception:  # noqa: B902 - refused or failed: plain memory, as in C
                 mem = None
         if mem is None:
@@ -595,6 +618,16 @@ class Registered:
                     return mem
         return None
 
+    def file_of(self, addr, nbytes):
+        """(start, bytes, file descriptor) of the shared allocation holding [addr, addr +
+        nbytes) whole whose file is kept open, or None."""
+        with self._lock:
+            for mem in self.mems:
+                if (mem.name is not None and mem.fd >= 0 and mem.addr <= addr
+                        and addr + nbytes <= mem.addr + mem.size):
+                    return mem.addr, mem.size, mem.fd
+        return None
+
     def free(self, addr):
         """Forgets the allocation starting at addr and tells the agent. False when there is
         none, or a collective still uses it. The memory itself stays valid for as long as
@@ -604,6 +637,7 @@ class Registered:
             if mem is None or mem.in_use:
                 return False
             self.mems.remove(mem)
+            mem.close_fd()
         if mem.name is not None:
             try:
                 self._detach(mem.name)
@@ -643,6 +677,8 @@ class Registered:
         """Forgets every allocation (the rank left: the agent dropped them). Arrays on them
         keep their memory."""
         with self._lock:
+            for mem in self.mems:
+                mem.close_fd()
             self.mems = []
 
 

@@ -332,6 +332,7 @@ class _World:
         self.peer_sets = None
         self.peer_self = _peer.Self()
         self.peer_used = 0  # collectives that went by peer copies
+        self.peer_maps = _peer.Maps()  # the other ranks' empty() segments mapped here
         self.n_new_groups = 0
         self.crashed = False
         # One shared-memory segment for all of this rank's groups (the agent keeps
@@ -453,6 +454,7 @@ class _World:
             if self.shm is not None:
                 self.shm.close()
             self.mem.close()
+            self.peer_maps.close()
             self.doorbell.close()
             self.process.close()
             self.channel.close()
@@ -650,8 +652,14 @@ class _World:
         # PARAMSYNC_SHM=0 set since init (it is read on every collective): payloads over
         # gRPC, as asked.
         fits = fits and _shm.enabled()
+        # An input that lies whole in an empty() segment kept open: the others map it.
+        seg = None
+        if fits and send and _peer.map_wanted():
+            at = _shm.addresses(send)
+            lo = min(at)
+            seg = self.mem.file_of(lo, max(a + len(mv) for a, mv in zip(at, send.mvs)) - lo)
         desc = np.frombuffer(_peer.describe(self.peer_self, (ins or [0] * nb) if fits
-                                            else [0] * nb, fits), np.uint8)
+                                            else [0] * nb, fits, seg), np.uint8)
         got = np.zeros(n * desc.size, np.uint8)
         self._small(g, header, seq, _K.ALL_GATHER, T.UINT8, desc, got,
                     "%s (peer addresses)" % name)
@@ -662,7 +670,8 @@ class _World:
         for x in (send, recv):
             for at, mv in zip(_shm.addresses(x), x.mvs) if x else ():
                 _shm.collapse(at, len(mv))
-        ok = _peer.pull(kind, n, rank, root, d, desc.size // 8, block, outs, ins or [0] * nb)
+        ok = _peer.pull(kind, n, rank, root, d, desc.size // 8, block, outs, ins or [0] * nb,
+                        self.peer_maps)
         failed = np.array([0 if ok else 1], np.int32)
         self._small(g, header, seq + 1, _K.ALL_REDUCE, T.INT32, failed, failed,
                     "%s (peer copies done)" % name, op=int(ReduceOp.MAX))
