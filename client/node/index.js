@@ -1243,6 +1243,8 @@ class World {
             this.rank = ev.rank;
             this.size = ev.world_size;
             this.incarnation = ev.incarnation;
+            this.incarnationWire = protobuf.util.Long
+              ? protobuf.util.Long.fromString(String(ev.incarnation), true) : ev.incarnation;
             this.peerSets = ev.peer_sets && ev.peer_sets.length === ev.world_size
               ? ev.peer_sets.map(Number) : null;
             this.worldGroup = new ProcessGroup(this, 0, [...Array(this.size).keys()], this.rank);
@@ -1437,8 +1439,8 @@ class World {
       header.shm_process = direct;
       header.shm_in_blocks = Array.isArray(inOff) ? inOff.map(String) : [];
       header.shm_out_blocks = Array.isArray(outOff) ? outOff.map(String) : [];
-      header.shm_in_offset = Array.isArray(inOff) ? '0' : String(inOff || 0);
-      header.shm_out_offset = Array.isArray(outOff) ? '0' : String(outOff || 0);
+      header.shm_in_offset = Array.isArray(inOff) ? 0 : inOff || 0;
+      header.shm_out_offset = Array.isArray(outOff) ? 0 : outOff || 0;
       try {
         // Direct: the agent writes into this process's buffers, so wait for its answer
         // even when the job broke (it fails the collective within about a second); only
@@ -1522,7 +1524,7 @@ class World {
       new Uint8Array(desc.buffer), new Uint8Array(got.buffer), `${name} (peer addresses)`);
     const d = peerAllFit(got, n, words);
     if (!d) {
-      header.seq = String(seq + 1);
+      header.seq = seq + 1;
       return false;
     }
     for (const x of [send, recv]) for (const b of x ? x.bufs : []) collapse(b);
@@ -1534,7 +1536,7 @@ class World {
       this.peerUsed++;
       return true;
     }
-    header.seq = String(seq + 2);
+    header.seq = seq + 2;
     return false;
   }
 
@@ -1582,8 +1584,8 @@ class World {
     }
     if (shm) {
       header.shm = shm.name;
-      header.shm_in_offset = String(inOff);
-      header.shm_out_offset = String(shmOff);
+      header.shm_in_offset = inOff;
+      header.shm_out_offset = shmOff;
     }
     try {
       this._check();
@@ -1684,7 +1686,7 @@ class World {
           off += len;
           n = it.next();
           if (n.done) break;
-          frame = { offset: String(off), data: n.value };
+          frame = { offset: off, data: n.value };
           if (!ok) await Promise.race([new Promise((res) => call.once('drain', res)), finish]);
         }
         if (!finished) call.end();
@@ -1697,9 +1699,11 @@ class World {
 
   /** A CollectiveHeader for this rank of group g with sequence number seq. */
   _header(g, seq, { kind, op = 0, dtype = 0, count = 0, root = 0, peer = 0, tag = 0 }) {
-    return { job: this.job, group: g.id, seq: String(seq), kind, op, dtype,
-      count: String(count), root, peer, rank: g.rank(), tag, timeout_ms: this.timeoutMs,
-      incarnation: this.incarnation };
+    // 64-bit fields as numbers (below 2^53) or a Long made once: protobufjs parses
+    // strings digit by digit into a Long on every encode, a few percent of a small call.
+    return { job: this.job, group: g.id, seq, kind, op, dtype,
+      count, root, peer, rank: g.rank(), tag, timeout_ms: this.timeoutMs,
+      incarnation: this.incarnationWire };
   }
 
   _start(g, name, kind, { send = [], recv = [], op = 0, dtype = 0, count = 0, root = 0,
