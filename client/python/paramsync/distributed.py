@@ -654,7 +654,7 @@ class _World:
         fits = fits and _shm.enabled()
         # An input that lies whole in an empty() segment kept open: the others map it.
         seg = None
-        if fits and send and _peer.map_wanted():
+        if fits and send and send.mvs and _peer.map_wanted():
             at = _shm.addresses(send)
             lo = min(at)
             seg = self.mem.file_of(lo, max(a + len(mv) for a, mv in zip(at, send.mvs)) - lo)
