@@ -5,7 +5,9 @@ gather, scatter and barrier together, each checking exact results
 (xlang_worker.c, xlang_worker.py, xlang_worker.js). Three runs rotate the
 languages over ranks 0, 1 and 2, so that each language is a root. Then C,
 Python and Node.js ranks of one agent take a large all_to_all and all_gather
-together by peer copies (peer_jobs), and a gather and scatter.
+together by peer copies (peer_jobs), and a gather and scatter; and an all_to_all from
+ps_mem_alloc/empty() memory over the agent's --shm-resident-bytes, where the C and Python
+ranks read each other's segments through mappings they keep (mem_peer_jobs).
 
     xlang.py --paramsyncd BIN --c-worker BIN --python VENV_PY [--node NODE]
 """
@@ -66,6 +68,7 @@ def main():
         ok = ok and peer_jobs(d, workers)
         if not ok:
             print("--- daemon log (tail)\n" + "\n".join(d.read_log().splitlines()[-30:]))
+    ok = ok and mem_peer_jobs(a.paramsyncd, workers)
     if not ok:
         H.fail("a worker failed")
     print("PASS: C, Python and Node.js workers agree on every result, in every rank order; "
@@ -117,6 +120,49 @@ def peer_jobs(d, workers):
         print("FAIL: %d all_to_all, gather and scatter calls reached the agent; peer copies "
               "should have taken them" % went)
         ok = False
+    return ok
+
+
+def mem_peer_jobs(paramsyncd, workers):
+    """An all_to_all of 8 MiB of blocks from ps_mem_alloc/empty() memory, C, Python and
+    Node.js ranks on one agent whose --shm-resident-bytes (1M) it is over: by peer copies
+    (none reaches the agent), each C and Python rank reading the other C and Python ranks'
+    segments through mappings it keeps (it counts them: XLANG_MAPS), Node.js ranks with
+    process_vm_readv (they offer no segment, so no rank maps theirs)."""
+    ok = True
+    orders = [["C", "Python", "Node"], ["Python", "C", "C"]]
+    if no_node_helper():
+        orders = [["C", "Python", "C"], ["Python", "C", "Python"]]
+    with H.Daemon(paramsyncd, "--shm-resident-bytes", "1M", metrics=True) as d:
+        for k, order in enumerate(orders):
+            job = "xlang-mem-%d" % k
+            envs = []
+            for r, lang in enumerate(order):
+                maps = 0 if lang == "Node" else sum(
+                    1 for q, other in enumerate(order) if q != r and other != "Node")
+                envs.append(H.clean_env(PARAMSYNC_ADDR=d.addr, PARAMSYNC_JOB=job,
+                                        WORLD_SIZE=3, RANK=r, XLANG_PEER=2, XLANG_MAPS=maps))
+            res = H.run_workers([workers[lang] for lang in order], envs, timeout=120)
+            print("=== job %s (peer copies from registered memory): ranks %s" % (job, ", ".join(
+                "%d=%s" % (r, lang) for r, lang in enumerate(order))))
+            for r, (rc, out, err) in enumerate(res):
+                n_ok = sum(1 for line in out.splitlines() if line.endswith(" ok"))
+                want = {"C": 3, "Python": 2, "Node": 1}[order[r]]
+                good = rc == 0 and n_ok == want
+                print("--- rank %d (%s): exit %s, %d checks passed%s" % (
+                    r, order[r], rc, n_ok, "" if good else " (expected exit 0 and %d)" % want))
+                if not good:
+                    print(out.rstrip())
+                    print(err.rstrip()[-3000:])
+                ok = ok and good
+        went = H.scrape(d.metrics_url).get(
+            'paramsync_collectives_total{kind="all_to_all",code="OK"}', 0)
+        if ok and went:
+            print("FAIL: %d all_to_all calls on registered memory reached the agent; peer "
+                  "copies should have taken them" % went)
+            ok = False
+        if not ok:
+            print("--- daemon log (tail)\n" + "\n".join(d.read_log().splitlines()[-30:]))
     return ok
 
 

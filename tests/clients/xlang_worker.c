@@ -3,12 +3,13 @@
  * (xlang_worker.py, xlang_worker.js). Joins from the environment (env://:
  * PARAMSYNC_ADDR, PARAMSYNC_JOB, WORLD_SIZE = 3, RANK), checks every result
  * exactly, prints one line per step and exits 1 on the first mismatch.
- * XLANG_PEER=1: only peer_steps. */
+ * XLANG_PEER=1: only peer_steps; XLANG_PEER=2: only mem_steps. */
 #include <inttypes.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <paramsync/paramsync.h>
 
@@ -79,6 +80,52 @@ static void peer_steps(ps_comm_t *comm, int r)
     free(fout);
 }
 
+/* How many mappings of other processes' paramsync segments this one has
+ * (their names carry their pids: /dev/shm/paramsync.PID...). */
+static int others_segments_mapped(void)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    char line[1024], mine[64];
+    int n = 0;
+    snprintf(mine, sizeof(mine), "/paramsync.%d.", (int)getpid());
+    while (f && fgets(line, sizeof(line), f))
+        n += strstr(line, "/paramsync.") && !strstr(line, mine);
+    if (f)
+        fclose(f);
+    return n;
+}
+
+/* XLANG_PEER=2: an all_to_all of 8 MiB of blocks from ps_mem_alloc memory
+ * (input and output in one allocation), over the agent's
+ * --shm-resident-bytes (the driver makes it small), so by peer copies; the
+ * other C and Python ranks' segments read through mappings this rank keeps
+ * (XLANG_MAPS of them, from the driver). */
+static void mem_steps(ps_comm_t *comm, int r)
+{
+    int32_t *mem = ps_mem_alloc(comm, 6 * (size_t)PEER_B * sizeof(*mem));
+    if (!mem)
+        exit(1);
+    expect(ps_mem_is_shared(comm, mem), "ps_mem_alloc memory shared with the agent");
+    int32_t *in = mem, *out = mem + 3 * PEER_B;
+    for (size_t k = 0; k < 3 * (size_t)PEER_B; k++)
+        in[k] = 1000 * r + 10 * (int32_t)(k / PEER_B) + (int32_t)(k % PEER_B % 7);
+    check_rc(ps_all_to_all(comm, out, in, PEER_B, PS_INT32, NULL), "all_to_all");
+    bool ok = true;
+    for (size_t k = 0; k < 3 * (size_t)PEER_B; k++)
+        ok = ok && out[k] == 1000 * (int32_t)(k / PEER_B) + 10 * r + (int32_t)(k % PEER_B % 7);
+    expect(ok, "all_to_all int32 of 8 MiB from ps_mem_alloc memory");
+    const char *want = getenv("XLANG_MAPS");
+    int mapped = others_segments_mapped();
+    if (!want || mapped != atoi(want)) {
+        fprintf(stderr, "C rank %d: maps %d of the others' segments, want %s\n", rank, mapped,
+                want ? want : "(XLANG_MAPS unset)");
+        exit(1);
+    }
+    printf("C rank %d: %d of the others' segments mapped ok\n", rank, mapped);
+    check_rc(ps_barrier(comm, NULL), "barrier");
+    check_rc(ps_mem_free(comm, mem), "mem_free");
+}
+
 int main(void)
 {
     ps_comm_t *comm = NULL;
@@ -93,8 +140,11 @@ int main(void)
     }
     int r = rank;
     const char *peer = getenv("XLANG_PEER");
-    if (peer && strcmp(peer, "1") == 0) {
-        peer_steps(comm, r);
+    if (peer && (strcmp(peer, "1") == 0 || strcmp(peer, "2") == 0)) {
+        if (strcmp(peer, "1") == 0)
+            peer_steps(comm, r);
+        else
+            mem_steps(comm, r);
         check_rc(ps_finalize(comm), "finalize");
         return 0;
     }

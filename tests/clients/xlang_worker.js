@@ -53,12 +53,30 @@ async function peerSteps() {
   await dist.destroyProcessGroup();
 }
 
+/** xlang_worker.c's mem_steps (XLANG_PEER=2): an all_to_all from empty() memory by peer
+ * copies; a Node.js rank reads the others with process_vm_readv and offers no segment. */
+async function memSteps() {
+  const B = 700001;
+  const mem = await dist.empty(6 * B, 'int32');
+  for (let k = 0; k < 3 * B; k++) mem[k] = 1000 * r + 10 * Math.floor(k / B) + k % B % 7;
+  const out = mem.subarray(3 * B);
+  await dist.allToAllSingle(out, mem.subarray(0, 3 * B));
+  expectEach(out, (k) => 1000 * Math.floor(k / B) + 10 * r + k % B % 7,
+    'all_to_all int32 of 8 MiB from empty() memory');
+  await dist.barrier();
+  await dist.destroyProcessGroup();
+}
+
 (async () => {
   await dist.initProcessGroup('paramsync');
   r = dist.getRank();
   if (dist.getWorldSize() !== 3) throw new Error('world size');
   if (process.env.XLANG_PEER === '1') {
     await peerSteps();
+    return;
+  }
+  if (process.env.XLANG_PEER === '2') {
+    await memSteps();
     return;
   }
   const R = dist.ReduceOp;

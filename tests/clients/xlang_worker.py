@@ -21,6 +21,28 @@ def expect(got, want, what):
     print("Python rank %d: %s ok" % (r, what), flush=True)
 
 
+if os.environ.get("XLANG_PEER") == "2":
+    # xlang_worker.c's mem_steps: an all_to_all from empty() memory by peer copies, the
+    # other C and Python ranks' segments read through mappings this rank keeps.
+    B = 700001
+    k = np.arange(3 * B)
+    mem = dist.empty(6 * B, np.int32)
+    assert dist.is_shared(mem), "empty() memory is not shared"
+    src, out = mem[:3 * B], mem[3 * B:]
+    src[:] = (1000 * r + 10 * (k // B) + k % B % 7).astype(np.int32)
+    dist.all_to_all_single(out, src)
+    expect(out, (1000 * (k // B) + 10 * r + k % B % 7).astype(np.int32),
+           "all_to_all int32 of 8 MiB from empty() memory")
+    mine = "/paramsync.%d." % os.getpid()
+    with open("/proc/self/maps") as f:
+        mapped = sum(1 for line in f if "/paramsync." in line and mine not in line)
+    expect(np.int64(mapped), np.int64(int(os.environ["XLANG_MAPS"])),
+           "the others' segments mapped")
+    dist.barrier()
+    dist.free(mem)
+    dist.destroy_process_group()
+    sys.exit(0)
+
 if os.environ.get("XLANG_PEER") == "1":
     # xlang_worker.c's peer_steps: taken by peer copies, C and Python ranks together.
     B = 700001
