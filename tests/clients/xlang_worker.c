@@ -39,23 +39,29 @@ static void expect(bool ok, const char *what)
  * together. */
 enum { PEER_B = 700001 };
 
-static void peer_steps(ps_comm_t *comm, int r)
+/* An all_to_all of 3 blocks of PEER_B int32 from in into out, checked. */
+static void all_to_all_step(ps_comm_t *comm, int r, int32_t *in, int32_t *out, const char *what)
 {
-    int32_t *in = malloc(3 * PEER_B * sizeof(*in)), *out = malloc(3 * PEER_B * sizeof(*out));
-    float *fin = malloc(PEER_B * sizeof(*fin)), *fout = malloc(3 * PEER_B * sizeof(*fout));
-    if (!in || !out || !fin || !fout)
-        exit(1);
     for (size_t k = 0; k < 3 * (size_t)PEER_B; k++)
         in[k] = 1000 * r + 10 * (int32_t)(k / PEER_B) + (int32_t)(k % PEER_B % 7);
     check_rc(ps_all_to_all(comm, out, in, PEER_B, PS_INT32, NULL), "all_to_all");
     bool ok = true;
     for (size_t k = 0; k < 3 * (size_t)PEER_B; k++)
         ok = ok && out[k] == 1000 * (int32_t)(k / PEER_B) + 10 * r + (int32_t)(k % PEER_B % 7);
-    expect(ok, "all_to_all int32 of 8 MiB");
+    expect(ok, what);
+}
+
+static void peer_steps(ps_comm_t *comm, int r)
+{
+    int32_t *in = malloc(3 * PEER_B * sizeof(*in)), *out = malloc(3 * PEER_B * sizeof(*out));
+    float *fin = malloc(PEER_B * sizeof(*fin)), *fout = malloc(3 * PEER_B * sizeof(*fout));
+    if (!in || !out || !fin || !fout)
+        exit(1);
+    all_to_all_step(comm, r, in, out, "all_to_all int32 of 8 MiB");
     for (size_t k = 0; k < PEER_B; k++)
         fin[k] = (float)r + (float)(k % 3) * 0.5f;
     check_rc(ps_all_gather(comm, fout, fin, PEER_B, PS_FLOAT32, NULL), "all_gather");
-    ok = true;
+    bool ok = true;
     for (size_t k = 0; k < 3 * (size_t)PEER_B; k++)
         ok = ok && fout[k] == (float)(k / PEER_B) + (float)(k % PEER_B % 3) * 0.5f;
     expect(ok, "all_gather float32 of 8 MiB");
@@ -107,13 +113,7 @@ static void mem_steps(ps_comm_t *comm, int r)
         exit(1);
     expect(ps_mem_is_shared(comm, mem), "ps_mem_alloc memory shared with the agent");
     int32_t *in = mem, *out = mem + 3 * PEER_B;
-    for (size_t k = 0; k < 3 * (size_t)PEER_B; k++)
-        in[k] = 1000 * r + 10 * (int32_t)(k / PEER_B) + (int32_t)(k % PEER_B % 7);
-    check_rc(ps_all_to_all(comm, out, in, PEER_B, PS_INT32, NULL), "all_to_all");
-    bool ok = true;
-    for (size_t k = 0; k < 3 * (size_t)PEER_B; k++)
-        ok = ok && out[k] == 1000 * (int32_t)(k / PEER_B) + 10 * r + (int32_t)(k % PEER_B % 7);
-    expect(ok, "all_to_all int32 of 8 MiB from ps_mem_alloc memory");
+    all_to_all_step(comm, r, in, out, "all_to_all int32 of 8 MiB from ps_mem_alloc memory");
     const char *want = getenv("XLANG_MAPS");
     int mapped = others_segments_mapped();
     if (!want || mapped != atoi(want)) {
