@@ -303,7 +303,7 @@ static uint64_t all_fit(const ps__coll_t *c, const uint64_t *d, int n, size_t w,
 
 /* Reads one block of rank x (its block `which`) into `to`, with x's nonce
  * in the same call: 0, or -1 if it could not be read whole from the
- * process that holds that nonce. */
+ * process that holds that nonce (block 0: the nonce alone). */
 static int read_block(const uint64_t *x, size_t which, void *to, size_t block)
 {
     uint64_t seen = 0;
@@ -420,18 +420,12 @@ void ps__ipc_unmap(ps_comm_t *comm, int slot, void *at)
  * hold it), or -1. */
 static int peer_pidfd(const uint64_t *x)
 {
-    pid_t pid = (pid_t)(uint32_t)x[W_PID_FITS];
-    int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
-    if (pidfd < 0)
+    int pidfd = (int)syscall(SYS_pidfd_open, (pid_t)(uint32_t)x[W_PID_FITS], 0);
+    if (pidfd >= 0 && read_block(x, 0, NULL, 0) < 0) {
+        close(pidfd);
         return -1;
-    uint64_t seen = 0;
-    struct iovec local = {&seen, sizeof(seen)};
-    struct iovec remote = {(void *)(uintptr_t)x[W_NONCE_ADDR], sizeof(seen)};
-    if (process_vm_readv(pid, &local, 1, &remote, 1, 0) == (ssize_t)sizeof(seen) &&
-        seen == x[W_NONCE])
-        return pidfd;
-    close(pidfd);
-    return -1;
+    }
+    return pidfd;
 }
 
 /* The file at number fd of the process pidfd, with its device and inode in
@@ -452,17 +446,19 @@ static int peer_file(int pidfd, int fd, struct stat *st, unsigned char *key)
 }
 
 /* Lets go of the segments mapped here that their owners no longer hold
- * (freed, or gone), which the mappings would keep in memory: done before a
- * call's peer copies, so memory another rank frees is given back here at
- * this rank's next one (or its ps_finalize). */
-static void maps_sweep(ps_comm_t *comm)
+ * (freed, or gone), which the mappings would keep in memory: done after a
+ * call's peer copies, for the mappings the call did not use (the comm's
+ * ipc_clock was `since` before it; those it used it has just checked), so
+ * memory another rank frees is given back here at this rank's next one
+ * (or its ps_finalize). */
+static void maps_sweep(ps_comm_t *comm, uint64_t since)
 {
     ps__ipc_map_t seen[PS__IPC_MAPS];
     pthread_mutex_lock(&comm->lock);
     memcpy(seen, comm->ipc_maps, sizeof(seen));
     pthread_mutex_unlock(&comm->lock);
     for (int i = 0; i < PS__IPC_MAPS; i++) {
-        if (!seen[i].at || !seen[i].len)
+        if (!seen[i].at || !seen[i].len || seen[i].used > since)
             continue;
         unsigned char key[PS_GPU_IPC_HANDLE_BYTES];
         struct stat st;
@@ -635,8 +631,12 @@ static int pull(const ps__coll_t *c, const uint64_t *d, int n, size_t block, uin
 {
     source_t src = {.how = how, .comm = c->comm};
     if (how != FITS_DEVICE) {
-        maps_sweep(c->comm);
-        return pull_blocks(c, &src, d, n, block);
+        pthread_mutex_lock(&c->comm->lock);
+        uint64_t since = c->comm->ipc_clock;
+        pthread_mutex_unlock(&c->comm->lock);
+        int rc = pull_blocks(c, &src, d, n, block);
+        maps_sweep(c->comm, since);
+        return rc;
     }
     int rc =
         ps__ipc_held_init(&src.held, c->comm, n) == 0 && ps_gpu_set_device(c->stage_device) == 0

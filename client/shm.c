@@ -300,34 +300,39 @@ int ps_mem_free(ps_comm_t *comm, void *ptr)
     return 0;
 }
 
+/* The allocation of comm's registered memory that holds [ptr, ptr + len)
+ * whole, or NULL. Lock held. */
+static struct ps__mem *mem_holding(ps_comm_t *comm, const void *ptr, size_t len)
+{
+    const uint8_t *p = ptr;
+    for (struct ps__mem *m = comm->mem; m; m = m->next)
+        if (p >= m->seg.base && len <= m->seg.size &&
+            (size_t)(p - m->seg.base) <= m->seg.size - len)
+            return m;
+    return NULL;
+}
+
 int ps__mem_mapped_for(ps_comm_t *comm, const void *ptr, uint64_t touched)
 {
-    int mapped = 0;
     if (!comm || !ptr)
         return 0;
     pthread_mutex_lock(&comm->lock);
-    for (struct ps__mem *m = comm->mem; m; m = m->next)
-        if ((const uint8_t *)ptr >= m->seg.base && (const uint8_t *)ptr < m->seg.base + m->seg.size)
-            mapped = m->shared && touched <= m->seg.resident;
+    struct ps__mem *m = mem_holding(comm, ptr, 1);
+    int mapped = m && m->shared && touched <= m->seg.resident;
     pthread_mutex_unlock(&comm->lock);
     return mapped;
 }
 
 int ps__mem_file(ps_comm_t *comm, const void *ptr, size_t len, uint64_t *base, uint64_t *size)
 {
-    int fd = -1;
-    const uint8_t *p = ptr;
     if (!comm || !ptr)
         return -1;
     pthread_mutex_lock(&comm->lock);
-    for (struct ps__mem *m = comm->mem; m; m = m->next) {
-        if (m->shared && m->seg.fd >= 0 && p >= m->seg.base && len <= m->seg.size &&
-            (size_t)(p - m->seg.base) <= m->seg.size - len) {
-            fd = m->seg.fd;
-            *base = (uint64_t)(uintptr_t)m->seg.base;
-            *size = m->seg.size;
-            break;
-        }
+    struct ps__mem *m = mem_holding(comm, ptr, len);
+    int fd = m && m->shared ? m->seg.fd : -1;
+    if (fd >= 0) {
+        *base = (uint64_t)(uintptr_t)m->seg.base;
+        *size = m->seg.size;
     }
     pthread_mutex_unlock(&comm->lock);
     return fd;

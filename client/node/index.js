@@ -1242,8 +1242,9 @@ class World {
             }
             this.rank = ev.rank;
             this.size = ev.world_size;
-            this.incarnation = ev.incarnation;
-            this.incarnationWire = protobuf.util.Long
+            // As a Long made once (headers carry it): protobufjs would parse the string
+            // on every encode.
+            this.incarnation = protobuf.util.Long
               ? protobuf.util.Long.fromString(String(ev.incarnation), true) : ev.incarnation;
             this.peerSets = ev.peer_sets && ev.peer_sets.length === ev.world_size
               ? ev.peer_sets.map(Number) : null;
@@ -1703,7 +1704,7 @@ class World {
     // strings digit by digit into a Long on every encode, a few percent of a small call.
     return { job: this.job, group: g.id, seq, kind, op, dtype,
       count, root, peer, rank: g.rank(), tag, timeout_ms: this.timeoutMs,
-      incarnation: this.incarnationWire };
+      incarnation: this.incarnation };
   }
 
   _start(g, name, kind, { send = [], recv = [], op = 0, dtype = 0, count = 0, root = 0,

@@ -212,9 +212,9 @@ def _peer_file(pidfd, fd):
 class Maps:
     """Other ranks' empty() segments mapped here, as the C client keeps them (its table of
     other ranks' memory, client/peer.c): taken with pidfd_getfd, mapped read-only, kept for
-    later calls (at most CAP; the oldest unused one goes), and let go, before each call's
-    reads, where the owner no longer holds that file (freed, or gone): a mapping keeps the
-    owner's memory."""
+    later calls (at most CAP; the oldest unused one goes), and let go, after each call's
+    reads, where the call did not use them and the owner no longer holds that file (freed,
+    or gone): a mapping keeps the owner's memory."""
     CAP = 32
 
     def __init__(self):
@@ -289,10 +289,16 @@ class Maps:
         self._give(key, m, kept)
         return True
 
-    def sweep(self):
-        """Lets go of the idle mappings whose owner no longer holds that file there."""
+    def clock(self):
+        """A mark for sweep: mappings used after it are left alone."""
         with self._lock:
-            keys = [k for k, v in self._maps.items() if v[1] == 0]
+            return self._clock
+
+    def sweep(self, since):
+        """Lets go of the idle mappings not used since the mark `since` (those a call just
+        used it has checked) whose owner no longer holds that file there."""
+        with self._lock:
+            keys = [k for k, v in self._maps.items() if v[1] == 0 and v[2] <= since]
         for key in keys:
             held = False
             try:
@@ -320,20 +326,19 @@ class Maps:
             _libc_calls()[2](e[0], key[4])
 
 
-def _read_block(readv, x, which, to, block, seen, local, remote, nonce_only=False):
+def _read_block(readv, x, which, to, block, seen, local, remote):
     """Reads block `which` of the rank whose descriptor is x into address `to`, with its
-    nonce in the same system call: whether it came whole from that process (nonce_only:
-    the nonce alone)."""
+    nonce in the same system call: whether it came whole from that process (block 0: the
+    nonce alone)."""
     seen.value = 0
     local[1].base, local[1].len = to, block
     remote[0].base, remote[0].len = x[W_NONCE_ADDR], 8
     remote[1].base, remote[1].len = x[W_BLOCKS + which], block
-    iovs = 1 if nonce_only else 2
-    got = readv(x[W_PID_FITS] & 0xFFFFFFFF, local, iovs, remote, iovs, 0)
-    return got == 8 + (0 if nonce_only else block) and seen.value == x[W_NONCE]
+    got = readv(x[W_PID_FITS] & 0xFFFFFFFF, local, 2, remote, 2, 0)
+    return got == 8 + block and seen.value == x[W_NONCE]
 
 
-def pull(kind, n, rank, root, d, words, block, outs, ins, maps=None):
+def pull(kind, n, rank, root, d, words, block, outs, ins, maps):
     """Reads this rank's blocks from the others (all_to_all and all_gather: every other
     rank's; a gather's root: every other rank's; a scatter's other ranks: the root's)
     into outs (its output's block addresses) and copies its own from ins (its input's):
@@ -347,18 +352,25 @@ def pull(kind, n, rank, root, d, words, block, outs, ins, maps=None):
     local[0].base, local[0].len = ctypes.addressof(seen), 8
 
     def nonce_ok(x):
-        return _read_block(readv, x, which, 0, 0, seen, local, remote, nonce_only=True)
+        return _read_block(readv, x, which, None, 0, seen, local, remote)
 
     def read(x, to):
-        if maps is not None and x[W_PID_FITS] & FITS_SEGMENT and maps.read(
-                x, which, to, block, nonce_ok):
+        if x[W_PID_FITS] & FITS_SEGMENT and maps.read(x, which, to, block, nonce_ok):
             return True
         return _read_block(readv, x, which, to, block, seen, local, remote)
 
     def block_of(i):
         return d[i * words:(i + 1) * words]
-    if maps is not None:
-        maps.sweep()
+    since = maps.clock()
+    try:
+        return _pull_blocks(kind, n, rank, root, block_of, which, read, outs, ins, block)
+    finally:
+        # Segments another rank freed are let go at this rank's next peer copy.
+        maps.sweep(since)
+
+
+def _pull_blocks(kind, n, rank, root, block_of, which, read, outs, ins, block):
+    """pull's reads (read(descriptor, address)) and own block."""
     if kind == SCATTER and rank != root:
         return read(block_of(root), outs[0])
     if kind == GATHER and rank != root:
