@@ -69,8 +69,9 @@ struct ps__agent {
 
 typedef struct pipe_arg {
     ps__rpc_call_t *from, *to;
-    int client_to; /* `to` is a client call: half-close it at the end */
-    int frames;    /* collective frames: count their payload bytes */
+    int client_to;             /* `to` is a client call: half-close it at the end */
+    int frames;                /* collective frames: count their payload bytes */
+    grpc_byte_buffer *pending; /* taken already: sent first (the pipe destroys it) */
 } pipe_arg_t;
 
 /* Payload bytes of a forwarded collective frame, for the link metrics. */
@@ -92,8 +93,12 @@ static void *pipe_main(void *arg)
 {
     pipe_arg_t *p = arg;
     for (;;) {
-        grpc_byte_buffer *bb = NULL;
-        int rc = ps__rpc_call_recv(p->from, &bb);
+        grpc_byte_buffer *bb = p->pending;
+        int rc = 0;
+        if (bb)
+            p->pending = NULL;
+        else
+            rc = ps__rpc_call_recv(p->from, &bb);
         if (rc < 0) {
             ps__rpc_call_cancel(p->to, GRPC_STATUS_CANCELLED, "the worker's stream broke");
             break;
@@ -416,7 +421,7 @@ static void worker_join(ps__rpc_call_t *down, void *arg)
     req->agent_machine = asked_machine;
     req->agent_settings = asked_settings;
     protobuf_c_message_free_unpacked(&req->base, NULL);
-    pipe_arg_t pa = {down, up, 1, 0};
+    pipe_arg_t pa = {down, up, 1, 0, NULL};
     if (rc == 0 && ps__task_start(&watcher, pipe_main, &pa) == 0)
         watching = 1;
     for (;;) {
@@ -720,24 +725,25 @@ static void collective_proxy(ps__agent_t *a, ps__rpc_call_t *down, grpc_byte_buf
      * the half-close, and no thread pipes the rest, a thread hand-off fewer
      * on the way of every small collective. */
     int whole = 0, broke = 0;
+    grpc_byte_buffer *next = NULL;
     if (rc == 0) {
-        grpc_byte_buffer *next = NULL;
         int ready = ps__rpc_call_recv_ready(down, &next);
         whole = ready == 0 && !next;
         broke = ready < 0;
         count_frame(first, 1); /* before the send, which empties the buffer */
         rc = whole ? ps__rpc_call_send_last(up, first, 0, NULL) : ps__rpc_call_send(up, first);
-        if (next) { /* the second frame came as soon: the pipe takes the rest */
-            count_frame(next, 1);
-            if (rc == 0)
-                rc = ps__rpc_call_send(up, next);
-            grpc_byte_buffer_destroy(next);
-        }
         if (broke)
             ps__rpc_call_cancel(up, GRPC_STATUS_CANCELLED, "the worker's stream broke");
     }
-    pipe_arg_t pa = {down, up, 1, 1};
+    /* A second frame that came as soon goes up from the pipe, like the rest:
+     * sent from here, it could wait on the hub's flow control while the hub
+     * waits for this thread to take its output (its window full of steps
+     * that this rank has to receive), and neither would move (all_gather
+     * of 16 MiB across 4 netns hosts, ranks through gRPC). */
+    pipe_arg_t pa = {down, up, 1, 1, next};
     int piping = rc == 0 && !whole && !broke && ps__task_start(&t, pipe_main, &pa) == 0;
+    if (!piping && pa.pending)
+        grpc_byte_buffer_destroy(pa.pending);
     int receiving = piping || (rc == 0 && whole);
     while (receiving) {
         grpc_byte_buffer *bb = NULL;

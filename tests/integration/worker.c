@@ -733,6 +733,20 @@ static int sc_all_to_all_large(ctx_t *cx)
     return 0;
 }
 
+/* Multi-step all_gathers of ranks forwarded to another agent's hub, their
+ * input frames sent while the hub streams the output: each rank's block
+ * spans more steps than the hub's window, so a forwarded rank's first step
+ * waits for it to take the earlier ranks' output. The agent forwarding it
+ * must read the hub's frames while it passes the rank's frames on (it once
+ * sent the second frame before reading any, and hung about one run in
+ * two). Repeated: the frames' timing varies from call to call. */
+static int sc_forward_stream(ctx_t *cx)
+{
+    for (int i = 0; i < 12; i++)
+        TRY(run_case(cx, K_ALL_GATHER, PS_FLOAT32, PS_SUM, (5u << 18) + (unsigned)i, 0, NULL, 0));
+    return 0;
+}
+
 /* A barrier holds every rank until the last arrives: rank r arrives about
  * r*150 ms after the others, and none may leave before the last rank's
  * arrival. Arrivals are stamped on CLOCK_MONOTONIC, one clock for every
@@ -3116,6 +3130,7 @@ static const scenario_t scenarios[] = {
     {"reduce_scatter", sc_reduce_scatter, 1, 0},
     {"all_to_all", sc_all_to_all, 1, 0},
     {"all_to_all_large", sc_all_to_all_large, 1, 0},
+    {"forward_stream", sc_forward_stream, 1, 0},
     {"peer", sc_peer, 1, 0},
     {"peer_mapped", sc_peer_mapped, 1, 0},
     {"barrier", sc_barrier, 1, 0},
