@@ -7,7 +7,7 @@
  *   node bench/node_shm.js --paramsyncd BUILD/server/paramsyncd [--mib 64 | --sizes B,...]
  *                          [--np 2,4] [--iters 5] [--warmup 5]
  *                          [--ops all_reduce,broadcast,all_gather]
- *                          [--modes frames,calls,segment,doorbell,mem]
+ *                          [--modes frames,calls,segment,doorbell,mem] [--resident BYTES]
  *
  * For each world size it starts one paramsyncd on a free loopback port (with
  * /metrics) and runs the same job once per mode: `frames` (PARAMSYNC_SHM=0: every
@@ -18,7 +18,11 @@
  * `doorbell` (the same, but from 8 MiB (32 without huge pages) the agent reads and
  * writes the arrays where they are), `peer` (that, and peer copies: large
  * all_gather and all_to_all rank to rank), `mem` (every path, the buffers from
- * dist.empty(), which the agent uses in place: input and output in one). Ops:
+ * dist.empty(), which the agent uses in place: input and output in one), `mem-nomap`
+ * (that with PARAMSYNC_PEER_MAP=0: peer copies read empty() memory over the agent's
+ * --shm-resident-bytes with process_vm_readv, not through mappings of the segments).
+ * --resident gives the daemon that --shm-resident-bytes (e.g. 1M: every call over it,
+ * so all_gather and all_to_all of empty() memory go by peer copies). Ops:
  * float32 all_reduce, broadcast (root 0), all_gather, all_to_all (single tensor),
  * and barrier (no size), --warmup untimed calls of each first (the first checked; V8
  * compiles the client's code over the first thousands of calls, so small sizes want
@@ -39,7 +43,8 @@ const REPO = path.join(__dirname, '..');
 const OPS = ['all_reduce', 'broadcast', 'all_gather', 'all_to_all', 'barrier'];
 const MODES = { frames: { PARAMSYNC_SHM: '0' }, calls: { PARAMSYNC_NODE_NATIVE: '0' },
   segment: { PARAMSYNC_SHM_DIRECT: '0', PARAMSYNC_PEER_COPY: '0' },
-  doorbell: { PARAMSYNC_PEER_COPY: '0' }, peer: {}, mem: { BENCH_MEM: '1' } };
+  doorbell: { PARAMSYNC_PEER_COPY: '0' }, peer: {}, mem: { BENCH_MEM: '1' },
+  'mem-nomap': { BENCH_MEM: '1', PARAMSYNC_PEER_MAP: '0' } };
 
 function usage(code) {
   const text = fs.readFileSync(__filename, 'utf8');
@@ -73,6 +78,7 @@ function parseArgs(argv) {
     else if (k === '--warmup') a.warmup = Number(v());
     else if (k === '--ops') a.ops = v().split(',');
     else if (k === '--modes') a.modes = v().split(',');
+    else if (k === '--resident') a.resident = v();
     else fail(`unknown option ${k}`);
   }
   if (a.sizes.some((b) => !(b >= 4) || b % 4) || !(a.iters >= 1) || a.np.some((p) => !(p >= 2)) ||
@@ -203,7 +209,8 @@ async function main() {
   const moved = [];
   for (const p of a.np) {
     process.env.PARAMSYNC_DAEMON = a.paramsyncd; // which binary helpers start
-    const [d, metrics] = await helpers.daemonWithMetrics();
+    const [d, metrics] = await helpers.daemonWithMetrics(a.resident === undefined ? []
+      : ['--shm-resident-bytes', a.resident]);
     if (!metrics) throw new Error(`paramsyncd announced no metrics address:\n${d.log()}`);
     try {
       const res = {};

@@ -343,8 +343,8 @@ class ShmSegment {
  * resolves to the ShmAttachResponse once the agent mapped it; took(resp) sees the answer.
  * Resolves to { fd, name } (the name unlinked already: the agent holds it now). map: it
  * is mapped here instead (the native helper), attach gets the ArrayBuffer too, and the
- * result is { name, ab }, the file closed. */
-async function shmCreate(size, attach, took, map = false) {
+ * result is { name, ab }, the file closed; with keepFd, open: { name, ab, fd }. */
+async function shmCreate(size, attach, took, map = false, keepFd = false) {
   const name = `/paramsync.${process.pid}.${++shmCounter}.${crypto.randomBytes(3)
     .toString('hex')}`;
   const file = `/dev/shm${name}`; // where glibc's shm_open(name) puts it
@@ -368,7 +368,7 @@ async function shmCreate(size, attach, took, map = false) {
     ab = map ? native.map(fd, size) : null;
     took(await attach(name, size, value.toString(), ab));
     pwriteAll(fd, Buffer.alloc(8), 0);
-    if (map) fs.closeSync(fd);
+    if (map && !keepFd) fs.closeSync(fd);
   } catch (e) {
     fs.closeSync(fd);
     throw e;
@@ -377,7 +377,8 @@ async function shmCreate(size, attach, took, map = false) {
     // happened, so that nothing is left in /dev/shm.
     try { fs.unlinkSync(file); } catch (e) { /* gone already */ }
   }
-  return map ? { name, ab } : { fd, name };
+  if (map) return keepFd ? { name, ab, fd } : { name, ab };
+  return { fd, name };
 }
 
 /** Spare segments: a collective in flight beside the one using the World's segment
@@ -415,6 +416,13 @@ class ShmSpares {
   }
 }
 
+/** Closes the file an allocation from empty() kept open for peers (none map it after). */
+function closeFd(mem) {
+  if (mem.fd === null || mem.fd === undefined) return;
+  try { fs.closeSync(mem.fd); } catch (e) { /* closed already */ }
+  mem.fd = null;
+}
+
 /** Memory from empty(): each allocation a segment of its own that the agent keeps
  * (ShmAttach registered, at most 64 per rank) and reads and writes in place. One
  * collective at a time per allocation; a concurrent one copies. */
@@ -435,11 +443,11 @@ class Registered {
     if (native && shmEnabled() && !this.closed) {
       try {
         let resident = null;
-        const { name, ab } = await shmCreate(size, this.attach, (resp) => {
+        const { name, ab, fd } = await shmCreate(size, this.attach, (resp) => {
           if (resp && resp.resident_told) resident = Number(resp.resident_bytes);
-        }, true);
+        }, true, size >= PEER.FD_MIN_BYTES && peerMapWanted());
         mem = { ab, name, size, base: native.address(ab), inUse: false, retired: false,
-          resident };
+          resident, fd: fd === undefined ? null : fd };
       } catch (e) { /* refused or failed: plain memory, as in C */ }
     }
     if (!mem) mem = { ab: new ArrayBuffer(size), name: null, size, inUse: false, retired: false };
@@ -483,13 +491,22 @@ class Registered {
     const mem = this.mems.find((m) => m.ab === ab);
     if (!mem || mem.inUse) return false;
     this.mems.splice(this.mems.indexOf(mem), 1);
+    closeFd(mem);
     if (mem.name) await this.detach(mem.name);
     return true;
+  }
+
+  /** The segment whose file this rank keeps open for its peers to map, that ArrayBuffer
+   * ab is, as [start, bytes, descriptor]; or null. */
+  segmentOf(ab) {
+    const mem = this.mems.find((m) => m.ab === ab && m.fd !== null);
+    return mem ? [mem.base, mem.size, mem.fd] : null;
   }
 
   /** The rank left (the agent dropped them): arrays keep their memory. */
   close() {
     this.closed = true;
+    this.mems.forEach(closeFd);
     this.mems = [];
   }
 }
@@ -893,14 +910,25 @@ const PEER = Object.freeze({
   MAX_ALL_TO_ALL_RANKS: 64, // all_to_all and scatter: descriptors of n words each
   MAGIC: 0x3270656572737370n,
   // A descriptor's words: magic, PID namespace (device, inode), the nonce's address, the
-  // nonce, pid | FITS_*; words 6 to 15 a C rank's CUDA device input (0 here); then the
-  // blocks' addresses.
+  // nonce, pid | FITS_*; words 6 to 15 a C rank's CUDA device input or (FITS_SEGMENT) its
+  // segment; then the blocks' addresses.
   W_MAGIC: 0, W_PIDNS_DEV: 1, W_PIDNS_INO: 2, W_NONCE_ADDR: 3, W_NONCE: 4, W_PID_FITS: 5,
   W_BLOCKS: 16,
   FITS_HOST: 1n << 32n,
   FITS_DEVICE: 1n << 33n,
+  // The input lies whole in an empty() segment whose file the rank keeps open: words 6-8
+  // its start, size and descriptor number, for the others to map (pidfd_getfd).
+  FITS_SEGMENT: 1n << 34n,
+  W_SEG_BASE: 6, W_SEG_SIZE: 7, W_SEG_FD: 8,
+  FD_MIN_BYTES: 1 << 20, // empty() allocations that keep their file open (client/shm.c)
   SEQS: 3, // sequence numbers a call that takes the path holds
 });
+
+/** Whether ranks map each other's empty() segments (PARAMSYNC_PEER_MAP=0: they read them
+ * with process_vm_readv, as client/peer.c). */
+function peerMapWanted() {
+  return !!native && !!native.peerMapRead && process.env.PARAMSYNC_PEER_MAP !== '0';
+}
 // Bytes of an element, by DTYPES value: the typed array each dtype travels in.
 const ELEMENT_BYTES = DTYPE_NAMES.map((n) => ALLOWED[n][0].BYTES_PER_ELEMENT);
 
@@ -939,11 +967,17 @@ class PeerSelf {
   }
 
   /** This rank's descriptor: ins the addresses of its input's blocks (an all_to_all's or
-   * scatter root's n, an all_gather's or gather's one); fits: its buffers suit. */
-  describe(ins, fits) {
+   * scatter root's n, an all_gather's or gather's one); fits: its buffers suit; seg:
+   * [start, bytes, descriptor] of the empty() segment its input lies in whole, kept open
+   * for the others to map, or null. */
+  describe(ins, fits, seg = null) {
     const w = new BigUint64Array(PEER.W_BLOCKS + ins.length);
     w.set([PEER.MAGIC, this.pidnsDev, this.pidnsIno, BigInt(this.nonceAddress), this.nonce,
       BigInt(process.pid & 0xFFFFFFFF) | (fits ? PEER.FITS_HOST : 0n)]);
+    if (fits && seg) {
+      w[PEER.W_PID_FITS] |= PEER.FITS_SEGMENT;
+      w.set(seg.map(BigInt), PEER.W_SEG_BASE);
+    }
     ins.forEach((a, i) => { w[PEER.W_BLOCKS + i] = BigInt(a); });
     return w;
   }
@@ -1004,11 +1038,17 @@ function peerAllFit(d, n, words) {
  * the process that holds its rank's nonce. */
 function peerPull(kind, n, rank, root, d, words, block, outs, ins) {
   const which = blocksPerRank(kind) ? rank : 0;
+  const mapped = peerMapWanted();
   const read = (i, [buf, off]) => {
     const x = d.subarray(i * words, (i + 1) * words);
-    return native.peerRead(Number(x[PEER.W_PID_FITS] & 0xFFFFFFFFn),
-      Number(x[PEER.W_NONCE_ADDR]), x[PEER.W_NONCE], Number(x[PEER.W_BLOCKS + which]), block,
-      buf.buffer, buf.byteOffset + off);
+    const args = [Number(x[PEER.W_PID_FITS] & 0xFFFFFFFFn), Number(x[PEER.W_NONCE_ADDR]),
+      x[PEER.W_NONCE], Number(x[PEER.W_BLOCKS + which]), block, buf.buffer,
+      buf.byteOffset + off];
+    // Through a mapping of the owner's segment where it offers one, kept for later calls;
+    // else (or failing that) process_vm_readv, which pins the pages one by one each call.
+    return (mapped && (x[PEER.W_PID_FITS] & PEER.FITS_SEGMENT) !== 0n &&
+      native.peerMapRead(...args, Number(x[PEER.W_SEG_FD]), Number(x[PEER.W_SEG_BASE]),
+        Number(x[PEER.W_SEG_SIZE]))) || native.peerRead(...args);
   };
   if (kind === KIND.SCATTER && rank !== root) return read(root, outs[0]);
   if (kind === KIND.GATHER && rank !== root) return true; // it only lends its input
@@ -1393,6 +1433,9 @@ class World {
   _close() {
     this.closed = true;
     for (const x of [this.shm, this.spares, this.doorbells, this.mem, this.proc]) x.close();
+    // Other ranks' segments mapped here (the process's table: a World still in use maps
+    // again what it reads next).
+    if (peerMapWanted()) native.peerMapSweep(-1);
   }
 
   // -------------------------------------------------------------- collectives engine
@@ -1518,7 +1561,11 @@ class World {
     // rank's descriptor is one size.
     const addrs = fits && ins.length ? ins.map(([b, off]) => native.address(b.buffer) +
       b.byteOffset + off) : new Array(nb).fill(0);
-    const desc = this.peerSelf.describe(addrs, fits);
+    // Input in one empty() allocation whose file stays open: the others may map it.
+    const seg = fits && ins.length && peerMapWanted() &&
+      ins.every(([b]) => b.buffer === ins[0][0].buffer) ? this.mem.segmentOf(ins[0][0].buffer)
+      : null;
+    const desc = this.peerSelf.describe(addrs, fits, seg);
     const words = desc.length;
     const got = new BigUint64Array(n * words);
     await this._small(g, seq, KIND.ALL_GATHER, DTYPES.uint8,
@@ -1529,7 +1576,10 @@ class World {
       return false;
     }
     for (const x of [send, recv]) for (const b of x ? x.bufs : []) collapse(b);
+    const since = peerMapWanted() ? native.peerMapClock() : 0;
     const ok = peerPull(kind, n, rank, header.root, d, words, block, outs, ins);
+    // Mappings this call did not use whose owner let the file go (freed, or left).
+    if (peerMapWanted()) native.peerMapSweep(since);
     const failed = new Int32Array([ok ? 0 : 1]);
     await this._small(g, seq + 1, KIND.ALL_REDUCE, DTYPES.int32, failed, failed,
       `${name} (peer copies done)`, ReduceOp.MAX);

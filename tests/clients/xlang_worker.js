@@ -1,6 +1,7 @@
 'use strict';
 // The Node.js worker of the cross-language test (xlang.py): the steps of
 // xlang_worker.c, with the paramsync Node.js client on typed arrays.
+const fs = require('fs');
 const path = require('path');
 const dist = require(path.join(__dirname, '..', '..', 'client', 'node'));
 
@@ -54,7 +55,8 @@ async function peerSteps() {
 }
 
 /** xlang_worker.c's mem_steps (XLANG_PEER=2): an all_to_all from empty() memory by peer
- * copies; a Node.js rank reads the others with process_vm_readv and offers no segment. */
+ * copies, the others' segments read through mappings this process keeps (XLANG_MAPS of
+ * them). */
 async function memSteps() {
   const B = 700001;
   const mem = await dist.empty(6 * B, 'int32');
@@ -63,6 +65,10 @@ async function memSteps() {
   await dist.allToAllSingle(out, mem.subarray(0, 3 * B));
   expectEach(out, (k) => 1000 * Math.floor(k / B) + 10 * r + k % B % 7,
     'all_to_all int32 of 8 MiB from empty() memory');
+  const mine = `/paramsync.${process.pid}.`;
+  const mapped = fs.readFileSync('/proc/self/maps', 'utf8').split('\n')
+    .filter((l) => l.includes('/paramsync.') && !l.includes(mine)).length;
+  expect([mapped], [Number(process.env.XLANG_MAPS)], 'the others\' segments mapped');
   await dist.barrier();
   await dist.destroyProcessGroup();
 }

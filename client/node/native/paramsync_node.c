@@ -18,6 +18,10 @@
  *   peerRead(pid, nonceAddress, nonce,  -> whether a block of another process came whole,
  *            address, length, buffer,      read with its nonce (peer copies, client/peer.c)
  *            offset)
+ *   peerMapRead(... as peerRead,        -> the same through a kept read-only mapping of the
+ *               segFd, segBase, segSize)   owner's segment (pidfd_getfd of its segFd)
+ *   peerMapClock(), peerMapSweep(since) -> a mark; drops mappings unused since it whose
+ *                                          owner let the file go (-1: all), how many
  *
  * wait() blocks a thread of libuv's pool (the event loop goes on); the
  * buffer is kept alive until it ends. waitNow() saves wait()'s two hand-offs
@@ -32,12 +36,14 @@
 #include <errno.h>
 #include <limits.h>
 #include <linux/futex.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -349,6 +355,51 @@ static napi_value js_collapse_works(napi_env env, napi_callback_info info)
     return out;
 }
 
+/* A block of another process to copy here: pid holds it at `at` (n bytes) and its nonce
+ * at nonce_at; it goes to data + off. */
+typedef struct peer_block {
+    uint64_t pid, nonce_at, nonce, at, n, off;
+    char *data;
+} peer_block_t;
+
+/* argv[0..6] (pid, nonceAddress, nonce, address, length, buffer, offset) into *b; false
+ * (thrown) when they are not integers (the nonce a BigInt) or the block is not inside the
+ * buffer. */
+static bool peer_block_args(napi_env env, napi_value *argv, const char *what, peer_block_t *b)
+{
+    size_t len;
+    bool lossless = false;
+    b->data = buffer_of(env, argv[5], &len);
+    if (!b->data)
+        return false;
+    if (get_count(env, argv[0], INT_MAX, &b->pid) != 0 ||
+        get_count(env, argv[1], ADDRESS_MAX, &b->nonce_at) != 0 ||
+        napi_get_value_bigint_uint64(env, argv[2], &b->nonce, &lossless) != napi_ok || !lossless ||
+        get_count(env, argv[3], ADDRESS_MAX, &b->at) != 0 ||
+        get_count(env, argv[4], (double)len, &b->n) != 0 ||
+        get_count(env, argv[6], (double)len, &b->off) != 0 || b->off + b->n > len) {
+        char msg[160];
+        snprintf(msg, sizeof(msg), "%s: integers (the nonce a BigInt), the block inside the buffer",
+                 what);
+        napi_throw_range_error(env, NULL, msg);
+        return false;
+    }
+    return true;
+}
+
+/* Reads the 8 bytes at b's nonce_at and, in the same process_vm_readv, n bytes at `from`
+ * of b's process into dst (n may be 0): whether all came and the nonce is b's, so that the
+ * bytes came whole from the process that holds that rank's nonce. */
+static bool peer_readv(const peer_block_t *b, uint64_t from, void *dst, uint64_t n)
+{
+    uint64_t seen = 0;
+    struct iovec local[2] = {{&seen, 8}, {dst, (size_t)n}};
+    struct iovec remote[2] = {{(void *)(uintptr_t)b->nonce_at, 8},
+                              {(void *)(uintptr_t)from, (size_t)n}};
+    ssize_t got = process_vm_readv((pid_t)b->pid, local, n ? 2 : 1, remote, n ? 2 : 1, 0);
+    return got == (ssize_t)(8 + n) && seen == b->nonce;
+}
+
 /* peerRead(pid, nonceAddress, nonce, address, length, buffer, offset): reads length
  * bytes at address of process pid into buffer at offset, with the 8 bytes at
  * nonceAddress in the same process_vm_readv (client/peer.c's rule): true when all came
@@ -357,33 +408,177 @@ static napi_value js_collapse_works(napi_env env, napi_callback_info info)
 static napi_value js_peer_read(napi_env env, napi_callback_info info)
 {
     napi_value argv[7], out;
-    uint64_t pid, nonce_at, at, n, off, nonce = 0;
-    size_t len;
-    bool lossless = false;
+    peer_block_t b;
     if (!get_args(env, info, 7, argv,
                   "peerRead(pid, nonceAddress, nonce, address, length, buffer, offset): seven "
-                  "arguments"))
+                  "arguments") ||
+        !peer_block_args(env, argv, "peerRead", &b))
         return NULL;
-    char *data = buffer_of(env, argv[5], &len);
-    if (!data)
+    TRY(env, napi_get_boolean(env, peer_readv(&b, b.at, b.data + b.off, b.n), &out),
+        "peerRead: result");
+    return out;
+}
+
+/* ---- other ranks' segments, mapped (client/peer.c's table, Python's _peer.Maps) ---- */
+
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+#ifndef SYS_pidfd_getfd
+#define SYS_pidfd_getfd 438
+#endif
+
+/* Mappings kept, at most; the one unused longest goes for a new one. */
+#define PEER_MAPS 32
+
+typedef struct peer_map {
+    uint64_t pid, fd, dev, ino, size; /* the owner, its descriptor number, the file */
+    uint8_t *addr;
+    uint64_t last; /* the clock when last used */
+} peer_map_t;
+
+/* One table for the process (every World in it, and worker threads: the lock). */
+static pthread_mutex_t maps_lock = PTHREAD_MUTEX_INITIALIZER;
+static peer_map_t maps[PEER_MAPS];
+static int nmaps;
+static uint64_t maps_clock;
+
+/* The file at number fd of process pid, as a descriptor here with its stat: -1 when it
+ * cannot be taken or is not a regular file. With b, b's nonce is checked after the pidfd
+ * is taken, so that a pid used again would not pass. */
+static int peer_file(uint64_t pid, uint64_t fd, const peer_block_t *b, struct stat *st)
+{
+    int pidfd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0u);
+    if (pidfd < 0)
+        return -1;
+    int here =
+        b && !peer_readv(b, 0, NULL, 0) ? -1 : (int)syscall(SYS_pidfd_getfd, pidfd, (int)fd, 0u);
+    close(pidfd);
+    if (here >= 0 && (fstat(here, st) != 0 || !S_ISREG(st->st_mode))) {
+        close(here);
+        here = -1;
+    }
+    return here;
+}
+
+/* Drops entry i of the table. Lock held. */
+static void maps_drop(int i)
+{
+    munmap(maps[i].addr, (size_t)maps[i].size);
+    maps[i] = maps[--nmaps];
+}
+
+/* peerMapRead(pid, nonceAddress, nonce, address, length, buffer, offset, segFd, segBase,
+ * segSize): as peerRead, through a mapping of the segment the block lies in (its owner's
+ * descriptor segFd, from segBase, segSize bytes), taken with pidfd_getfd after the nonce
+ * check and kept for later calls: true when the block was copied so, false when it could
+ * not be (then peerRead). */
+static napi_value js_peer_map_read(napi_env env, napi_callback_info info)
+{
+    napi_value argv[10], out;
+    peer_block_t b;
+    uint64_t fd, base, size;
+    if (!get_args(env, info, 10, argv,
+                  "peerMapRead(pid, nonceAddress, nonce, address, length, buffer, offset, "
+                  "segFd, segBase, segSize): ten arguments") ||
+        !peer_block_args(env, argv, "peerMapRead", &b))
         return NULL;
-    if (get_count(env, argv[0], INT_MAX, &pid) != 0 ||
-        get_count(env, argv[1], ADDRESS_MAX, &nonce_at) != 0 ||
-        napi_get_value_bigint_uint64(env, argv[2], &nonce, &lossless) != napi_ok || !lossless ||
-        get_count(env, argv[3], ADDRESS_MAX, &at) != 0 ||
-        get_count(env, argv[4], (double)len, &n) != 0 ||
-        get_count(env, argv[6], (double)len, &off) != 0 || off + n > len) {
-        napi_throw_range_error(env, NULL,
-                               "peerRead: integers (the nonce a BigInt), the block inside the "
-                               "buffer");
+    if (get_count(env, argv[7], INT_MAX, &fd) != 0 ||
+        get_count(env, argv[8], ADDRESS_MAX, &base) != 0 ||
+        get_count(env, argv[9], ADDRESS_MAX, &size) != 0) {
+        napi_throw_range_error(env, NULL, "peerMapRead: the segment's fd, start and size");
         return NULL;
     }
-    uint64_t seen = 0;
-    struct iovec local[2] = {{&seen, 8}, {data + off, (size_t)n}};
-    struct iovec remote[2] = {{(void *)(uintptr_t)nonce_at, 8}, {(void *)(uintptr_t)at, (size_t)n}};
-    ssize_t got = process_vm_readv((pid_t)pid, local, 2, remote, 2, 0);
-    TRY(env, napi_get_boolean(env, got == (ssize_t)(8 + n) && seen == nonce, &out),
-        "peerRead: result");
+    bool ok = false;
+    struct stat st;
+    int here = -1;
+    if (size && b.at >= base && b.at - base <= size && b.n <= size - (b.at - base) &&
+        size <= SIZE_MAX / 2)
+        here = peer_file(b.pid, fd, &b, &st);
+    /* A file shorter than the mapping would fault on the copy (SIGBUS). */
+    if (here >= 0 && (uint64_t)st.st_size >= size) {
+        pthread_mutex_lock(&maps_lock);
+        int i = 0;
+        while (i < nmaps &&
+               !(maps[i].pid == b.pid && maps[i].fd == fd && maps[i].dev == (uint64_t)st.st_dev &&
+                 maps[i].ino == (uint64_t)st.st_ino && maps[i].size == size))
+            i++;
+        if (i == nmaps) {
+            void *p = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, here, 0);
+            if (p == MAP_FAILED) {
+                i = -1;
+            } else {
+                if (nmaps == PEER_MAPS) {
+                    int old = 0;
+                    for (int k = 1; k < nmaps; k++)
+                        if (maps[k].last < maps[old].last)
+                            old = k;
+                    maps_drop(old);
+                }
+                i = nmaps++;
+                maps[i] =
+                    (peer_map_t){b.pid, fd, (uint64_t)st.st_dev, (uint64_t)st.st_ino, size, p, 0};
+            }
+        }
+        if (i >= 0) {
+            maps[i].last = ++maps_clock;
+            memcpy(b.data + b.off, maps[i].addr + (b.at - base), (size_t)b.n);
+            ok = true;
+        }
+        pthread_mutex_unlock(&maps_lock);
+    }
+    if (here >= 0)
+        close(here);
+    TRY(env, napi_get_boolean(env, ok, &out), "peerMapRead: result");
+    return out;
+}
+
+/* peerMapClock(): a mark for peerMapSweep; mappings used after it are left alone. */
+static napi_value js_peer_map_clock(napi_env env, napi_callback_info info)
+{
+    (void)info;
+    napi_value out;
+    pthread_mutex_lock(&maps_lock);
+    double now = (double)maps_clock;
+    pthread_mutex_unlock(&maps_lock);
+    TRY(env, napi_create_double(env, now, &out), "peerMapClock: result");
+    return out;
+}
+
+/* peerMapSweep(since): lets go of the mappings not used since the mark whose owner no
+ * longer holds that file under that number (freed, or gone): a mapping keeps the owner's
+ * memory. With no mark (-1), of every one. How many went. */
+static napi_value js_peer_map_sweep(napi_env env, napi_callback_info info)
+{
+    napi_value argv[1], out;
+    double since;
+    if (!get_args(env, info, 1, argv, "peerMapSweep(since): one argument") ||
+        napi_get_value_double(env, argv[0], &since) != napi_ok)
+        return fail(env, "peerMapSweep(since): a number");
+    int gone = 0;
+    pthread_mutex_lock(&maps_lock);
+    for (int i = 0; i < nmaps;) {
+        struct stat st;
+        int here = -1;
+        if (since >= 0 && (double)maps[i].last > since) {
+            i++;
+            continue;
+        }
+        if (since >= 0)
+            here = peer_file(maps[i].pid, maps[i].fd, NULL, &st);
+        bool held =
+            here >= 0 && (uint64_t)st.st_dev == maps[i].dev && (uint64_t)st.st_ino == maps[i].ino;
+        if (here >= 0)
+            close(here);
+        if (held) {
+            i++;
+        } else {
+            maps_drop(i);
+            gone++;
+        }
+    }
+    pthread_mutex_unlock(&maps_lock);
+    TRY(env, napi_create_int32(env, gone, &out), "peerMapSweep: result");
     return out;
 }
 
@@ -399,7 +594,10 @@ static napi_value init(napi_env env, napi_value exports)
                {"address", js_address},
                {"collapse", js_collapse},
                {"collapseWorks", js_collapse_works},
-               {"peerRead", js_peer_read}};
+               {"peerRead", js_peer_read},
+               {"peerMapRead", js_peer_map_read},
+               {"peerMapClock", js_peer_map_clock},
+               {"peerMapSweep", js_peer_map_sweep}};
     for (size_t i = 0; i < sizeof(fns) / sizeof(fns[0]); i++) {
         napi_value f;
         TRY(env, napi_create_function(env, fns[i].name, NAPI_AUTO_LENGTH, fns[i].fn, NULL, &f),

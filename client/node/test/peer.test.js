@@ -5,6 +5,7 @@
 // the agent, with the same results.
 const test = require('node:test');
 const assert = require('node:assert');
+const fs = require('node:fs');
 const dist = require('..');
 const { worlds, filled, fixture, runNode, scrapeMetrics, daemonWithMetrics } =
   require('./helpers');
@@ -44,6 +45,12 @@ async function fourKinds(ws) {
  * empty(), every element checked. */
 async function allToAllOnEmpty(ws) {
   const mems = await Promise.all(ws.map((w) => w.empty(6 * K, 'int32')));
+  await allToAllOn(ws, mems);
+  return mems;
+}
+
+/** allToAllOnEmpty's call on mems (one array from empty() per rank). */
+async function allToAllOn(ws, mems) {
   mems.forEach((m, r) => m.set(filled(r, 3 * K)));
   await Promise.all(ws.map((w, r) => w.allToAllSingle(mems[r].subarray(3 * K),
     mems[r].subarray(0, 3 * K))));
@@ -76,6 +83,13 @@ test('the four kinds by peer copies: rank to rank, none at the agent', async (t)
   }
 });
 
+/** Other ranks' segments this process maps read-only (the native helper's table of peer
+ * mappings; an owner maps its own read-write). */
+function peerMappings() {
+  return fs.readFileSync('/proc/self/maps', 'utf8').split('\n')
+    .filter((l) => l.includes('/paramsync.') && l.split(/\s+/)[1] === 'r--s').length;
+}
+
 test('empty() memory over the agent\'s --shm-resident-bytes: by peer copies', async (t) => {
   if (!f.ready(t)) return;
   // The agent would copy such a call through the segments' files, slower than the ranks.
@@ -83,15 +97,50 @@ test('empty() memory over the agent\'s --shm-resident-bytes: by peer copies', as
   try {
     const ws = await worlds(dist, d.addr, 'node-peer-resident', 3);
     try {
-      await allToAllOnEmpty(ws);
+      const mems = await allToAllOnEmpty(ws);
       ws.forEach((w, r) => assert.strictEqual(w.peerUsed, 1, `rank ${r}`));
+      // Each rank's segment read through a mapping the process keeps (the three ranks
+      // share this process, and so one table): three, and still three when the call
+      // comes again.
+      assert.strictEqual(peerMappings(), 3, 'the segments mapped after the first call');
+      await allToAllOn(ws, mems);
+      assert.strictEqual(peerMappings(), 3, 'the same mappings used again');
+      // Given back and allocated anew: the old segments' mappings go (their owner closed
+      // the files), the new ones come.
+      await Promise.all(ws.map((w, r) => w.free(mems[r])));
+      await allToAllOnEmpty(ws);
+      ws.forEach((w, r) => assert.strictEqual(w.peerUsed, 3, `rank ${r}`));
+      assert.strictEqual(peerMappings(), 3, 'the freed segments\' mappings let go');
     } finally {
       await Promise.all(ws.map((w) => w.destroy()));
     }
+    assert.strictEqual(peerMappings(), 0, 'mappings left after the ranks left');
   } finally {
     await d.stop();
   }
 });
+
+test('PARAMSYNC_PEER_MAP=0: empty() memory over the budget read without mappings',
+  async (t) => {
+    if (!f.ready(t)) return;
+    const [d] = await daemonWithMetrics(['--shm-resident-bytes', '1M']);
+    const was = process.env.PARAMSYNC_PEER_MAP;
+    process.env.PARAMSYNC_PEER_MAP = '0';
+    try {
+      const ws = await worlds(dist, d.addr, 'node-peer-nomap', 3);
+      try {
+        await allToAllOnEmpty(ws);
+        ws.forEach((w, r) => assert.strictEqual(w.peerUsed, 1, `rank ${r}`));
+        assert.strictEqual(peerMappings(), 0, 'mapped with PARAMSYNC_PEER_MAP=0');
+      } finally {
+        await Promise.all(ws.map((w) => w.destroy()));
+      }
+    } finally {
+      if (was === undefined) delete process.env.PARAMSYNC_PEER_MAP;
+      else process.env.PARAMSYNC_PEER_MAP = was;
+      await d.stop();
+    }
+  });
 
 test('a rank that did not ask for peer copies: every rank through the agent, alike',
   async (t) => {
