@@ -156,7 +156,9 @@ async function payloadBytes(url) {
   return sum;
 }
 
-function runJob(d, p, mode, a, job) {
+/** Runs the job's p ranks; resolves to their results, or rejects once every rank ended,
+ * with each failed rank's stderr (the first to end often only says another was lost). */
+async function runJob(d, p, mode, a, job) {
   const procs = [...Array(p).keys()].map((r) => new Promise((resolve, reject) => {
     const env = { ...process.env, PARAMSYNC_ADDR: d.addr, WORLD_SIZE: String(p), RANK: String(r),
       PARAMSYNC_JOB: job, BENCH_ITERS: String(a.iters), BENCH_WARMUP: String(a.warmup),
@@ -174,7 +176,10 @@ function runJob(d, p, mode, a, job) {
       else resolve(JSON.parse(m[1]));
     });
   }));
-  return Promise.all(procs);
+  const ended = await Promise.allSettled(procs);
+  const failed = ended.filter((x) => x.status === 'rejected');
+  if (failed.length) throw new Error(failed.map((x) => x.reason.message).join('\n'));
+  return ended.map((x) => x.value);
 }
 
 function median(xs) {

@@ -929,6 +929,7 @@ const PEER = Object.freeze({
 function peerMapWanted() {
   return !!native && !!native.peerMapRead && process.env.PARAMSYNC_PEER_MAP !== '0';
 }
+
 // Bytes of an element, by DTYPES value: the typed array each dtype travels in.
 const ELEMENT_BYTES = DTYPE_NAMES.map((n) => ALLOWED[n][0].BYTES_PER_ELEMENT);
 
