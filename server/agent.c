@@ -94,11 +94,8 @@ static void *pipe_main(void *arg)
     pipe_arg_t *p = arg;
     for (;;) {
         grpc_byte_buffer *bb = p->pending;
-        int rc = 0;
-        if (bb)
-            p->pending = NULL;
-        else
-            rc = ps__rpc_call_recv(p->from, &bb);
+        p->pending = NULL;
+        int rc = bb ? 0 : ps__rpc_call_recv(p->from, &bb);
         if (rc < 0) {
             ps__rpc_call_cancel(p->to, GRPC_STATUS_CANCELLED, "the worker's stream broke");
             break;

@@ -1036,10 +1036,10 @@ function peerAllFit(d, n, words) {
 
 /** Reads this rank's blocks from the others into outs ([buffer, offset] of its output's
  * blocks) and copies its own from ins: true, or false if any could not be read whole from
- * the process that holds its rank's nonce. */
-function peerPull(kind, n, rank, root, d, words, block, outs, ins) {
+ * the process that holds its rank's nonce. mapped: through mappings of the segments that
+ * ranks offer (peerMapWanted). */
+function peerPull(kind, n, rank, root, d, words, block, outs, ins, mapped) {
   const which = blocksPerRank(kind) ? rank : 0;
-  const mapped = peerMapWanted();
   const read = (i, [buf, off]) => {
     const x = d.subarray(i * words, (i + 1) * words);
     const args = [Number(x[PEER.W_PID_FITS] & 0xFFFFFFFFn), Number(x[PEER.W_NONCE_ADDR]),
@@ -1563,7 +1563,8 @@ class World {
     const addrs = fits && ins.length ? ins.map(([b, off]) => native.address(b.buffer) +
       b.byteOffset + off) : new Array(nb).fill(0);
     // Input in one empty() allocation whose file stays open: the others may map it.
-    const seg = fits && ins.length && peerMapWanted() &&
+    const mapped = peerMapWanted();
+    const seg = fits && ins.length && mapped &&
       ins.every(([b]) => b.buffer === ins[0][0].buffer) ? this.mem.segmentOf(ins[0][0].buffer)
       : null;
     const desc = this.peerSelf.describe(addrs, fits, seg);
@@ -1577,10 +1578,10 @@ class World {
       return false;
     }
     for (const x of [send, recv]) for (const b of x ? x.bufs : []) collapse(b);
-    const since = peerMapWanted() ? native.peerMapClock() : 0;
-    const ok = peerPull(kind, n, rank, header.root, d, words, block, outs, ins);
+    const since = mapped ? native.peerMapClock() : 0;
+    const ok = peerPull(kind, n, rank, header.root, d, words, block, outs, ins, mapped);
     // Mappings this call did not use whose owner let the file go (freed, or left).
-    if (peerMapWanted()) native.peerMapSweep(since);
+    if (mapped) native.peerMapSweep(since);
     const failed = new Int32Array([ok ? 0 : 1]);
     await this._small(g, seq + 1, KIND.ALL_REDUCE, DTYPES.int32, failed, failed,
       `${name} (peer copies done)`, ReduceOp.MAX);

@@ -104,8 +104,8 @@ static int others_segments_mapped(void)
 /* XLANG_PEER=2: an all_to_all of 8 MiB of blocks from ps_mem_alloc memory
  * (input and output in one allocation), over the agent's
  * --shm-resident-bytes (the driver makes it small), so by peer copies; the
- * other C and Python ranks' segments read through mappings this rank keeps
- * (XLANG_MAPS of them, from the driver). */
+ * other ranks' segments, whatever their language, read through mappings
+ * this rank keeps (XLANG_MAPS of them, from the driver). */
 static void mem_steps(ps_comm_t *comm, int r)
 {
     int32_t *mem = ps_mem_alloc(comm, 6 * (size_t)PEER_B * sizeof(*mem));
@@ -140,11 +140,9 @@ int main(void)
     }
     int r = rank;
     const char *peer = getenv("XLANG_PEER");
-    if (peer && (strcmp(peer, "1") == 0 || strcmp(peer, "2") == 0)) {
-        if (strcmp(peer, "1") == 0)
-            peer_steps(comm, r);
-        else
-            mem_steps(comm, r);
+    int steps = peer ? atoi(peer) : 0;
+    if (steps == 1 || steps == 2) {
+        (steps == 1 ? peer_steps : mem_steps)(comm, r);
         check_rc(ps_finalize(comm), "finalize");
         return 0;
     }

@@ -23,7 +23,7 @@ def expect(got, want, what):
 
 if os.environ.get("XLANG_PEER") == "2":
     # xlang_worker.c's mem_steps: an all_to_all from empty() memory by peer copies, the
-    # other C and Python ranks' segments read through mappings this rank keeps.
+    # other ranks' segments read through mappings this rank keeps.
     B = 700001
     k = np.arange(3 * B)
     mem = dist.empty(6 * B, np.int32)
