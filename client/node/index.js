@@ -75,6 +75,15 @@ class ParamsyncError extends Error {
   }
 }
 
+/** What to do about a connection the agent dropped for an unanswered liveness ping. */
+function keepaliveHint(details) {
+  if (!/keepalive/i.test(details)) return '';
+  return ' (the agent drops a connection that leaves its liveness ping unanswered for ' +
+    'about its --liveness-timeout-ms, 10 s by default; a Node.js event loop kept busy ' +
+    'that long cannot answer it: move long synchronous work to a worker thread, or ' +
+    'raise the agent\'s --liveness-timeout-ms)';
+}
+
 function makeError(what, code, details) {
   const name = STATUS_NAMES[code] || 'UNKNOWN';
   if (details.startsWith(what)) return new ParamsyncError(`${name}: ${details}`, code, details);
@@ -1304,10 +1313,14 @@ class World {
         });
         call.on('error', (e) => {
           this.joinGone = true;
-          const err = makeError(`initProcessGroup (job ${this.job} at ${this.addr})`,
-            e.code, e.details || e.message);
-          if (!ready) settle(rejectJoin, err);
-          else if (!this.leaving) this._fail(err);
+          const details = e.details || e.message;
+          if (!ready) {
+            settle(rejectJoin, makeError(`initProcessGroup (job ${this.job} at ${this.addr})`,
+              e.code, details));
+          } else if (!this.leaving) {
+            this._fail(makeError(`the connection to the agent at ${this.addr} broke (the ` +
+              `membership of job ${this.job})`, e.code, details + keepaliveHint(details)));
+          }
         });
         call.on('end', () => {
           this.joinGone = true;

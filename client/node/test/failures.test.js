@@ -48,3 +48,26 @@ test('a rank whose stream breaks: in-flight and later collectives fail naming it
     await d.stop();
   }
 });
+
+test('an event loop kept busy past the liveness timeout: the error says why', async (t) => {
+  const d = await startDaemon(['--liveness-timeout-ms', '1000']);
+  if (!haveDaemon(t, d)) return;
+  const ws = await worlds(dist, d.addr, 'node-busy', 2);
+  try {
+    await Promise.all(ws.map((w) => w.barrier()));
+    const end = Date.now() + 2500; // no ping is answered meanwhile, by either rank
+    while (Date.now() < end);
+    const errs = await Promise.all(ws.map((w) => w.allReduce(new Float32Array(2))
+      .then(() => null, (e) => e)));
+    for (const err of errs) {
+      assert.ok(err instanceof dist.ParamsyncError, String(err));
+      assert.match(err.message, /connection to the agent at .* broke/);
+      assert.match(err.message, /keepalive/);
+      assert.match(err.message, /liveness-timeout-ms/);
+      assert.match(err.message, /worker thread/);
+    }
+  } finally {
+    await Promise.all(ws.map((w) => w.destroy()));
+    await d.stop();
+  }
+});
