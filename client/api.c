@@ -210,14 +210,18 @@ static int submit(ps_comm_t *comm, const request_t *r, ps_work_t **work, int *so
     }
     uint64_t seqs = c.peer_descs ? ps__peer_seqs(&c) : 1;
     ps_group_t *g = c.group;
+    int direct = ps__bar_takes(&c);
     if (work) {
         pthread_mutex_lock(&comm->lock);
         uint64_t *seq = seq_counter(&c, g);
         c.hdr.seq = *seq;
         *seq += seqs;
+        c.bar_k = direct ? ++g->bar_calls : 0;
         rc = ps__work_start(&c, work);
-        if (rc < 0)
+        if (rc < 0) {
             *seq -= seqs; /* nothing was sent: the numbers are still free */
+            g->bar_calls -= direct;
+        }
         pthread_mutex_unlock(&comm->lock);
         if (rc < 0) {
             ps__report(comm, rc, r->name, "cannot start a thread for the operation");
@@ -230,6 +234,7 @@ static int submit(ps_comm_t *comm, const request_t *r, ps_work_t **work, int *so
     uint64_t *seq = seq_counter(&c, g);
     c.hdr.seq = *seq;
     *seq += seqs;
+    c.bar_k = direct ? ++g->bar_calls : 0;
     ps__inflight_link(comm, &c);
     pthread_mutex_unlock(&comm->lock);
     rc = ps__coll_run(&c);

@@ -209,7 +209,7 @@ int ps__coll_run(ps__coll_t *c)
     memset(&st, 0, sizeof(st));
 
     /* Its steps report their own failures. */
-    if (c->peer_descs && ps__peer_run(c, &rc)) {
+    if ((c->peer_descs && ps__peer_run(c, &rc)) || (c->bar_k && ps__bar_run(c, &rc))) {
         rc = ps__stage_end(c, rc);
         ps__inflight_remove(comm, c);
         return rc;

@@ -182,6 +182,7 @@ static char *join_event(ps_comm_t *comm, const Paramsync__V1__JoinEvent *ev, int
          * collectives). */
         comm->peer_sets = sets_copy(ev->peer_sets, ev->n_peer_sets, ev->world_size);
         comm->device_sets = sets_copy(ev->device_sets, ev->n_device_sets, ev->world_size);
+        comm->barrier_sets = sets_copy(ev->barrier_sets, ev->n_barrier_sets, ev->world_size);
         comm->ready = 1;
         comm->world.rank = ev->rank;
         pthread_cond_broadcast(&comm->cond);
@@ -217,6 +218,7 @@ static void *join_main(void *arg)
     req.peer_copies = ps__peer_wanted(comm);
     req.pid_namespace = comm->peer_pidns_ino;
     req.cuda_host = ps__device_host();
+    req.direct_barrier = req.peer_copies && ps__bar_wanted();
     /* Failures to send show in the status below. The request side stays
      * open: the agent learns that this rank died when the stream breaks, and
      * that it left when ps_finalize half-closes it. */
@@ -281,6 +283,7 @@ static void group_free(ps_group_t *g)
 {
     if (!g)
         return;
+    ps__bar_free(g);
     free(g->ranks);
     free(g->send_seq);
 }
@@ -300,6 +303,7 @@ static void comm_free(ps_comm_t *comm, int rpc_acquired)
     free(comm->job);
     free(comm->peer_sets);
     free(comm->device_sets);
+    free(comm->barrier_sets);
     free(comm->target);
     free(comm->broken_msg);
     free(comm->join_msg);

@@ -43,6 +43,16 @@ struct ps_group {
     uint64_t coll_seq;
     uint64_t recv_seq;
     uint64_t *send_seq; /* per destination group rank */
+    /* Direct barriers (barrier.c): the barriers called that may meet directly
+     * (comm->lock); the setup steps ended here (comm->lock, comm->cond); the
+     * outcome, 1 on the page or -1 through the agent, and the page, both
+     * set by step 2 before it ends; rank 0's name of the page until it
+     * unlinks it. */
+    uint64_t bar_calls;
+    int bar_setup;
+    int bar_on;
+    struct ps__bar_page *bar_page;
+    char bar_name[64];
 };
 
 /* One collective call of this rank, resolved to the bytes it sends and receives. */
@@ -79,6 +89,9 @@ typedef struct ps__coll {
      * call takes them and so holds seqs hdr.seq .. hdr.seq + 2 (NULL once
      * ps__peer_run has begun). */
     void *peer_descs;
+    /* A barrier that may meet directly (barrier.c): its number among the
+     * group's such barriers, from 1; 0 for any other call. */
+    uint64_t bar_k;
 
     /* While the call is in flight it is on comm's list, so that a lost member
      * can cancel it (the list and `call` are guarded by comm->lock). */
@@ -135,6 +148,7 @@ struct ps_comm {
     ps_group_t world;
     uint32_t *peer_sets;      /* JoinEvent.peer_sets by job rank (peer.c), or NULL */
     uint32_t *device_sets;    /* JoinEvent.device_sets by job rank (devcoll.c), or NULL */
+    uint32_t *barrier_sets;   /* JoinEvent.barrier_sets by job rank (barrier.c), or NULL */
     int64_t device_min_bytes; /* PARAMSYNC_DEVICE_MIN_BYTES, -1: each kind's default */
     /* This process to its peers, set at Join when it asks for peer copies:
      * its PID namespace, and a random number peers read to know they read
@@ -434,6 +448,23 @@ size_t ps__devcoll_words(void);
 /** Runs c as a device collective, its descriptors at `all` (n + 1 of them):
  * as ps__peer_run. */
 int ps__devcoll_run(ps__coll_t *c, uint64_t *all, int *rc);
+
+/* ---- direct barriers (barrier.c) ---- */
+
+/** JoinRequest.direct_barrier: not with PARAMSYNC_DIRECT_BARRIER=0, nor with
+ * PARAMSYNC_SHM=0 (asked only along with peer copies). */
+int ps__bar_wanted(void);
+
+/** Whether barrier c may meet directly: decided alike on every rank of its
+ * group (JoinEvent.barrier_sets, the group), before its sequence number. */
+int ps__bar_takes(const ps__coll_t *c);
+
+/** Runs barrier c (c->bar_k set): 1 when it is finished, with its result in
+ * *rc (reported); 0 when it is to go through the agent as any barrier. */
+int ps__bar_run(ps__coll_t *c, int *rc);
+
+/** Unmaps g's page, and unlinks it if this rank still names it. */
+void ps__bar_free(ps_group_t *g);
 
 /** Whether every rank of group g has the caller's nonzero number in sets
  * (by job rank): JoinEvent.peer_sets or device_sets. */

@@ -26,6 +26,9 @@ typedef struct event {
     struct event *next;
 } event_t;
 
+/* The sets of ranks READY names (JoinEvent.peer_sets, device_sets, barrier_sets). */
+enum { SET_PEER, SET_DEVICE, SET_BARRIER, SETS };
+
 typedef struct member {
     member_state_t state;
     int leaving; /* Leave was called: the end of its stream is not a loss */
@@ -35,6 +38,7 @@ typedef struct member {
     int peer_copies;        /* JoinRequest.peer_copies */
     uint64_t pid_namespace; /* JoinRequest.pid_namespace */
     uint64_t cuda_host;     /* JoinRequest.cuda_host */
+    int direct_barrier;     /* JoinRequest.direct_barrier */
     char *settings;         /* JoinRequest.agent_settings of its agent */
     event_t *events, **events_tail;
 } member_t;
@@ -60,8 +64,9 @@ typedef struct job {
     int64_t refused_until;
     uint64_t incarnation;
     member_t *members;
-    uint32_t *peer_sets;   /* JoinEvent.peer_sets, made when the job forms (NULL: none) */
-    uint32_t *device_sets; /* JoinEvent.device_sets, likewise */
+    /* JoinEvent.peer_sets, device_sets and barrier_sets, made when the job
+     * forms (NULL: none) */
+    uint32_t *sets[SETS];
     group_t *groups;
     struct job *next;
 } job_t;
@@ -104,8 +109,8 @@ static void job_free(job_t *j)
         free(m->peer);
         free(m->settings);
     }
-    free(j->peer_sets);
-    free(j->device_sets);
+    for (int k = 0; k < SETS; k++)
+        free(j->sets[k]);
     free(j->refused);
     while (j->groups) {
         group_t *g = j->groups;
@@ -188,15 +193,19 @@ static void *join_watch_main(void *arg)
 }
 
 static int send_event(ps__rpc_call_t *call, Paramsync__V1__JoinEvent__Kind kind, int rank,
-                      int world, const char *hub, uint64_t inc, const char *msg, uint32_t *sets,
-                      uint32_t *device_sets)
+                      int world, const char *hub, uint64_t inc, const char *msg,
+                      uint32_t *const *sets)
 {
     Paramsync__V1__JoinEvent ev = PARAMSYNC__V1__JOIN_EVENT__INIT;
     ev.kind = kind;
-    ev.peer_sets = sets;
-    ev.n_peer_sets = sets ? (size_t)world : 0;
-    ev.device_sets = device_sets;
-    ev.n_device_sets = device_sets ? (size_t)world : 0;
+    if (sets) {
+        ev.peer_sets = sets[SET_PEER];
+        ev.n_peer_sets = sets[SET_PEER] ? (size_t)world : 0;
+        ev.device_sets = sets[SET_DEVICE];
+        ev.n_device_sets = sets[SET_DEVICE] ? (size_t)world : 0;
+        ev.barrier_sets = sets[SET_BARRIER];
+        ev.n_barrier_sets = sets[SET_BARRIER] ? (size_t)world : 0;
+    }
     ev.rank = rank;
     ev.world_size = world;
     ev.hub = (char *)(hub ? hub : "");
@@ -205,31 +214,40 @@ static int send_event(ps__rpc_call_t *call, Paramsync__V1__JoinEvent__Kind kind,
     return ps__rpc_send_msg(call, &ev.base);
 }
 
-/* Whether member m may share a peer-copy set (device: a device set) with x. */
-static int same_set(const member_t *m, const member_t *x, int device)
+/* Whether member m may be in a set of kind `kind` at all. */
+static int in_sets(const member_t *m, int kind)
 {
-    return (device ? x->cuda_host == m->cuda_host
-                   : x->peer_copies && x->pid_namespace == m->pid_namespace) &&
+    if (kind == SET_DEVICE)
+        return m->cuda_host != 0;
+    return m->peer_copies && m->pid_namespace && (kind == SET_PEER || m->direct_barrier);
+}
+
+/* Whether member m may share a set of kind `kind` with x. */
+static int same_set(const member_t *m, const member_t *x, int kind)
+{
+    return in_sets(x, kind) &&
+           (kind == SET_DEVICE ? x->cuda_host == m->cuda_host
+                               : x->pid_namespace == m->pid_namespace) &&
            x->agent && strcmp(x->agent, m->agent) == 0;
 }
 
-/* JoinEvent.peer_sets (device: device_sets) for a job whose ranks have all
- * joined (lock held; made once as it forms, O(n^2) in its world size at
- * worst): ranks that asked for peer copies through the same agent from the
- * same PID namespace (device: that joined with CUDA on the same host through
- * the same agent)
- * share a number, one more than the first such rank; the others have 0.
- * NULL: no memory (then READY goes without, and no rank takes that path). */
-static uint32_t *peer_sets(const job_t *j, int device)
+/* JoinEvent.peer_sets (SET_DEVICE: device_sets, SET_BARRIER: barrier_sets)
+ * for a job whose ranks have all joined (lock held; made once as it forms,
+ * O(n^2) in its world size at worst): ranks that asked for peer copies
+ * through the same agent from the same PID namespace (device: that joined
+ * with CUDA on the same host through the same agent; barrier: peer copies
+ * and direct barriers) share a number, one more than the first such rank;
+ * the others have 0. NULL: no memory (then READY goes without, and no rank
+ * takes that path). */
+static uint32_t *peer_sets(const job_t *j, int kind)
 {
     uint32_t *sets = calloc((size_t)j->world_size, sizeof(*sets));
     for (int r = 0; sets && r < j->world_size; r++) {
         const member_t *m = &j->members[r];
-        if (!(device ? m->cuda_host : m->peer_copies && m->pid_namespace) || !m->agent ||
-            !*m->agent)
+        if (!in_sets(m, kind) || !m->agent || !*m->agent)
             continue;
         int first = 0;
-        while (!same_set(m, &j->members[first], device))
+        while (!same_set(m, &j->members[first], kind))
             first++;
         sets[r] = (uint32_t)first + 1;
     }
@@ -433,15 +451,16 @@ static int join_register(ps__coordinator_t *c, const Paramsync__V1__JoinRequest 
     m->peer_copies = req->peer_copies;
     m->pid_namespace = req->pid_namespace;
     m->cuda_host = req->cuda_host;
+    m->direct_barrier = req->direct_barrier;
     free(m->settings);
     m->settings = strdup(req->agent_settings ? req->agent_settings : "");
     j->njoined++;
     if (j->njoined == j->world_size) {
         j->ready = 1;
-        free(j->peer_sets);
-        free(j->device_sets);
-        j->peer_sets = peer_sets(j, 0);
-        j->device_sets = peer_sets(j, 1);
+        for (int k = 0; k < SETS; k++) {
+            free(j->sets[k]);
+            j->sets[k] = peer_sets(j, k);
+        }
         j->incarnation = ++c->next_incarnation;
         PS_LOG(PS_LOG_INFO, "job %s: ready, world_size %d, incarnation %llu, hub %s", j->name,
                j->world_size, (unsigned long long)j->incarnation, j->members[0].agent);
@@ -520,14 +539,15 @@ static void coord_join(ps__rpc_call_t *call, void *arg)
             uint64_t inc = j->incarnation;
             int world = j->world_size;
             char *hub = strdup(j->members[0].agent);
-            uint32_t *sets = sets_copy(j->peer_sets, world);
-            uint32_t *device_sets = sets_copy(j->device_sets, world);
+            uint32_t *sets[SETS];
+            for (int k = 0; k < SETS; k++)
+                sets[k] = sets_copy(j->sets[k], world);
             pthread_mutex_unlock(&c->lock);
             send_event(call, PARAMSYNC__V1__JOIN_EVENT__KIND__READY, rank, world, hub, inc, NULL,
-                       sets, device_sets);
+                       sets);
             free(hub);
-            free(sets);
-            free(device_sets);
+            for (int k = 0; k < SETS; k++)
+                free(sets[k]);
             pthread_mutex_lock(&c->lock);
             sent_ready = 1;
             continue;
@@ -535,7 +555,7 @@ static void coord_join(ps__rpc_call_t *call, void *arg)
         event_t *e = sent_ready ? pop_event(m) : NULL;
         if (e) {
             pthread_mutex_unlock(&c->lock);
-            send_event(call, e->kind, e->rank, 0, NULL, 0, e->message, NULL, NULL);
+            send_event(call, e->kind, e->rank, 0, NULL, 0, e->message, NULL);
             free(e->message);
             free(e);
             pthread_mutex_lock(&c->lock);

@@ -2508,6 +2508,80 @@ static int sc_member_lost(ctx_t *cx)
     return 0;
 }
 
+/* Barriers met directly (client/barrier.c): the first two of a group set up
+ * its page through the agent, later ones meet on it. Blocking ones, a
+ * subgroup's, and nonblocking ones in flight side by side (waited for in
+ * reverse) all line the ranks up. PS_TEST_BARRIER says what the last rank
+ * does at the barrier after them: "late" never comes (the others fail with
+ * PS_ETIMEDOUT naming it within the 2 s timeout), "lost" dies (they fail
+ * naming it, well before that). */
+static int sc_barrier_direct(ctx_t *cx)
+{
+    int last = cx->size - 1;
+    const char *what = getenv("PS_TEST_BARRIER");
+    int evens[512], ne = 0;
+    CHECK(cx->size <= 1024, "barrier_direct: %d ranks, at most 1024 here", cx->size);
+    for (int r = 0; r < cx->size; r += 2)
+        evens[ne++] = r;
+    ps_group_t *g = NULL;
+    CHECK_OK(ps_new_group(cx->comm, evens, ne, &g));
+    for (int i = 0; i < 4; i++) {
+        CHECK_OK(ps_barrier(cx->comm, NULL));
+        if (cx->rank % 2 == 0)
+            CHECK_OK(ps_barrier(cx->comm, g));
+    }
+    /* The last arrival of each round is rank round % size: nobody may leave
+     * before it came (stamped as in sc_barrier). */
+    int64_t arrived[1024];
+    for (int round = 0; round < 3; round++) {
+        if (cx->rank == round % cx->size)
+            sleep_ms(200);
+        int64_t mine = now_us();
+        CHECK_OK(ps_barrier(cx->comm, NULL));
+        int64_t left = now_us();
+        CHECK_OK(ps_all_gather(cx->comm, arrived, &mine, 1, PS_INT64, NULL));
+        int late = round % cx->size;
+        CHECK(left >= arrived[late], "round %d: left the barrier %lld us before rank %d arrived",
+              round, (long long)(arrived[late] - left), late);
+    }
+    ps_work_t *w[4];
+    for (int i = 0; i < 4; i++)
+        CHECK_OK(ps_ibarrier(cx->comm, NULL, &w[i]));
+    int wrc = 0;
+    for (int i = 3; i >= 0; i--) {
+        wrc = wrc ? wrc : ps_work_wait(w[i]);
+        ps_work_free(w[i]);
+    }
+    CHECK_OK(wrc);
+    for (int i = 0; i < 200; i++)
+        CHECK_OK(ps_barrier(cx->comm, NULL));
+    if (!what)
+        return 0;
+    int lost = strcmp(what, "lost") == 0;
+    if (cx->rank == last) {
+        if (lost) {
+            fflush(NULL);
+            _exit(0); /* no Leave: as if killed */
+        }
+        sleep_ms(4500);
+        return 0;
+    }
+    int64_t t0 = now_ms();
+    clear_last_error();
+    int rc = ps_barrier(cx->comm, NULL);
+    int64_t took = now_ms() - t0;
+    char msg[1024];
+    last_error(msg, sizeof(msg));
+    CHECK(rc == (lost ? PS_EABORTED : PS_ETIMEDOUT), "%s rank: %d (%s)", what, rc, ps_strerror(rc));
+    CHECK(lost ? took <= 15000 : took >= 1500 && took <= 4000, "%s rank: failed after %lld ms",
+          what, (long long)took);
+    CHECK(names_rank(msg, "rank", last), "%s rank: the message does not name rank %d: %s", what,
+          last, msg);
+    CHECK(lost || strstr(msg, "met directly"), "late rank: not a direct barrier's message: %s",
+          msg);
+    return 0;
+}
+
 /* SIGTERM to the daemon while calls are in flight: they end with
  * PS_EUNAVAIL (the driver sends the signal and checks the exit status). */
 static int sc_sigterm(ctx_t *cx)
@@ -3134,6 +3208,7 @@ static const scenario_t scenarios[] = {
     {"peer", sc_peer, 1, 0},
     {"peer_mapped", sc_peer_mapped, 1, 0},
     {"barrier", sc_barrier, 1, 0},
+    {"barrier_direct", sc_barrier_direct, 1, 2000},
     {"send_recv", sc_send_recv, 1, 0},
     {"doorbell", sc_doorbell, 1, 0},
     {"arrival_order", sc_arrival_order, 1, 0},
@@ -3209,6 +3284,10 @@ int main(int argc, char **argv)
     snprintf(host_id, sizeof(host_id), "host-%d", cx.rank);
     if (env_int("PS_TEST_HOST_PER_RANK", 0))
         setenv("PARAMSYNC_HOST_ID", host_id, 1);
+    /* PS_TEST_RANK0_ENV=NAME=VALUE: rank 0 alone joins with it set. */
+    const char *rank0_env = getenv("PS_TEST_RANK0_ENV");
+    if (rank0_env && cx.rank == 0 && strchr(rank0_env, '='))
+        putenv(strdup(rank0_env));
     if (strncmp(sc->name, "device", 6) == 0 && ps_gpu_device_count(&ndev) == 0)
         (void)ps_gpu_set_device(0);
     int threads0 = thread_count();
@@ -3229,7 +3308,8 @@ int main(int argc, char **argv)
         int frc = ps_finalize(cx.comm);
         /* After a lost member or a daemon that is gone, Leave may fail. */
         if (frc != 0 && rc == 0 && strcmp(sc->name, "sigterm") != 0 &&
-            strcmp(sc->name, "member_lost") != 0) {
+            strcmp(sc->name, "member_lost") != 0 &&
+            !(strcmp(sc->name, "barrier_direct") == 0 && getenv("PS_TEST_BARRIER"))) {
             fail("ps_finalize: %d (%s)", frc, ps_strerror(frc));
             rc = -1;
         }
