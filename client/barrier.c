@@ -104,7 +104,7 @@ static int setup_map(ps__coll_t *c)
         static unsigned counter;
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
-        snprintf(g->bar_name, sizeof(g->bar_name), "/paramsync.bar.%d.%u.%lx", (int)getpid(),
+        snprintf(g->bar_name, sizeof(g->bar_name), "/paramsync.%d.bar.%u.%lx", (int)getpid(),
                  __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED), (long)(ts.tv_nsec & 0xffffff));
         int fd = shm_open(g->bar_name, O_RDWR | O_CREAT | O_EXCL, 0600);
         if (fd >= 0 && ftruncate(fd, BAR_PAGE) == 0)
@@ -188,7 +188,18 @@ static void missing_ranks(const ps_group_t *g, const struct ps__bar_page *p, uin
         memcpy(buf + len - 4, "...", 4);
 }
 
-/* Direct barrier m of c's group. */
+/* Whether all n ranks have called direct barrier m. */
+static int all_arrived(const struct ps__bar_page *p, int n, uint32_t m)
+{
+    for (int i = 0; i < n; i++)
+        if ((int32_t)(__atomic_load_n(&p->arrived[i], __ATOMIC_SEQ_CST) - m) < 0)
+            return 0;
+    return 1;
+}
+
+/* Direct barrier m of c's group. The arrivals, not gen, say it is met: gen
+ * only wakes (the Python client, without an atomic maximum, may lower it
+ * for a moment). */
 static int meet(ps__coll_t *c, uint32_t m)
 {
     ps_comm_t *comm = c->comm;
@@ -196,10 +207,7 @@ static int meet(ps__coll_t *c, uint32_t m)
     struct ps__bar_page *p = g->bar_page;
     raise_to(&p->arrived[g->rank], m);
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
-    int all = 1;
-    for (int i = 0; i < g->size && all; i++)
-        all = (int32_t)(__atomic_load_n(&p->arrived[i], __ATOMIC_SEQ_CST) - m) >= 0;
-    if (all) {
+    if (all_arrived(p, g->size, m)) {
         raise_to(&p->gen, m);
         ps_doorbell_futex(&p->gen, FUTEX_WAKE, INT32_MAX, NULL);
         return 0;
@@ -209,8 +217,8 @@ static int meet(ps__coll_t *c, uint32_t m)
     char *msg = NULL;
     int rc = 0;
     for (;;) {
-        uint32_t seen = __atomic_load_n(&p->gen, __ATOMIC_ACQUIRE);
-        if ((int32_t)(seen - m) >= 0)
+        uint32_t seen = __atomic_load_n(&p->gen, __ATOMIC_SEQ_CST);
+        if ((int32_t)(seen - m) >= 0 || all_arrived(p, g->size, m))
             break;
         pthread_mutex_lock(&comm->lock);
         if (comm->broken) {

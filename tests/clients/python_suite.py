@@ -1542,7 +1542,64 @@ def w_peer_registered():
           % r)
 
 
+def w_barrier_direct():
+    """Barriers of ranks on one agent meet on a shared page (paramsync/_barrier.py): the
+    agent serves none of them (only the setup's all_gather and all_reduce per group), every
+    rank waits for the last to arrive, async ones in flight side by side complete, and a rank
+    that never comes fails the others with DEADLINE_EXCEEDED naming it."""
+    import grpc
+    import numpy as np
+    from datetime import timedelta
+    dist = _w_init(timeout=timedelta(seconds=2))
+    r, n = dist.get_rank(), dist.get_world_size()
+    url = os.environ["SUITE_METRICS"]
+    evens = dist.new_group(list(range(0, n, 2)))
+    for _ in range(3):
+        dist.barrier()
+        if r % 2 == 0:
+            dist.barrier(group=evens)
+    for late in range(n):  # nobody leaves before the late rank arrived
+        if r == late:
+            time.sleep(0.2)
+        mine = np.array([time.monotonic()])
+        dist.barrier()
+        left = time.monotonic()
+        arrived = [np.zeros(1) for _ in range(n)]
+        dist.all_gather(arrived, mine)
+        assert left >= arrived[late][0], "left %.6f s before rank %d arrived" % (
+            arrived[late][0] - left, late)
+    works = [dist.barrier(async_op=True) for _ in range(4)]
+    for w in reversed(works):
+        w.wait()
+    for _ in range(100):
+        dist.barrier()
+    dist.barrier()
+    if r == 0:
+        m = H.scrape(url)
+        got = m.get('paramsync_collectives_total{kind="barrier",code="OK"}', 0)
+        assert got == 0, "%d barriers went through the agent" % got
+    dist.barrier()
+    if r == n - 1:
+        time.sleep(4)  # never comes to this one in time
+        print("rank %d: stayed away" % r)
+        dist.destroy_process_group()
+        return
+    t0 = time.monotonic()
+    try:
+        dist.barrier()
+        raise AssertionError("a barrier without rank %d succeeded" % (n - 1))
+    except dist.ParamsyncError as e:
+        took = time.monotonic() - t0
+        assert e.code == grpc.StatusCode.DEADLINE_EXCEEDED, e
+        assert "rank %d did not arrive" % (n - 1) in str(e), e
+        assert "met directly" in str(e), e
+        assert 1.5 < took < 10, took
+    print("rank %d: met directly; timed out naming rank %d" % (r, n - 1))
+    dist.destroy_process_group()
+
+
 WORKERS = {
+    "barrier_direct": w_barrier_direct,
     "doorbell": w_doorbell,
     "registered": w_registered,
     "collectives": w_collectives, "groups": w_groups, "async": w_async, "p2p": w_p2p,
@@ -1554,7 +1611,7 @@ WORKERS = {
 
 # ---------------------------------------------------------------------------------- driver
 
-NPROC = {"doorbell": 3, "registered": 3, "collectives": 3, "groups": 4, "async": 3, "p2p": 3, "torch": 3, "local_errors": 2,
+NPROC = {"barrier_direct": 3, "doorbell": 3, "registered": 3, "collectives": 3, "groups": 4, "async": 3, "p2p": 3, "torch": 3, "local_errors": 2,
          "daemon_errors": 3, "timeout": 2, "member_lost": 2, "shm_reuse": 3, "peer": 3,
          "peer_unreadable": 3, "peer_registered": 3}
 

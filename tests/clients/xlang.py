@@ -65,7 +65,7 @@ def main():
                     print(out.rstrip())
                     print(err.rstrip()[-3000:])
                 ok = ok and good
-        ok = ok and peer_jobs(d, workers)
+        ok = ok and peer_jobs(d, workers) and barrier_jobs(d, workers)
         if not ok:
             print("--- daemon log (tail)\n" + "\n".join(d.read_log().splitlines()[-30:]))
     ok = ok and mem_peer_jobs(a.paramsyncd, workers)
@@ -106,6 +106,27 @@ def peer_jobs(d, workers):
     if ok and went:
         print("FAIL: %d all_to_all, gather and scatter calls reached the agent; peer copies "
               "should have taken them" % went)
+        ok = False
+    return ok
+
+
+def barrier_jobs(d, workers):
+    """C and Python ranks on one agent meet at barriers on the page they share (XLANG_PEER=3:
+    the workers' barrier_steps), in two rank orders: none reaches the agent, and none lets a
+    rank go before the last arrived. (Node.js ranks do not ask for this: a job with one
+    takes its barriers through the agent, as the jobs above do.)"""
+    def barriers():
+        return H.scrape(d.metrics_url).get(
+            'paramsync_collectives_total{kind="barrier",code="OK"}', 0)
+    before = barriers()
+    ok = True
+    for k, order in enumerate([["C", "Python", "C"], ["Python", "C", "Python"]]):
+        ok = run_peer_job(workers, order, d.addr, "xlang-barrier-%d" % k, 3, "direct barriers",
+                          {"C": 2, "Python": 2}) and ok
+    went = barriers() - before
+    if ok and went:
+        print("FAIL: %d barriers reached the agent; the ranks should have met on their page"
+              % went)
         ok = False
     return ok
 

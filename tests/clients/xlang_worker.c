@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <paramsync/paramsync.h>
@@ -126,6 +127,33 @@ static void mem_steps(ps_comm_t *comm, int r)
     check_rc(ps_mem_free(comm, mem), "mem_free");
 }
 
+/* XLANG_PEER=3: barriers that C and Python ranks on one agent meet on the page
+ * they share (client/barrier.c, paramsync/_barrier.py): each rank in turn
+ * comes last to one, and no rank leaves it before that rank arrived (stamps
+ * on CLOCK_MONOTONIC, Python's time.monotonic, gathered); then 200 more. */
+static void barrier_steps(ps_comm_t *comm, int r)
+{
+    for (int i = 0; i < 3; i++)
+        check_rc(ps_barrier(comm, NULL), "barrier");
+    bool fine = true;
+    for (int late = 0; late < 3; late++) {
+        if (r == late)
+            usleep(100 * 1000);
+        struct timespec t;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        double mine = (double)t.tv_sec + (double)t.tv_nsec / 1e9, arrived[3];
+        check_rc(ps_barrier(comm, NULL), "barrier");
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        double left = (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+        check_rc(ps_all_gather(comm, arrived, &mine, 1, PS_FLOAT64, NULL), "all_gather");
+        fine = fine && left >= arrived[late];
+    }
+    expect(fine, "barriers wait for the last rank");
+    for (int i = 0; i < 200; i++)
+        check_rc(ps_barrier(comm, NULL), "barrier");
+    expect(true, "200 barriers");
+}
+
 int main(void)
 {
     ps_comm_t *comm = NULL;
@@ -141,8 +169,8 @@ int main(void)
     int r = rank;
     const char *peer = getenv("XLANG_PEER");
     int steps = peer ? atoi(peer) : 0;
-    if (steps == 1 || steps == 2) {
-        (steps == 1 ? peer_steps : mem_steps)(comm, r);
+    if (steps >= 1 && steps <= 3) {
+        (steps == 1 ? peer_steps : steps == 2 ? mem_steps : barrier_steps)(comm, r);
         check_rc(ps_finalize(comm), "finalize");
         return 0;
     }

@@ -21,6 +21,28 @@ def expect(got, want, what):
     print("Python rank %d: %s ok" % (r, what), flush=True)
 
 
+if os.environ.get("XLANG_PEER") == "3":
+    # xlang_worker.c's barrier_steps: barriers met on the page the ranks share.
+    import time
+    for _ in range(3):
+        dist.barrier()
+    fine = True
+    for late in range(3):
+        if r == late:
+            time.sleep(0.1)
+        mine = np.array([time.monotonic()])
+        dist.barrier()
+        left = time.monotonic()
+        arrived = [np.zeros(1) for _ in range(3)]
+        dist.all_gather(arrived, mine)
+        fine = fine and left >= arrived[late][0]
+    expect(np.bool_(fine), np.bool_(True), "barriers wait for the last rank")
+    for _ in range(200):
+        dist.barrier()
+    expect(np.int64(200), np.int64(200), "200 barriers")
+    dist.destroy_process_group()
+    sys.exit(0)
+
 if os.environ.get("XLANG_PEER") == "2":
     # xlang_worker.c's mem_steps: an all_to_all from empty() memory by peer copies, the
     # other ranks' segments read through mappings this rank keeps.

@@ -44,7 +44,7 @@ from urllib.parse import parse_qs, unquote, urlparse
 import grpc
 import numpy as np
 
-from . import _peer, _shm
+from . import _barrier, _peer, _shm
 from . import _tensor as T
 from ._proto import pb, pb_grpc
 
@@ -154,6 +154,8 @@ class ProcessGroup:
         self._seq = 0
         self._send_seq = {}
         self._recv_seq = 0
+        self._bar = _barrier.Group()  # its direct barriers (_barrier)
+        world.bar_groups.append(self._bar)
 
     def rank(self):
         return self._rank
@@ -330,6 +332,8 @@ class _World:
         self.incarnation = 0
         self.world_group = None
         self.peer_sets = None
+        self.barrier_sets = None  # direct barriers (_barrier): the coordinator's sets
+        self.bar_groups = []  # every group's _barrier.Group, closed at leave
         self.peer_self = _peer.Self()
         self.peer_used = 0  # collectives that went by peer copies
         self.peer_maps = _peer.Maps()  # the other ranks' empty() segments mapped here
@@ -359,7 +363,8 @@ class _World:
         req = pb.JoinRequest(job=self.job, world_size=world_size, rank=rank,
                              timeout_ms=min(join_timeout_ms, 0xFFFFFFFF),
                              peer_copies=peer_copies,
-                             pid_namespace=self.peer_self.pidns_ino if peer_copies else 0)
+                             pid_namespace=self.peer_self.pidns_ino if peer_copies else 0,
+                             direct_barrier=peer_copies and _barrier.wanted())
         stop = self.stop
 
         def requests():
@@ -398,6 +403,8 @@ class _World:
         self.incarnation = ev.incarnation
         # Peer copies (_peer): the coordinator's sets, one per job rank.
         self.peer_sets = list(ev.peer_sets) if len(ev.peer_sets) == ev.world_size else None
+        self.barrier_sets = (list(ev.barrier_sets) if len(ev.barrier_sets) == ev.world_size
+                             else None)
         self.world_group = ProcessGroup(self, 0, range(self.size), self.rank)
 
     def _pump(self, first):
@@ -455,6 +462,8 @@ class _World:
                 self.shm.close()
             self.mem.close()
             self.peer_maps.close()
+            for b in self.bar_groups:
+                b.close()
             self.doorbell.close()
             self.process.close()
             self.channel.close()
@@ -623,6 +632,50 @@ class _World:
                                 timeout_ms=header.timeout_ms, incarnation=header.incarnation)
         self.run(g, h, T.Segments([T.view(send, "send")]),
                  T.Segments([T.view(recv, "recv", writable=True)]), name)
+
+    def bar_run(self, g, header, k, name):
+        """Barrier k (from 1) of g's barriers that may meet directly (_barrier). True when
+        done; False when it is to go through the agent as any barrier."""
+        b, n, me, seq = g._bar, g.size(), g.rank(), header.seq
+        if k == 1:  # rank 0 makes the page; its name goes round as this barrier's call
+            try:
+                mine = np.frombuffer(b.make() if me == 0 else bytes(_barrier.NAME), np.uint8)
+                got = np.zeros(n * _barrier.NAME, np.uint8)
+                self._small(g, header, seq, _K.ALL_GATHER, T.UINT8, mine.copy(), got, name)
+                if me != 0:
+                    b.open(got[:_barrier.NAME])
+            finally:
+                b._ended(1)
+            return True
+        if k == 2:  # whether every rank mapped it, as this barrier's call
+            b.wait_setup(1)
+            ok = np.array([1 if b.map is not None else 0], np.int32)
+            agreed = False
+            try:
+                self._small(g, header, seq, _K.ALL_REDUCE, T.INT32, ok, ok, name,
+                            op=int(ReduceOp.MIN))
+                agreed = ok[0] == 1
+            finally:
+                b.unlink()  # every rank tried to open it before it came here
+                b.on = agreed
+                if not agreed:
+                    b.close()
+                b._ended(2)
+            return True
+        b.wait_setup(2)
+        if not b.on:
+            return False
+        timeout_ms = header.timeout_ms or self.timeout_ms
+        try:
+            b.meet(me, n, (k - 2) & 0xFFFFFFFF, time.monotonic() + timeout_ms / 1000.0,
+                   self._broken)
+        except TimeoutError:
+            missing = b.missing(g.ranks, (k - 2) & 0xFFFFFFFF)
+            msg = "%s (group %d, seq %d): rank%s %s did not arrive within %d ms (met directly " \
+                "on this host)" % (name, g.id, seq, "s" if len(missing) > 1 else "",
+                                   ", ".join(map(str, missing)), timeout_ms)
+            raise ParamsyncError(msg, grpc.StatusCode.DEADLINE_EXCEEDED) from None
+        return True
 
     def peer_run(self, g, header, send, recv, name, copy_send):
         """Runs header's all_to_all, all_gather, gather or scatter by peer copies (_peer).
@@ -1190,7 +1243,13 @@ def _start(g, name, kind, *, send=(), recv=(), op=0, dtype=0, count=0, root=0, p
     # group has alike: the kind, the block's bytes, the coordinator's sets.
     peer_copies = _peer.takes(int(kind), count * T.SIZES.get(dtype, 0), w.peer_sets, g.ranks,
                               w.rank)
+    # Direct barriers (_barrier), counted per group, alike on every rank.
+    direct = kind == _K.BARRIER and _barrier.takes(w.barrier_sets, g.ranks, w.rank)
+    bar_k = 0
     with w.lock:
+        if direct:
+            g._bar.calls += 1
+            bar_k = g._bar.calls
         if kind == _K.SEND:
             seq = g._send_seq.get(peer, 0)
             g._send_seq[peer] = seq + 1
@@ -1206,6 +1265,8 @@ def _start(g, name, kind, *, send=(), recv=(), op=0, dtype=0, count=0, root=0, p
 
     def run():
         if peer_copies and w.peer_run(g, header, send_segs, recv_segs, name, copy_send):
+            return None
+        if bar_k and w.bar_run(g, header, bar_k, name):
             return None
         result = w.run(g, header, send_segs, recv_segs, name, copy_send)
         if source:

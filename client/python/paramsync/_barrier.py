@@ -1,0 +1,174 @@
+"""Direct barriers, as the C client meets them (client/barrier.c, the layout and steps
+there are shared): the ranks of a group that all joined through one agent from one PID
+namespace, with clients that do this (JoinEvent.barrier_sets), meet at a barrier on a page
+of shared memory they all map, without the agent. The first two such barriers of a group
+set the page up through the agent (an all_gather of rank 0's name for it, an all_reduce
+MIN of whether each rank mapped it); from the third on they meet on the page. A rank raises
+its word of arrived[], reads the others', and the one that finds all there raises gen and
+wakes the others (a futex on gen). The arrivals say a barrier is met; gen only wakes, since
+this module, without an atomic maximum across processes, may lower it for a moment."""
+
+import ctypes
+import mmap
+import os
+import struct
+import threading
+import time
+
+from . import _shm
+
+PAGE = 4096
+NAME = 64  # bytes of rank 0's name in the setup's all_gather
+GEN = 0
+ARRIVED = 64
+MAX_RANKS = (PAGE - ARRIVED) // 4
+SLICE_S = 0.05
+
+
+def wanted():
+    """JoinRequest.direct_barrier (asked along with peer copies): not with
+    PARAMSYNC_DIRECT_BARRIER=0 nor PARAMSYNC_SHM=0, nor without futexes here."""
+    return (os.environ.get("PARAMSYNC_DIRECT_BARRIER") != "0" and _shm.enabled() and
+            _shm._syscall() is not None)
+
+
+def takes(sets, ranks, me):
+    """Whether a barrier of the group `ranks` (job ranks) may meet directly: every rank has
+    the caller's nonzero number in the barrier sets. Alike on every rank of the group."""
+    if not sets or len(ranks) > MAX_RANKS:
+        return False
+    mine = sets[me]
+    return mine != 0 and all(sets[r] == mine for r in ranks)
+
+
+def _behind(a, m):
+    """a < m, as 32-bit counters that wrap."""
+    return ((a - m) & 0xFFFFFFFF) >= 0x80000000
+
+
+class Group:
+    """One group's direct barriers: the calls counted (under the World's lock), the setup's
+    progress and outcome, and the page."""
+
+    def __init__(self):
+        self.calls = 0
+        self.cond = threading.Condition(threading.Lock())
+        self.setup = 0  # setup steps ended here
+        self.on = False
+        self.map = None
+        self.name = None  # rank 0's name of the page until it unlinks it
+        self._own = threading.Lock()  # this process's writes of its arrival word
+        self._syscall = _shm._syscall()
+        self._anchor = None
+        self._addr = 0
+
+    def _ended(self, step):
+        with self.cond:
+            self.setup = step
+            self.cond.notify_all()
+
+    def wait_setup(self, step):
+        with self.cond:
+            while self.setup < step:
+                self.cond.wait()
+
+    def _map(self, fd):
+        if os.fstat(fd).st_size != PAGE:
+            raise OSError("the barrier page has the wrong size")
+        self.map = mmap.mmap(fd, PAGE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        self._anchor = ctypes.c_char.from_buffer(self.map)
+        self._addr = ctypes.addressof(self._anchor)
+
+    def make(self):
+        """Group rank 0: makes the page; its name as NAME bytes (zeros when it cannot)."""
+        self.name = "/paramsync.%d.bar.%d.%x" % (os.getpid(), id(self) & 0xFFFF,
+                                                  time.monotonic_ns() & 0xFFFFFF)
+        try:
+            fd = _shm._shm_open(self.name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError:
+            self.name = None
+            return bytes(NAME)
+        try:
+            os.ftruncate(fd, PAGE)
+            self._map(fd)
+        except OSError:
+            self.unlink()
+            return bytes(NAME)
+        finally:
+            os.close(fd)
+        return self.name.encode().ljust(NAME, b"\0")
+
+    def open(self, record):
+        """The other ranks: maps the page rank 0 named (nothing when it named none)."""
+        name = bytes(record).split(b"\0", 1)[0].decode(errors="replace")
+        if not name:
+            return
+        try:
+            fd = _shm._shm_open(name, os.O_RDWR, 0)
+        except OSError:
+            return
+        try:
+            self._map(fd)
+        except (OSError, ValueError):
+            self.map = None
+        finally:
+            os.close(fd)
+
+    def unlink(self):
+        if self.name:
+            try:
+                _shm._shm_unlink(self.name)
+            except OSError:
+                pass
+        self.name = None
+
+    def close(self):
+        self.unlink()
+        if self.map is not None:
+            self._anchor = None
+            try:
+                self.map.close()
+            except BufferError:  # pragma: no cover - a wait still holds a view
+                pass
+            self.map = None
+
+    def _u32(self, off):
+        return struct.unpack_from("=I", self.map, off)[0]
+
+    def _futex(self, op, val, timeout_s=None):
+        ts = None
+        if timeout_s is not None:
+            ts = ctypes.byref(_shm._Timespec(int(timeout_s), int((timeout_s % 1) * 1e9)))
+        return self._syscall(_shm._SYS_FUTEX, ctypes.c_void_p(self._addr + GEN), op, val, ts,
+                             None, 0)
+
+    def _all_arrived(self, n, m):
+        return not any(_behind(self._u32(ARRIVED + 4 * i), m) for i in range(n))
+
+    def missing(self, ranks, m):
+        return [r for i, r in enumerate(ranks) if _behind(self._u32(ARRIVED + 4 * i), m)]
+
+    def meet(self, me, n, m, deadline, broken):
+        """Direct barrier m: returns once all n ranks called it; raises broken()'s error, or
+        TimeoutError at the deadline (time.monotonic())."""
+        with self._own:  # a lock's acquire and release order the word against the reads
+            if _behind(self._u32(ARRIVED + 4 * me), m):
+                struct.pack_into("=I", self.map, ARRIVED + 4 * me, m)
+        with self._own:
+            pass
+        if self._all_arrived(n, m):
+            if _behind(self._u32(GEN), m):
+                struct.pack_into("=I", self.map, GEN, m)
+            self._futex(_shm._FUTEX_WAKE, 0x7FFFFFFF)
+            return
+        while True:
+            seen = self._u32(GEN)
+            if not _behind(seen, m) or self._all_arrived(n, m):
+                return
+            err = broken()
+            if err is not None:
+                raise err
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError()
+            self._futex(_shm._FUTEX_WAIT, seen, min(left, SLICE_S))
