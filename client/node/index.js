@@ -998,6 +998,157 @@ function blocksPerRank(kind) { return kind === KIND.ALL_TO_ALL || kind === KIND.
 /** Whether a call takes peer copies: its blocks (block bytes, one per rank of its group)
  * are enough bytes, and every rank of the group (job ranks groupRanks) is in this rank's
  * (job rank) peer-copy set. */
+// ------------------------------------------------------------------ direct barriers
+
+// Barriers of ranks on one agent met on a page of shared memory they all map, without the
+// agent: the C client's layout and steps (client/barrier.c), so C, Python and Node.js ranks
+// meet on one page. The first two such barriers of a group set it up through the agent
+// (an all_gather of rank 0's name for it, an all_reduce MIN of whether each rank mapped
+// it); from the third on a rank raises its word of arrived[], reads the others', and the
+// one that finds all there raises gen and wakes the others (a futex on gen). The arrivals
+// say a barrier is met; gen only wakes.
+const BAR = { PAGE: 4096, NAME: 64, ARRIVED: 16, SLICE_MS: 50 }; // ARRIVED: in words
+BAR.MAX_RANKS = BAR.PAGE / 4 - BAR.ARRIVED;
+
+/** JoinRequest.direct_barrier (asked along with peer copies): with the native helper (its
+ * futexes), not with PARAMSYNC_DIRECT_BARRIER=0 nor PARAMSYNC_SHM=0. */
+function barrierWanted() {
+  return !!native && process.env.PARAMSYNC_DIRECT_BARRIER !== '0' && shmEnabled();
+}
+
+/** Whether a barrier of the group `groupRanks` may meet directly: every rank has the
+ * caller's nonzero number in the barrier sets. Alike on every rank of the group. */
+function barrierTakes(sets, groupRanks, rank) {
+  if (!sets || groupRanks.length > BAR.MAX_RANKS) return false;
+  const mine = sets[rank];
+  return mine !== 0 && groupRanks.every((r) => sets[r] === mine);
+}
+
+/** a < m, as 32-bit counters that wrap. */
+function behind(a, m) { return ((a - m) >>> 0) >= 0x80000000; }
+
+/** One group's direct barriers: the calls counted, the setup's two steps (promises that
+ * settle when each ended here), the outcome and the page. */
+class BarrierPage {
+  constructor() {
+    this.calls = 0;
+    this.steps = [null, null];
+    this.on = false;
+    this.ab = null;
+    this.u32 = null;
+    this.name = null; // rank 0's name of the page until it unlinks it
+  }
+
+  _map(fd) {
+    if (fs.fstatSync(fd).size !== BAR.PAGE) throw new Error('the barrier page has the wrong size');
+    this.ab = native.map(fd, BAR.PAGE);
+    this.u32 = new Uint32Array(this.ab);
+  }
+
+  /** Group rank 0: makes the page; its name as BAR.NAME bytes (zeros when it cannot). */
+  make() {
+    const name = `/paramsync.${process.pid}.bar.${++shmCounter}.${crypto.randomBytes(3)
+      .toString('hex')}`;
+    const { O_RDWR, O_CREAT, O_EXCL } = fs.constants;
+    const out = Buffer.alloc(BAR.NAME);
+    let fd;
+    try {
+      fd = fs.openSync(`/dev/shm${name}`, O_RDWR | O_CREAT | O_EXCL, 0o600);
+    } catch (e) {
+      return out;
+    }
+    this.name = name;
+    try {
+      fs.ftruncateSync(fd, BAR.PAGE);
+      this._map(fd);
+      out.write(name);
+    } catch (e) {
+      this.ab = null;
+      this.unlink();
+    } finally {
+      fs.closeSync(fd);
+    }
+    return out;
+  }
+
+  /** The other ranks: maps the page rank 0 named (nothing when it named none). */
+  open(record) {
+    const end = record.indexOf(0);
+    const name = record.subarray(0, end < 0 ? record.length : end).toString();
+    if (!name.startsWith('/paramsync.')) return;
+    let fd;
+    try {
+      fd = fs.openSync(`/dev/shm${name}`, fs.constants.O_RDWR);
+    } catch (e) {
+      return;
+    }
+    try {
+      this._map(fd);
+    } catch (e) {
+      this.ab = null;
+      this.u32 = null;
+    } finally {
+      fs.closeSync(fd);
+    }
+  }
+
+  unlink() {
+    if (this.name) {
+      try { fs.unlinkSync(`/dev/shm${this.name}`); } catch (e) { /* gone already */ }
+    }
+    this.name = null;
+  }
+
+  /** Unmapped when the buffer is collected. */
+  close() {
+    this.unlink();
+    this.ab = null;
+    this.u32 = null;
+    this.on = false;
+  }
+
+  _raise(i, v) {
+    let cur = Atomics.load(this.u32, i);
+    while (behind(cur, v)) {
+      const was = Atomics.compareExchange(this.u32, i, cur, v);
+      if (was === cur) return;
+      cur = was;
+    }
+  }
+
+  _allArrived(n, m) {
+    for (let i = 0; i < n; i++) {
+      if (behind(Atomics.load(this.u32, BAR.ARRIVED + i), m)) return false;
+    }
+    return true;
+  }
+
+  missing(ranks, m) {
+    return ranks.filter((r, i) => behind(Atomics.load(this.u32, BAR.ARRIVED + i), m));
+  }
+
+  /** Direct barrier m: resolves once all n ranks called it; rejects with broken()'s error,
+   * or resolves to false at the deadline (Date.now()). */
+  async meet(me, n, m, deadline, broken) {
+    const { u32, ab } = this;
+    this._raise(BAR.ARRIVED + me, m);
+    if (this._allArrived(n, m)) {
+      this._raise(0, m);
+      native.wake(ab, 0);
+      return true;
+    }
+    for (;;) {
+      const seen = Atomics.load(u32, 0);
+      if (!behind(seen, m) || this._allArrived(n, m)) return true;
+      const err = broken();
+      if (err) throw err;
+      const left = deadline - Date.now();
+      if (left <= 0) return false;
+      await native.wait(ab, 0, seen, Math.max(1, Math.min(BAR.SLICE_MS, left)));
+    }
+  }
+}
+
 function peerTakes(kind, block, sets, groupRanks, rank) {
   const n = groupRanks.length;
   if (!PEER.MIN_BYTES[kind] || !sets || n < 2 || block * n < PEER.MIN_BYTES[kind]) return false;
@@ -1089,6 +1240,8 @@ class ProcessGroup {
     this._seq = 0;
     this._sendSeq = new Map();
     this._recvSeq = 0;
+    this._bar = new BarrierPage(); // its direct barriers
+    world.barPages.push(this._bar);
   }
 
   rank() { return this._rank; }
@@ -1245,6 +1398,8 @@ class World {
     this.joinGone = false; // the membership stream to the agent ended
     this.peerSelf = new PeerSelf();
     this.peerSets = null; // JoinEvent.peer_sets: one per job rank
+    this.barrierSets = null; // JoinEvent.barrier_sets (direct barriers)
+    this.barPages = []; // every group's BarrierPage, closed with the World
     this.peerUsed = 0; // collectives that went by peer copies (tests read it)
     this.leaving = false;
     this.nNewGroups = 0;
@@ -1296,6 +1451,8 @@ class World {
             // on every encode.
             this.incarnation = protobuf.util.Long
               ? protobuf.util.Long.fromString(String(ev.incarnation), true) : ev.incarnation;
+            this.barrierSets = ev.barrier_sets && ev.barrier_sets.length === ev.world_size
+              ? ev.barrier_sets.map(Number) : null;
             this.peerSets = ev.peer_sets && ev.peer_sets.length === ev.world_size
               ? ev.peer_sets.map(Number) : null;
             this.worldGroup = new ProcessGroup(this, 0, [...Array(this.size).keys()], this.rank);
@@ -1336,7 +1493,8 @@ class World {
         const peerCopies = this.peerSelf.wanted();
         call.write({ job: this.job, world_size: worldSize, rank,
           timeout_ms: Math.min(joinMs, 0xFFFFFFFF), peer_copies: peerCopies,
-          pid_namespace: peerCopies ? String(this.peerSelf.pidnsIno) : '0' });
+          pid_namespace: peerCopies ? String(this.peerSelf.pidnsIno) : '0',
+          direct_barrier: peerCopies && barrierWanted() });
         // The sending side stays open: that is the membership.
       });
     });
@@ -1447,6 +1605,7 @@ class World {
   _close() {
     this.closed = true;
     for (const x of [this.shm, this.spares, this.doorbells, this.mem, this.proc]) x.close();
+    for (const b of this.barPages) b.close();
     // Other ranks' segments mapped here (the process's table: a World still in use maps
     // again what it reads next).
     if (peerMapWanted()) native.peerMapSweep(-1);
@@ -1550,6 +1709,55 @@ class World {
     const h = this._header(g, seq, { kind, op, dtype, count: send.length });
     return this._run(g, h, new Segments([view(send, 'send')]),
       new Segments([view(recv, 'recv')]), name);
+  }
+
+  /** Barrier k (from 1) of g's barriers that may meet directly. Resolves to true when
+   * done; false when it is to go through the agent as any barrier. */
+  _barRun(g, header, k, name) {
+    const b = g._bar;
+    const seq = Number(header.seq);
+    if (k <= 2) {
+      const step = k === 1 ? this._barMap(g, b, seq, name) : this._barAgree(g, b, seq, name);
+      b.steps[k - 1] = step.then(() => undefined, () => undefined);
+      return step.then(() => true);
+    }
+    return b.steps[1].then(async () => {
+      if (!b.on) return false;
+      const m = (k - 2) >>> 0;
+      const timeoutMs = Number(header.timeout_ms) || this.timeoutMs;
+      const met = await b.meet(g.rank(), g.size(), m, Date.now() + timeoutMs,
+        () => this._broken());
+      if (met) return true;
+      const missing = b.missing(g.ranks, m);
+      throw makeError(`${name} (group ${g.id}, seq ${seq})`, grpc.status.DEADLINE_EXCEEDED,
+        `rank${missing.length > 1 ? 's' : ''} ${missing.join(', ')} did not arrive within ` +
+        `${timeoutMs} ms (met directly on this host)`);
+    });
+  }
+
+  /** Direct barriers' setup step 1: rank 0 makes the page, its name goes round as the
+   * barrier's call (an all_gather), the others map it. */
+  async _barMap(g, b, seq, name) {
+    const mine = g.rank() === 0 ? b.make() : Buffer.alloc(BAR.NAME);
+    const got = new Uint8Array(g.size() * BAR.NAME);
+    await this._small(g, seq, KIND.ALL_GATHER, DTYPES.uint8, new Uint8Array(mine), got, name);
+    if (g.rank() !== 0) b.open(Buffer.from(got.buffer, 0, BAR.NAME));
+  }
+
+  /** Step 2, once step 1 ended here: whether every rank mapped it, agreed (an all_reduce
+   * MIN as the barrier's call); rank 0 unlinks the name either way. */
+  async _barAgree(g, b, seq, name) {
+    await b.steps[0];
+    const ok = new Int32Array([b.ab ? 1 : 0]);
+    let agreed = false;
+    try {
+      await this._small(g, seq, KIND.ALL_REDUCE, DTYPES.int32, ok, ok, name, ReduceOp.MIN);
+      agreed = ok[0] === 1;
+    } finally {
+      b.unlink(); // every rank tried to open it before it came here
+      b.on = agreed;
+      if (!agreed) b.close();
+    }
   }
 
   /** Runs header's all_to_all, all_gather, gather or scatter by peer copies. Resolves to
@@ -1792,8 +2000,13 @@ class World {
     const header = this._header(g, seq, { kind, op, dtype, count, root, peer, tag });
     const sendSegs = send.length ? new Segments(send) : null;
     const recvSegs = recv.length ? new Segments(recv) : null;
-    const p = peerCopies ? this._peerRun(g, header, sendSegs, recvSegs, name).then((done) =>
-      (done ? null : this._run(g, header, sendSegs, recvSegs, name)))
+    // Direct barriers, counted per group, alike on every rank.
+    const barK = kind === KIND.BARRIER && barrierTakes(this.barrierSets, g.ranks, this.rank)
+      ? ++g._bar.calls : 0;
+    const p = peerCopies || barK
+      ? (peerCopies ? this._peerRun(g, header, sendSegs, recvSegs, name)
+        : this._barRun(g, header, barK, name)).then((done) =>
+        (done ? null : this._run(g, header, sendSegs, recvSegs, name)))
       : this._run(g, header, sendSegs, recvSegs, name);
     return p.then((result) => {
       if (source) {

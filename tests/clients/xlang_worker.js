@@ -73,6 +73,28 @@ async function memSteps() {
   await dist.destroyProcessGroup();
 }
 
+/** xlang_worker.c's barrier_steps (XLANG_PEER=3): barriers met on the page the ranks
+ * share, each rank in turn the last to come to one, stamped on CLOCK_MONOTONIC (libuv's
+ * hrtime, as C's clock_gettime and Python's time.monotonic). */
+async function barrierSteps() {
+  const now = () => Number(process.hrtime.bigint()) / 1e9;
+  for (let i = 0; i < 3; i++) await dist.barrier();
+  let fine = true;
+  for (let late = 0; late < 3; late++) {
+    if (r === late) await new Promise((res) => setTimeout(res, 100));
+    const mine = Float64Array.from([now()]);
+    await dist.barrier();
+    const left = now();
+    const arrived = new Float64Array(3);
+    await dist.allGatherIntoTensor(arrived, mine);
+    fine = fine && left >= arrived[late];
+  }
+  expect([fine], [true], 'barriers wait for the last rank');
+  for (let i = 0; i < 200; i++) await dist.barrier();
+  expect([200], [200], '200 barriers');
+  await dist.destroyProcessGroup();
+}
+
 (async () => {
   await dist.initProcessGroup('paramsync');
   r = dist.getRank();
@@ -83,6 +105,10 @@ async function memSteps() {
   }
   if (process.env.XLANG_PEER === '2') {
     await memSteps();
+    return;
+  }
+  if (process.env.XLANG_PEER === '3') {
+    await barrierSteps();
     return;
   }
   const R = dist.ReduceOp;
