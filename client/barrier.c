@@ -107,15 +107,16 @@ static int setup_map(ps__coll_t *c)
         snprintf(g->bar_name, sizeof(g->bar_name), "/paramsync.%d.bar.%u.%lx", (int)getpid(),
                  __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED), (long)(ts.tv_nsec & 0xffffff));
         int fd = shm_open(g->bar_name, O_RDWR | O_CREAT | O_EXCL, 0600);
-        if (fd >= 0 && ftruncate(fd, BAR_PAGE) == 0)
-            g->bar_page = page_map(fd);
-        if (fd >= 0)
+        if (fd >= 0) {
+            if (ftruncate(fd, BAR_PAGE) == 0)
+                g->bar_page = page_map(fd);
             close(fd);
+            if (!g->bar_page)
+                shm_unlink(g->bar_name);
+        }
         if (g->bar_page)
             memcpy(mine, g->bar_name, strlen(g->bar_name));
-        else if (fd >= 0)
-            shm_unlink(g->bar_name);
-        if (!g->bar_page)
+        else
             g->bar_name[0] = 0;
     }
     char *all = calloc((size_t)g->size, BAR_NAME);
@@ -124,7 +125,9 @@ static int setup_map(ps__coll_t *c)
                  : PS_ENOMEM;
     if (rc == PS_ENOMEM && !all)
         ps__report(comm, rc, c->name, "out of memory");
-    if (rc == 0 && g->rank != 0 && all[0] && memchr(all, 0, BAR_NAME)) {
+    /* Only a name such as rank 0 makes, whole. */
+    if (rc == 0 && g->rank != 0 && strncmp(all, "/paramsync.", 11) == 0 &&
+        memchr(all, 0, BAR_NAME)) {
         int fd = shm_open(all, O_RDWR, 0);
         if (fd >= 0) {
             g->bar_page = page_map(fd);

@@ -1107,18 +1107,20 @@ class BarrierPage {
     this.on = false;
   }
 
-  _raise(i, v) {
-    let cur = Atomics.load(this.u32, i);
+  /** Raises word i of the page u32 to at least v. */
+  static raise(u32, i, v) {
+    let cur = Atomics.load(u32, i);
     while (behind(cur, v)) {
-      const was = Atomics.compareExchange(this.u32, i, cur, v);
+      const was = Atomics.compareExchange(u32, i, cur, v);
       if (was === cur) return;
       cur = was;
     }
   }
 
-  _allArrived(n, m) {
+  /** Whether all n ranks called direct barrier m, on the page u32. */
+  static allArrived(u32, n, m) {
     for (let i = 0; i < n; i++) {
-      if (behind(Atomics.load(this.u32, BAR.ARRIVED + i), m)) return false;
+      if (behind(Atomics.load(u32, BAR.ARRIVED + i), m)) return false;
     }
     return true;
   }
@@ -1128,18 +1130,19 @@ class BarrierPage {
   }
 
   /** Direct barrier m: resolves once all n ranks called it; rejects with broken()'s error,
-   * or resolves to false at the deadline (Date.now()). */
+   * or resolves to false at the deadline (Date.now()). The page stays mapped for it
+   * while it waits, even if the World is destroyed meanwhile (broken() then says so). */
   async meet(me, n, m, deadline, broken) {
     const { u32, ab } = this;
-    this._raise(BAR.ARRIVED + me, m);
-    if (this._allArrived(n, m)) {
-      this._raise(0, m);
+    BarrierPage.raise(u32, BAR.ARRIVED + me, m);
+    if (BarrierPage.allArrived(u32, n, m)) {
+      BarrierPage.raise(u32, 0, m);
       native.wake(ab, 0);
       return true;
     }
     for (;;) {
       const seen = Atomics.load(u32, 0);
-      if (!behind(seen, m) || this._allArrived(n, m)) return true;
+      if (!behind(seen, m) || BarrierPage.allArrived(u32, n, m)) return true;
       const err = broken();
       if (err) throw err;
       const left = deadline - Date.now();

@@ -7,7 +7,8 @@ languages over ranks 0, 1 and 2, so that each language is a root. Then C,
 Python and Node.js ranks of one agent take a large all_to_all and all_gather
 together by peer copies (peer_jobs), and a gather and scatter; and an all_to_all from
 ps_mem_alloc/empty() memory over the agent's --shm-resident-bytes, where the ranks read
-each other's segments through mappings they keep (mem_peer_jobs).
+each other's segments through mappings they keep (mem_peer_jobs); and barriers that
+C, Python and Node.js ranks of one agent meet on a page they share (barrier_jobs).
 
     xlang.py --paramsyncd BIN --c-worker BIN --python VENV_PY [--node NODE]
 """
@@ -85,53 +86,42 @@ def no_node_helper():
 def peer_jobs(d, workers):
     """C, Python and Node.js ranks on one agent take a large all_to_all, all_gather,
     gather and scatter by peer copies together (XLANG_PEER=1: the workers' peer_steps),
-    in three rank orders, each language a root: every result checked, and none of those kinds reaches the agent but the
-    exchanges of addresses (all_gather)."""
-    def a2a():
-        m = H.scrape(d.metrics_url)
-        return sum(m.get('paramsync_collectives_total{kind="%s",code="OK"}' % k, 0)
-                   for k in ("all_to_all", "gather", "scatter"))
-    before = a2a()
-    ok = True
-    orders = [["C", "Python", "Node"], ["Node", "C", "Python"], ["Python", "Node", "C"]]
-    if no_node_helper():
-        # A Node rank takes peer copies only through its native helper, not built here.
-        print("SKIPPED: Node.js ranks in the peer-copy jobs (no native helper: no Node.js "
-              "headers, or PARAMSYNC_NODE_HELPER=OFF); C and Python ranks only")
-        orders = [["C", "Python", "C"], ["Python", "C", "Python"]]
-    for k, order in enumerate(orders):
-        ok = run_peer_job(workers, order, d.addr, "xlang-peer-%d" % k, 1, "peer copies",
-                          {"C": 4, "Python": 4, "Node": 4}) and ok
-    went = a2a() - before
-    if ok and went:
-        print("FAIL: %d all_to_all, gather and scatter calls reached the agent; peer copies "
-              "should have taken them" % went)
-        ok = False
-    return ok
+    in three rank orders, each language a root: every result checked, and none of those
+    kinds reaches the agent but the exchanges of addresses (all_gather)."""
+    return jobs_without_agent(d, workers, 1, "peer copies", ("all_to_all", "gather", "scatter"),
+                              4)
 
 
 def barrier_jobs(d, workers):
     """C, Python and Node.js ranks on one agent meet at barriers on the page they share
     (XLANG_PEER=3: the workers' barrier_steps), in three rank orders: none reaches the agent,
     and none lets a rank go before the last arrived."""
-    def barriers():
-        return H.scrape(d.metrics_url).get(
-            'paramsync_collectives_total{kind="barrier",code="OK"}', 0)
-    before = barriers()
+    return jobs_without_agent(d, workers, 3, "direct barriers", ("barrier",), 2)
+
+
+def jobs_without_agent(d, workers, steps, what, kinds, checks):
+    """Jobs of the workers' steps XLANG_PEER=steps, each worker passing `checks` checks,
+    in three rank orders of C, Python and Node.js ranks on the agent d (C and Python ranks
+    alone without the Node.js helper, which both paths need), after which no call of
+    `kinds` may have reached the agent: the ranks did them between themselves."""
+    def calls():
+        m = H.scrape(d.metrics_url)
+        return sum(m.get('paramsync_collectives_total{kind="%s",code="OK"}' % k, 0)
+                   for k in kinds)
+    before = calls()
     ok = True
     orders = [["C", "Python", "Node"], ["Node", "C", "Python"], ["Python", "Node", "C"]]
     if no_node_helper():
-        # A Node rank meets directly only through its native helper's futexes.
-        print("SKIPPED: Node.js ranks in the direct-barrier jobs (no native helper); C and "
-              "Python ranks only")
+        print("SKIPPED: Node.js ranks in the %s jobs (no native helper: no Node.js headers, or "
+              "PARAMSYNC_NODE_HELPER=OFF); C and Python ranks only" % what)
         orders = [["C", "Python", "C"], ["Python", "C", "Python"]]
     for k, order in enumerate(orders):
-        ok = run_peer_job(workers, order, d.addr, "xlang-barrier-%d" % k, 3, "direct barriers",
-                          {"C": 2, "Python": 2, "Node": 2}) and ok
-    went = barriers() - before
+        ok = run_peer_job(workers, order, d.addr, "xlang-%d-%d" % (steps, k), steps, what,
+                          {"C": checks, "Python": checks, "Node": checks}) and ok
+    went = calls() - before
     if ok and went:
-        print("FAIL: %d barriers reached the agent; the ranks should have met on their page"
-              % went)
+        print("FAIL: %d %s calls reached the agent; %s should have taken them"
+              % (went, "/".join(kinds), what))
         ok = False
     return ok
 

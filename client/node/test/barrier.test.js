@@ -102,3 +102,20 @@ test('PARAMSYNC_DIRECT_BARRIER=0 on one rank: every barrier goes through the age
       await Promise.all(ws.map((w) => w.destroy()));
     }
   });
+
+test('a World destroyed while its direct barrier waits: the barrier rejects, saying so',
+  async (t) => {
+    if (!f.ready(t)) return;
+    const ws = await worlds(dist, f.daemon.addr, 'node-barrier-destroyed', 2);
+    try {
+      for (let i = 0; i < 3; i++) await Promise.all(ws.map((w) => w.barrier()));
+      const waiting = ws[0].barrier().then(() => null, (e) => e);
+      await new Promise((res) => setTimeout(res, 100));
+      await ws[0].destroy();
+      const e = await waiting;
+      assert.ok(e instanceof dist.ParamsyncError, String(e));
+      assert.match(e.message, /destroyed/);
+    } finally {
+      await ws[1].destroy();
+    }
+  });

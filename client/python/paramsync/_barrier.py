@@ -62,7 +62,7 @@ class Group:
         self._anchor = None
         self._addr = 0
 
-    def _ended(self, step):
+    def ended(self, step):
         with self.cond:
             self.setup = step
             self.cond.notify_all()
@@ -101,7 +101,7 @@ class Group:
     def open(self, record):
         """The other ranks: maps the page rank 0 named (nothing when it named none)."""
         name = bytes(record).split(b"\0", 1)[0].decode(errors="replace")
-        if not name:
+        if not name.startswith("/paramsync."):  # only a name such as rank 0 makes
             return
         try:
             fd = _shm._shm_open(name, os.O_RDWR, 0)
@@ -162,10 +162,16 @@ class Group:
             self._futex(_shm._FUTEX_WAKE, 0x7FFFFFFF)
             return
         while True:
-            seen = self._u32(GEN)
-            if not _behind(seen, m) or self._all_arrived(n, m):
-                return
             err = broken()
+            try:
+                seen = self._u32(GEN)
+                if not _behind(seen, m) or self._all_arrived(n, m):
+                    return
+            except (ValueError, TypeError):  # unmapped meanwhile: this rank left
+                if err is None:
+                    err = broken()
+                if err is None:
+                    raise
             if err is not None:
                 raise err
             left = deadline - time.monotonic()

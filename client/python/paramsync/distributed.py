@@ -645,7 +645,7 @@ class _World:
                 if me != 0:
                     b.open(got[:_barrier.NAME])
             finally:
-                b._ended(1)
+                b.ended(1)
             return True
         if k == 2:  # whether every rank mapped it, as this barrier's call
             b.wait_setup(1)
@@ -660,7 +660,7 @@ class _World:
                 b.on = agreed
                 if not agreed:
                     b.close()
-                b._ended(2)
+                b.ended(2)
             return True
         b.wait_setup(2)
         if not b.on:
