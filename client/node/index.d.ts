@@ -28,6 +28,9 @@ export declare class World {
   /** Of them, those answered while the event loop's thread waited for the answer
    * ($PARAMSYNC_NODE_WAIT_NOW_US, where the collective was the only one in flight). */
   readonly doorbellAnsweredNow: number;
+  /** Barriers met on the ranks' shared page (direct barriers) while the event loop's
+   * thread waited ($PARAMSYNC_NODE_WAIT_NOW_US, the only collective in flight). */
+  readonly barrierMetNow: number;
   /** Collectives that went rank to rank by peer copies so far. */
   readonly peerUsed: number;
   destroy(): Promise<void>;

@@ -1037,6 +1037,7 @@ class BarrierPage {
     this.ab = null;
     this.u32 = null;
     this.name = null; // rank 0's name of the page until it unlinks it
+    this.metNow = 0; // barriers met while the loop's thread waited (tests read it)
   }
 
   _map(fd) {
@@ -1132,12 +1133,18 @@ class BarrierPage {
   /** Direct barrier m: resolves once all n ranks called it; rejects with broken()'s error,
    * or resolves to false at the deadline (Date.now()). The page stays mapped for it
    * while it waits, even if the World is destroyed meanwhile (broken() then says so). */
-  async meet(me, n, m, deadline, broken) {
+  async meet(me, n, m, deadline, broken, nowUs = 0) {
     const { u32, ab } = this;
     BarrierPage.raise(u32, BAR.ARRIVED + me, m);
     if (BarrierPage.allArrived(u32, n, m)) {
       BarrierPage.raise(u32, 0, m);
       native.wake(ab, 0);
+      return true;
+    }
+    // Alone in flight: first on the loop's own thread, as the doorbell does.
+    if (nowUs > 0 && native.waitNow(ab, 0, Atomics.load(u32, 0), nowUs) &&
+      BarrierPage.allArrived(u32, n, m)) {
+      this.metNow++;
       return true;
     }
     for (;;) {
@@ -1403,6 +1410,7 @@ class World {
     this.peerSets = null; // JoinEvent.peer_sets: one per job rank
     this.barrierSets = null; // JoinEvent.barrier_sets (direct barriers)
     this.barPages = []; // every group's BarrierPage, closed with the World
+    this.barWaiting = 0; // direct barriers waiting now
     this.peerUsed = 0; // collectives that went by peer copies (tests read it)
     this.leaving = false;
     this.nNewGroups = 0;
@@ -1643,6 +1651,9 @@ class World {
   /** Of them, those answered while the event loop's thread waited (waitNowUs). */
   get doorbellAnsweredNow() { return this.doorbells.answeredNow; }
 
+  /** Barriers met on the ranks' shared page while the loop's thread waited. */
+  get barrierMetNow() { return this.barPages.reduce((n, b) => n + b.metNow, 0); }
+
   /** Rings doorbell d for a collective: its input and output in the doorbell (seg null),
    * or at inOff and outOff of seg (the payload segment, its input written there, memory
    * from empty(), or with seg.direct addresses in this process). Ends seg (discarded if
@@ -1728,8 +1739,16 @@ class World {
       if (!b.on) return false;
       const m = (k - 2) >>> 0;
       const timeoutMs = Number(header.timeout_ms) || this.timeoutMs;
-      const met = await b.meet(g.rank(), g.size(), m, Date.now() + timeoutMs,
-        () => this._broken());
+      // The only collective in flight in the process: it may wait on the loop's thread.
+      const lone = doorbellWorlds <= 1 && this.doorbells.inFlight === 0 && this.barWaiting === 0;
+      this.barWaiting++;
+      let met;
+      try {
+        met = await b.meet(g.rank(), g.size(), m, Date.now() + timeoutMs,
+          () => this._broken(), lone ? waitNowUs() : 0);
+      } finally {
+        this.barWaiting--;
+      }
       if (met) return true;
       const missing = b.missing(g.ranks, m);
       throw makeError(`${name} (group ${g.id}, seq ${seq})`, grpc.status.DEADLINE_EXCEEDED,

@@ -40,6 +40,8 @@ test('barriers of three ranks meet on their page: world, subgroup, in flight tog
       await Promise.all(many.map((ps) => Promise.all(ps.reverse())));
       for (let i = 0; i < 50; i++) await Promise.all(ws.map((w) => w.barrier()));
       assert.strictEqual(await agentBarriers(), before, 'barriers reached the agent');
+      // Several Worlds in this process: none waits on the loop's thread.
+      assert.deepStrictEqual(ws.map((w) => w.barrierMetNow), [0, 0, 0]);
       // A rank that never comes: the others fail at their deadline, naming it.
       const late = await worlds(dist, f.daemon.addr, 'node-barrier-late', 3, { timeout: 1500 });
       try {
@@ -117,5 +119,30 @@ test('a World destroyed while its direct barrier waits: the barrier rejects, say
       assert.match(e.message, /destroyed/);
     } finally {
       await ws[1].destroy();
+    }
+  });
+
+test('ranks each in a process of their own: lone barriers are met on the loop\'s thread',
+  async (t) => {
+    if (!f.ready(t)) return;
+    const rank = (r, us) => runNode(`
+      const dist = require('.');
+      (async () => {
+        const w = await dist.World.init({ initMethod: 'tcp://${f.daemon.addr}?job=node-bar-now-' +
+          '${us}', worldSize: 2, rank: ${r} });
+        for (let i = 0; i < 300; i++) await w.barrier();
+        console.log(JSON.stringify({ now: w.barrierMetNow }));
+        await w.destroy();
+      })().catch((e) => { console.error(e); process.exit(1); });`,
+    { PARAMSYNC_NODE_WAIT_NOW_US: us });
+    for (const us of ['10000', '0']) {
+      const out = (await Promise.all([0, 1].map((r) => rank(r, us)))).map((o) => {
+        assert.strictEqual(o.code, 0, o.stderr);
+        return JSON.parse(o.stdout);
+      });
+      // Waiting up to 10 ms, the later rank comes meanwhile; with 0 none is waited for.
+      const now = out.reduce((n, o) => n + o.now, 0);
+      if (us === '0') assert.strictEqual(now, 0);
+      else assert.ok(now > 0, `no barrier was met while the loop's thread waited: ${now}`);
     }
   });
