@@ -18,14 +18,16 @@
  * A later barrier waits here for the second's outcome, so that the ranks
  * agree even where barriers are started without waiting (ps_ibarrier).
  *
- * On the page, arrived[i] is the number of direct barriers group rank i has
- * called (raised, never lowered: a later barrier's arrival implies the
- * earlier's), and gen the number met. A rank raises its word, then reads the
- * others' (sequentially consistent, so of two ranks arriving at once at least
- * one sees the other); the one that finds all there raises gen and wakes the
- * waiters, which sleep on gen (a futex) in slices between which they look at
- * the job (a lost member breaks it: its Join stream says so) and at the
- * deadline.
+ * On the page, arrived[i] is one more than the sequence number of the last
+ * direct barrier group rank i has called (raised, never lowered: a later
+ * barrier's arrival implies the earlier's; numbered by sequence number, not
+ * by count, so that a rank that called something else where the others
+ * called a barrier, a bug each side learns of at its deadline, is in step
+ * again at the next barrier), and gen the same of the last one met. A rank raises its word, then
+ * reads the others' (sequentially consistent, so of two ranks arriving at once at least one sees
+ * the other); the one that finds all there raises gen and wakes the waiters, which sleep on gen (a
+ * futex) in slices between which they look at the job (a lost member breaks it: its Join stream
+ * says so) and at the deadline.
  */
 #include "internal.h"
 #include "paramsync/v1/doorbell.h" /* ps_doorbell_futex */
@@ -47,7 +49,7 @@
 struct ps__bar_page {
     uint32_t gen; /* futex: the direct barriers met */
     uint32_t pad[15];
-    uint32_t arrived[]; /* by group rank: the direct barriers each has called */
+    uint32_t arrived[]; /* by group rank: its last direct barrier's number + 1 */
 };
 
 #define BAR_MAX_RANKS ((BAR_PAGE - sizeof(struct ps__bar_page)) / sizeof(uint32_t))
@@ -200,9 +202,8 @@ static int all_arrived(const struct ps__bar_page *p, int n, uint32_t m)
     return 1;
 }
 
-/* Direct barrier m of c's group. The arrivals, not gen, say it is met: gen
- * only wakes (the Python client, without an atomic maximum, may lower it
- * for a moment). */
+/* Direct barrier m (its sequence number + 1) of c's group. The arrivals, not gen, say it is met:
+ * gen only wakes (the Python client, without an atomic maximum, may lower it for a moment). */
 static int meet(ps__coll_t *c, uint32_t m)
 {
     ps_comm_t *comm = c->comm;
@@ -273,7 +274,7 @@ int ps__bar_run(ps__coll_t *c, int *rc)
     setup_wait(c->comm, g, 2);
     if (g->bar_on < 0)
         return 0;
-    *rc = meet(c, (uint32_t)(c->bar_k - 2));
+    *rc = meet(c, (uint32_t)c->hdr.seq + 1);
     return 1;
 }
 

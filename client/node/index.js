@@ -1004,7 +1004,8 @@ function blocksPerRank(kind) { return kind === KIND.ALL_TO_ALL || kind === KIND.
 // agent: the C client's layout and steps (client/barrier.c), so C, Python and Node.js ranks
 // meet on one page. The first two such barriers of a group set it up through the agent
 // (an all_gather of rank 0's name for it, an all_reduce MIN of whether each rank mapped
-// it); from the third on a rank raises its word of arrived[], reads the others', and the
+// it); from the third on a rank raises its word of arrived[] to the barrier's sequence number
+// + 1, reads the others', and the
 // one that finds all there raises gen and wakes the others (a futex on gen). The arrivals
 // say a barrier is met; gen only wakes.
 const BAR = { PAGE: 4096, NAME: 64, ARRIVED: 16, SLICE_MS: 50 }; // ARRIVED: in words
@@ -1130,7 +1131,7 @@ class BarrierPage {
     return ranks.filter((r, i) => behind(Atomics.load(this.u32, BAR.ARRIVED + i), m));
   }
 
-  /** Direct barrier m: resolves once all n ranks called it; rejects with broken()'s error,
+  /** Direct barrier m (its sequence number + 1): resolves once all n ranks called it; rejects with broken()'s error,
    * or resolves to false at the deadline (Date.now()). The page stays mapped for it
    * while it waits, even if the World is destroyed meanwhile (broken() then says so). */
   async meet(me, n, m, deadline, broken, nowUs = 0) {
@@ -1737,7 +1738,7 @@ class World {
     }
     return b.steps[1].then(async () => {
       if (!b.on) return false;
-      const m = (k - 2) >>> 0;
+      const m = (seq + 1) >>> 0; // by sequence number, as the C client
       const timeoutMs = Number(header.timeout_ms) || this.timeoutMs;
       // The only collective in flight in the process: it may wait on the loop's thread.
       const lone = doorbellWorlds <= 1 && this.doorbells.inFlight === 0 && this.barWaiting === 0;

@@ -2514,7 +2514,9 @@ static int sc_member_lost(ctx_t *cx)
  * reverse) all line the ranks up. PS_TEST_BARRIER says what the last rank
  * does at the barrier after them: "late" never comes (the others fail with
  * PS_ETIMEDOUT naming it within the 2 s timeout), "lost" dies (they fail
- * naming it, well before that). */
+ * naming it, well before that), "mismatch" calls an all_reduce there (every
+ * rank fails with PS_ETIMEDOUT at the deadline, each side naming the other,
+ * and the next barrier meets). */
 static int sc_barrier_direct(ctx_t *cx)
 {
     int last = cx->size - 1;
@@ -2558,6 +2560,37 @@ static int sc_barrier_direct(ctx_t *cx)
     if (!what)
         return 0;
     int lost = strcmp(what, "lost") == 0;
+    if (strcmp(what, "mismatch") == 0) {
+        float x = 1;
+        int64_t t0 = now_ms();
+        clear_last_error();
+        int rc = cx->rank == last ? ps_all_reduce(cx->comm, &x, 1, PS_FLOAT32, PS_SUM, NULL)
+                                  : ps_barrier(cx->comm, NULL);
+        int64_t took = now_ms() - t0;
+        char msg[1024];
+        last_error(msg, sizeof(msg));
+        CHECK(rc == PS_ETIMEDOUT, "mismatch: %d (%s), want PS_ETIMEDOUT: %s", rc, ps_strerror(rc),
+              msg);
+        CHECK(took >= 1500 && took <= 4000, "mismatch: failed after %lld ms", (long long)took);
+        CHECK(cx->rank == last ? names_rank(msg, "rank", 0) : names_rank(msg, "rank", last),
+              "mismatch: the message does not name the other side: %s", msg);
+        /* In step again: the next barriers line everyone up (the last rank
+         * comes 200 ms late to the first). */
+        int64_t arrived[1024];
+        for (int i = 0; i < 2; i++) {
+            if (i == 0 && cx->rank == last)
+                sleep_ms(200);
+            int64_t mine = now_us();
+            CHECK_OK(ps_barrier(cx->comm, NULL));
+            int64_t left = now_us();
+            CHECK_OK(ps_all_gather(cx->comm, arrived, &mine, 1, PS_INT64, NULL));
+            CHECK(left >= arrived[last],
+                  "mismatch: barrier %d after it let a rank go %lld us "
+                  "before rank %d arrived",
+                  i, (long long)(arrived[last] - left), last);
+        }
+        return 0;
+    }
     if (cx->rank == last) {
         if (lost) {
             fflush(NULL);

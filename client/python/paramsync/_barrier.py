@@ -4,7 +4,7 @@ namespace, with clients that do this (JoinEvent.barrier_sets), meet at a barrier
 of shared memory they all map, without the agent. The first two such barriers of a group
 set the page up through the agent (an all_gather of rank 0's name for it, an all_reduce
 MIN of whether each rank mapped it); from the third on they meet on the page. A rank raises
-its word of arrived[], reads the others', and the one that finds all there raises gen and
+its word of arrived[] to the barrier's sequence number + 1, reads the others', and the one that finds all there raises gen and
 wakes the others (a futex on gen). The arrivals say a barrier is met; gen only wakes, since
 this module, without an atomic maximum across processes, may lower it for a moment."""
 
@@ -149,7 +149,7 @@ class Group:
         return [r for i, r in enumerate(ranks) if _behind(self._u32(ARRIVED + 4 * i), m)]
 
     def meet(self, me, n, m, deadline, broken):
-        """Direct barrier m: returns once all n ranks called it; raises broken()'s error, or
+        """Direct barrier m (its sequence number + 1): returns once all n ranks called it; raises broken()'s error, or
         TimeoutError at the deadline (time.monotonic())."""
         with self._own:  # a lock's acquire and release order the word against the reads
             if _behind(self._u32(ARRIVED + 4 * me), m):

@@ -667,10 +667,10 @@ class _World:
             return False
         timeout_ms = header.timeout_ms or self.timeout_ms
         try:
-            b.meet(me, n, (k - 2) & 0xFFFFFFFF, time.monotonic() + timeout_ms / 1000.0,
+            b.meet(me, n, (seq + 1) & 0xFFFFFFFF, time.monotonic() + timeout_ms / 1000.0,
                    self._broken)
         except TimeoutError:
-            missing = b.missing(g.ranks, (k - 2) & 0xFFFFFFFF)
+            missing = b.missing(g.ranks, (seq + 1) & 0xFFFFFFFF)
             msg = "%s (group %d, seq %d): rank%s %s did not arrive within %d ms (met directly " \
                 "on this host)" % (name, g.id, seq, "s" if len(missing) > 1 else "",
                                    ", ".join(map(str, missing)), timeout_ms)
