@@ -15,6 +15,14 @@ async function agentBarriers() {
   return m.get('paramsync_collectives_total{kind="barrier",code="OK"}') || 0;
 }
 
+/** n ranks of job as Worlds of this process, past their world group's page setup (the
+ * first two barriers) and one barrier on it. */
+async function pastSetup(job, n, extra = {}) {
+  const ws = await worlds(dist, f.daemon.addr, job, n, extra);
+  for (let i = 0; i < 3; i++) await Promise.all(ws.map((w) => w.barrier()));
+  return ws;
+}
+
 test('barriers of three ranks meet on their page: world, subgroup, in flight together',
   async (t) => {
     if (!f.ready(t)) return;
@@ -43,9 +51,8 @@ test('barriers of three ranks meet on their page: world, subgroup, in flight tog
       // Several Worlds in this process: none waits on the loop's thread.
       assert.deepStrictEqual(ws.map((w) => w.barrierMetNow), [0, 0, 0]);
       // A rank that never comes: the others fail at their deadline, naming it.
-      const late = await worlds(dist, f.daemon.addr, 'node-barrier-late', 3, { timeout: 1500 });
+      const late = await pastSetup('node-barrier-late', 3, { timeout: 1500 });
       try {
-        for (let i = 0; i < 3; i++) await Promise.all(late.map((w) => w.barrier()));
         const t0 = Date.now();
         const errs = await Promise.all([0, 1].map((r) => late[r].barrier()
           .then(() => null, (e) => e)));
@@ -66,9 +73,8 @@ test('barriers of three ranks meet on their page: world, subgroup, in flight tog
 test('a rank lost while the others wait at a direct barrier: ABORTED naming it',
   async (t) => {
     if (!f.ready(t)) return;
-    const ws = await worlds(dist, f.daemon.addr, 'node-barrier-lost', 3);
+    const ws = await pastSetup('node-barrier-lost', 3);
     try {
-      for (let i = 0; i < 3; i++) await Promise.all(ws.map((w) => w.barrier()));
       await loseRank1(ws, (w) => w.barrier(), 200);
     } finally {
       await Promise.all([ws[0].destroy(), ws[2].destroy()]);
@@ -108,9 +114,8 @@ test('PARAMSYNC_DIRECT_BARRIER=0 on one rank: every barrier goes through the age
 test('a World destroyed while its direct barrier waits: the barrier rejects, saying so',
   async (t) => {
     if (!f.ready(t)) return;
-    const ws = await worlds(dist, f.daemon.addr, 'node-barrier-destroyed', 2);
+    const ws = await pastSetup('node-barrier-destroyed', 2);
     try {
-      for (let i = 0; i < 3; i++) await Promise.all(ws.map((w) => w.barrier()));
       const waiting = ws[0].barrier().then(() => null, (e) => e);
       await new Promise((res) => setTimeout(res, 100));
       await ws[0].destroy();
