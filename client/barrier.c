@@ -155,12 +155,10 @@ static int setup_agree(ps__coll_t *c)
         shm_unlink(g->bar_name);
         g->bar_name[0] = 0;
     }
-    int on = rc == 0 && ok == 1;
-    if (!on && g->bar_page) {
+    if ((rc != 0 || ok != 1) && g->bar_page) {
         munmap(g->bar_page, BAR_PAGE);
-        g->bar_page = NULL;
+        g->bar_page = NULL; /* through the agent for good */
     }
-    g->bar_on = on ? 1 : -1;
     setup_ended(comm, g, 2);
     return rc;
 }
@@ -216,7 +214,7 @@ static int meet(ps__coll_t *c, uint32_t m)
         ps_doorbell_futex(&p->gen, FUTEX_WAKE, INT32_MAX, NULL);
         return 0;
     }
-    int64_t timeout = c->hdr.timeout_ms ? (int64_t)c->hdr.timeout_ms : comm->timeout_ms;
+    int64_t timeout = c->hdr.timeout_ms; /* the comm's, as every call's header has */
     int64_t end = ps__now_ms() + timeout;
     char *msg = NULL;
     int rc = 0;
@@ -224,16 +222,7 @@ static int meet(ps__coll_t *c, uint32_t m)
         uint32_t seen = __atomic_load_n(&p->gen, __ATOMIC_SEQ_CST);
         if ((int32_t)(seen - m) >= 0 || all_arrived(p, g->size, m))
             break;
-        pthread_mutex_lock(&comm->lock);
-        if (comm->broken) {
-            rc = comm->broken;
-            msg = comm->broken_msg ? strdup(comm->broken_msg) : NULL;
-        } else if (comm->finalizing) {
-            rc = PS_ECANCELLED;
-            msg = strdup("the communicator was finalized");
-        }
-        pthread_mutex_unlock(&comm->lock);
-        if (rc)
+        if ((rc = ps__comm_over(comm, &msg)) != 0)
             break;
         int64_t left = end - ps__now_ms();
         if (left <= 0) {
@@ -252,8 +241,7 @@ static int meet(ps__coll_t *c, uint32_t m)
     }
     if (rc < 0) {
         char what[96];
-        snprintf(what, sizeof(what), "%s (group %u, seq %llu)", c->name, c->hdr.group,
-                 (unsigned long long)c->hdr.seq);
+        ps__coll_what(c, what, sizeof(what));
         ps__report(comm, rc, what, "%s", msg ? msg : ps_strerror(rc));
     }
     free(msg);
@@ -272,7 +260,7 @@ int ps__bar_run(ps__coll_t *c, int *rc)
         return 1;
     }
     setup_wait(c->comm, g, 2);
-    if (g->bar_on < 0)
+    if (!g->bar_page)
         return 0;
     *rc = meet(c, (uint32_t)c->hdr.seq + 1);
     return 1;

@@ -197,6 +197,12 @@ static int outcome(ps__coll_t *c, recv_state_t *st, int status, char **status_ms
     return 0;
 }
 
+void ps__coll_what(const ps__coll_t *c, char *what, size_t size)
+{
+    snprintf(what, size, "%s (group %u, seq %llu)", c->name, c->hdr.group,
+             (unsigned long long)c->hdr.seq);
+}
+
 int ps__coll_run(ps__coll_t *c)
 {
     ps_comm_t *comm = c->comm;
@@ -270,8 +276,7 @@ done:
     pthread_mutex_unlock(&c->lock);
     if (rc < 0) {
         char what[96];
-        snprintf(what, sizeof(what), "%s (group %u, seq %llu)", c->name, c->hdr.group,
-                 (unsigned long long)c->hdr.seq);
+        ps__coll_what(c, what, sizeof(what));
         ps__report(comm, rc, what, "%s", msg && *msg ? msg : ps_strerror(rc));
     }
     free(msg);

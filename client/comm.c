@@ -116,19 +116,34 @@ void ps__inflight_unlink(ps_comm_t *comm, ps__coll_t *coll)
     pthread_cond_broadcast(&comm->cond);
 }
 
+/* ps__comm_over with comm->lock held. */
+static int comm_over_locked(ps_comm_t *comm, char **msg)
+{
+    if (comm->broken) {
+        *msg = comm->broken_msg ? strdup(comm->broken_msg) : NULL;
+        return comm->broken;
+    }
+    if (comm->finalizing) {
+        *msg = strdup("the communicator was finalized");
+        return PS_ECANCELLED;
+    }
+    return 0;
+}
+
+int ps__comm_over(ps_comm_t *comm, char **msg)
+{
+    pthread_mutex_lock(&comm->lock);
+    int rc = comm_over_locked(comm, msg);
+    pthread_mutex_unlock(&comm->lock);
+    return rc;
+}
+
 int ps__inflight_attach(ps_comm_t *comm, ps__coll_t *coll, ps__rpc_call_t *call, char **msg)
 {
-    int rc = 0;
     pthread_mutex_lock(&comm->lock);
-    if (comm->broken) {
-        rc = comm->broken;
-        *msg = comm->broken_msg ? strdup(comm->broken_msg) : NULL;
-    } else if (comm->finalizing) {
-        rc = PS_ECANCELLED;
-        *msg = strdup("the communicator was finalized");
-    } else {
+    int rc = comm_over_locked(comm, msg);
+    if (rc == 0)
         coll->call = call;
-    }
     pthread_mutex_unlock(&comm->lock);
     return rc;
 }

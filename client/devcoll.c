@@ -344,8 +344,7 @@ static const char *step_name(const ps__coll_t *c, int step)
 static int lost(const ps__coll_t *c, const char *what)
 {
     char name[96];
-    snprintf(name, sizeof(name), "%s (group %u, seq %llu)", c->name, c->hdr.group,
-             (unsigned long long)c->hdr.seq);
+    ps__coll_what(c, name, sizeof(name));
     ps__report(c->comm, PS_EINTERNAL, name, "%s", what);
     return PS_EINTERNAL;
 }

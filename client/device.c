@@ -82,13 +82,6 @@ static int cuda_usable(void)
     return state > 0;
 }
 
-/* "all_reduce (group 0, seq 3)" for c; seq is known once c has it. */
-static void coll_what(const ps__coll_t *c, char *what, size_t size)
-{
-    snprintf(what, size, "%s (group %u, seq %llu)", c->name, c->hdr.group,
-             (unsigned long long)c->hdr.seq);
-}
-
 int ps__stage_classify(const ps__coll_t *c, int *in_dev, int *out_dev)
 {
     int in = 0, out = 0, rc = 0;
@@ -359,7 +352,7 @@ int ps__stage_end(ps__coll_t *c, int rc)
             err = ps_gpu_stream_synchronize(NULL);
         if (err < 0) {
             char what[96];
-            coll_what(c, what, sizeof(what));
+            ps__coll_what(c, what, sizeof(what));
             ps__report(c->comm, err, what,
                        "cannot copy the result (%zu bytes) to the device buffer: %s", c->out_bytes,
                        ps_strerror(err));

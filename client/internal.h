@@ -45,12 +45,10 @@ struct ps_group {
     uint64_t *send_seq; /* per destination group rank */
     /* Direct barriers (barrier.c): the barriers called that may meet directly
      * (comm->lock); the setup steps ended here (comm->lock, comm->cond); the
-     * outcome, 1 on the page or -1 through the agent, and the page, both
-     * set by step 2 before it ends; rank 0's name of the page until it
-     * unlinks it. */
+     * page, which once step 2 has ended says the outcome (NULL: through the
+     * agent); rank 0's name of the page until it unlinks it. */
     uint64_t bar_calls;
     int bar_setup;
-    int bar_on;
     struct ps__bar_page *bar_page;
     char bar_name[64];
 };
@@ -317,6 +315,10 @@ void ps__inflight_link(ps_comm_t *comm, ps__coll_t *coll);
 /** Unlinks coll (called with comm->lock held) and wakes ps_finalize. */
 void ps__inflight_unlink(ps_comm_t *comm, ps__coll_t *coll);
 
+/** 0 while comm takes calls; else the comm's broken code (or PS_ECANCELLED
+ * while finalizing) with *msg (malloc'd; NULL on ENOMEM) saying why. */
+int ps__comm_over(ps_comm_t *comm, char **msg);
+
 /** Makes call cancellable through coll. Returns 0, or the comm's broken code
  * (or PS_ECANCELLED while finalizing) with *msg (malloc'd; NULL on ENOMEM)
  * saying why; then call is not attached. */
@@ -485,6 +487,9 @@ int ps__peer_prepare(ps__coll_t *c);
  * finished, with its result in *rc; 0 when it is to go through the agent,
  * with c->hdr.seq set to the number it now goes under. */
 int ps__peer_run(ps__coll_t *c, int *rc);
+
+/** "all_reduce (group 0, seq 3)" for c, into what: the context of its errors. */
+void ps__coll_what(const ps__coll_t *c, char *what, size_t size);
 
 /** Initialises coll's lock where coll will live while it runs (once, before
  * ps__coll_run). 0 or PS_ENOMEM. */

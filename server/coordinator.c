@@ -231,7 +231,7 @@ static int same_set(const member_t *m, const member_t *x, int kind)
            x->agent && strcmp(x->agent, m->agent) == 0;
 }
 
-/* JoinEvent.peer_sets (SET_DEVICE: device_sets, SET_BARRIER: barrier_sets)
+/* JoinEvent.peer_sets (SET_PEER; SET_DEVICE: device_sets, SET_BARRIER: barrier_sets)
  * for a job whose ranks have all joined (lock held; made once as it forms,
  * O(n^2) in its world size at worst): ranks that asked for peer copies
  * through the same agent from the same PID namespace (device: that joined
@@ -239,7 +239,7 @@ static int same_set(const member_t *m, const member_t *x, int kind)
  * and direct barriers) share a number, one more than the first such rank;
  * the others have 0. NULL: no memory (then READY goes without, and no rank
  * takes that path). */
-static uint32_t *peer_sets(const job_t *j, int kind)
+static uint32_t *rank_sets(const job_t *j, int kind)
 {
     uint32_t *sets = calloc((size_t)j->world_size, sizeof(*sets));
     for (int r = 0; sets && r < j->world_size; r++) {
@@ -459,7 +459,7 @@ static int join_register(ps__coordinator_t *c, const Paramsync__V1__JoinRequest 
         j->ready = 1;
         for (int k = 0; k < SETS; k++) {
             free(j->sets[k]);
-            j->sets[k] = peer_sets(j, k);
+            j->sets[k] = rank_sets(j, k);
         }
         j->incarnation = ++c->next_incarnation;
         PS_LOG(PS_LOG_INFO, "job %s: ready, world_size %d, incarnation %llu, hub %s", j->name,

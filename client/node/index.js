@@ -1029,12 +1029,12 @@ function barrierTakes(sets, groupRanks, rank) {
 function behind(a, m) { return ((a - m) >>> 0) >= 0x80000000; }
 
 /** One group's direct barriers: the calls counted, the setup's two steps (promises that
- * settle when each ended here), the outcome and the page. */
+ * settle when each ended here), and the page (once step 2 has ended, null means through
+ * the agent). */
 class BarrierPage {
   constructor() {
     this.calls = 0;
     this.steps = [null, null];
-    this.on = false;
     this.ab = null;
     this.u32 = null;
     this.name = null; // rank 0's name of the page until it unlinks it
@@ -1106,7 +1106,6 @@ class BarrierPage {
     this.unlink();
     this.ab = null;
     this.u32 = null;
-    this.on = false;
   }
 
   /** Raises word i of the page u32 to at least v. */
@@ -1737,9 +1736,9 @@ class World {
       return step.then(() => true);
     }
     return b.steps[1].then(async () => {
-      if (!b.on) return false;
+      if (!b.ab) return false;
       const m = (seq + 1) >>> 0; // by sequence number, as the C client
-      const timeoutMs = Number(header.timeout_ms) || this.timeoutMs;
+      const timeoutMs = Number(header.timeout_ms); // the World's, as every call's header has
       // The only collective in flight in the process: it may wait on the loop's thread.
       const lone = doorbellWorlds <= 1 && this.doorbells.inFlight === 0 && this.barWaiting === 0;
       this.barWaiting++;
@@ -1778,8 +1777,7 @@ class World {
       agreed = ok[0] === 1;
     } finally {
       b.unlink(); // every rank tried to open it before it came here
-      b.on = agreed;
-      if (!agreed) b.close();
+      if (!agreed) b.close(); // through the agent for good
     }
   }
 

@@ -8,7 +8,6 @@ its word of arrived[] to the barrier's sequence number + 1, reads the others', a
 wakes the others (a futex on gen). The arrivals say a barrier is met; gen only wakes, since
 this module, without an atomic maximum across processes, may lower it for a moment."""
 
-import ctypes
 import mmap
 import os
 import struct
@@ -48,19 +47,16 @@ def _behind(a, m):
 
 class Group:
     """One group's direct barriers: the calls counted (under the World's lock), the setup's
-    progress and outcome, and the page."""
+    progress, and the page (once setup step 2 has ended here, None means through the
+    agent)."""
 
     def __init__(self):
         self.calls = 0
         self.cond = threading.Condition(threading.Lock())
         self.setup = 0  # setup steps ended here
-        self.on = False
-        self.map = None
+        self.words = None  # _shm.Words of the page
         self.name = None  # rank 0's name of the page until it unlinks it
         self._own = threading.Lock()  # this process's writes of its arrival word
-        self._syscall = _shm._syscall()
-        self._anchor = None
-        self._addr = 0
 
     def ended(self, step):
         with self.cond:
@@ -75,9 +71,8 @@ class Group:
     def _map(self, fd):
         if os.fstat(fd).st_size != PAGE:
             raise OSError("the barrier page has the wrong size")
-        self.map = mmap.mmap(fd, PAGE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        self._anchor = ctypes.c_char.from_buffer(self.map)
-        self._addr = ctypes.addressof(self._anchor)
+        self.words = _shm.Words(mmap.mmap(fd, PAGE, mmap.MAP_SHARED,
+                                          mmap.PROT_READ | mmap.PROT_WRITE))
 
     def make(self):
         """Group rank 0: makes the page; its name as NAME bytes (zeros when it cannot)."""
@@ -110,7 +105,7 @@ class Group:
         try:
             self._map(fd)
         except (OSError, ValueError):
-            self.map = None
+            self.words = None
         finally:
             os.close(fd)
 
@@ -124,50 +119,38 @@ class Group:
 
     def close(self):
         self.unlink()
-        if self.map is not None:
-            self._anchor = None
-            try:
-                self.map.close()
-            except BufferError:  # pragma: no cover - a wait still holds a view
-                pass
-            self.map = None
+        if self.words is not None:
+            self.words.close()
+            self.words = None
 
-    def _u32(self, off):
-        return struct.unpack_from("=I", self.map, off)[0]
-
-    def _futex(self, op, val, timeout_s=None):
-        ts = None
-        if timeout_s is not None:
-            ts = ctypes.byref(_shm._Timespec(int(timeout_s), int((timeout_s % 1) * 1e9)))
-        return self._syscall(_shm._SYS_FUTEX, ctypes.c_void_p(self._addr + GEN), op, val, ts,
-                             None, 0)
-
-    def _all_arrived(self, n, m):
-        return not any(_behind(self._u32(ARRIVED + 4 * i), m) for i in range(n))
+    def _all_arrived(self, w, n, m):
+        return not any(_behind(w.u32(ARRIVED + 4 * i), m) for i in range(n))
 
     def missing(self, ranks, m):
-        return [r for i, r in enumerate(ranks) if _behind(self._u32(ARRIVED + 4 * i), m)]
+        w = self.words
+        return [r for i, r in enumerate(ranks) if _behind(w.u32(ARRIVED + 4 * i), m)]
 
     def meet(self, me, n, m, deadline, broken):
-        """Direct barrier m (its sequence number + 1): returns once all n ranks called it; raises broken()'s error, or
-        TimeoutError at the deadline (time.monotonic())."""
+        """Direct barrier m (its sequence number + 1): returns once all n ranks called it;
+        raises broken()'s error, or TimeoutError at the deadline (time.monotonic())."""
+        w = self.words  # kept, should the rank leave meanwhile
         with self._own:  # a lock's acquire and release order the word against the reads
-            if _behind(self._u32(ARRIVED + 4 * me), m):
-                struct.pack_into("=I", self.map, ARRIVED + 4 * me, m)
+            if _behind(w.u32(ARRIVED + 4 * me), m):
+                struct.pack_into("=I", w.map, ARRIVED + 4 * me, m)
         with self._own:
             pass
-        if self._all_arrived(n, m):
-            if _behind(self._u32(GEN), m):
-                struct.pack_into("=I", self.map, GEN, m)
-            self._futex(_shm._FUTEX_WAKE, 0x7FFFFFFF)
+        if self._all_arrived(w, n, m):
+            if _behind(w.u32(GEN), m):
+                struct.pack_into("=I", w.map, GEN, m)
+            w.futex(GEN, _shm._FUTEX_WAKE, 0x7FFFFFFF)
             return
         while True:
             err = broken()
             try:
-                seen = self._u32(GEN)
-                if not _behind(seen, m) or self._all_arrived(n, m):
+                seen = w.u32(GEN)
+                if not _behind(seen, m) or self._all_arrived(w, n, m):
                     return
-            except (ValueError, TypeError):  # unmapped meanwhile: this rank left
+            except ValueError:  # unmapped meanwhile: this rank left
                 if err is None:
                     err = broken()
                 if err is None:
@@ -177,4 +160,4 @@ class Group:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError()
-            self._futex(_shm._FUTEX_WAIT, seen, min(left, SLICE_S))
+            w.futex(GEN, _shm._FUTEX_WAIT, seen, min(left, SLICE_S))

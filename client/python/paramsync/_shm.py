@@ -714,6 +714,36 @@ def _syscall():
     return f
 
 
+class Words:
+    """The 32-bit words of a shared mapping, read in place and waited on and woken as
+    futexes between processes (never FUTEX_PRIVATE_FLAG): a doorbell's, a barrier
+    page's (_barrier). Needs _syscall()."""
+
+    def __init__(self, m):
+        self.map = m
+        self._anchor = ctypes.c_char.from_buffer(m)  # keeps the address valid for futexes
+        self._addr = ctypes.addressof(self._anchor)
+        self._syscall = _syscall()
+
+    def u32(self, off):
+        return struct.unpack_from("=I", self.map, off)[0]
+
+    def futex(self, off, op, val, timeout_s=None):
+        ts = None
+        if timeout_s is not None:
+            ts = ctypes.byref(_Timespec(int(timeout_s), int((timeout_s % 1) * 1e9)))
+        return self._syscall(_SYS_FUTEX, ctypes.c_void_p(self._addr + off), op, val, ts,
+                             None, 0)
+
+    def close(self):
+        """Unmaps it (left to the GC while a view of it is alive somewhere)."""
+        self._anchor = None
+        try:
+            self.map.close()
+        except BufferError:
+            pass
+
+
 class Doorbell:
     """Collectives without a gRPC call, as the C client does: when the agent is on this
     host, a collective goes as the packed header in a small segment, a futex wake, and a
@@ -735,24 +765,12 @@ class Doorbell:
         self.most = 1  # the most doorbells the agent keeps for the rank
         self._lock = threading.Lock()
         self._fence = threading.Lock()
-        self._syscall = _syscall()
         self.map = None
+        self.words = None  # Words of map
         self.name = None
-        self._addr = 0
-        self._anchor = None  # keeps the mapping's address valid for futex calls
         self.in_use = False
-        self.disabled = self._syscall is None
+        self.disabled = _syscall() is None
         self.rung = 0  # requests answered through the doorbell (tests read it)
-
-    def _futex(self, off, op, val, timeout_s=None):
-        ts = None
-        if timeout_s is not None:
-            ts = ctypes.byref(_Timespec(int(timeout_s), int((timeout_s % 1) * 1e9)))
-        return self._syscall(_SYS_FUTEX, ctypes.c_void_p(self._addr + off), op, val, ts,
-                             None, 0)
-
-    def _u32(self, off):
-        return struct.unpack_from("=I", self.map, off)[0]
 
     def _attach_doorbell(self, name, size, magic):
         resp = self._attach(name, size, magic)
@@ -777,9 +795,8 @@ class Doorbell:
                     self.disabled = True
                     self.in_use = False
                 return False
-            self._anchor = ctypes.c_char.from_buffer(self.map)
-            self._addr = ctypes.addressof(self._anchor)
-        if self._u32(_CLOSED):
+            self.words = Words(self.map)
+        if self.words.u32(_CLOSED):
             with self._lock:
                 self.disabled = True
                 self.in_use = False
@@ -807,21 +824,22 @@ class Doorbell:
             pos += len(mv)
         m[_HDR:_HDR + len(packed)] = packed
         struct.pack_into("=I", m, _HLEN, len(packed))
-        req = (self._u32(_REQ) + 1) & 0xFFFFFFFF
+        w = self.words
+        req = (w.u32(_REQ) + 1) & 0xFFFFFFFF
         with self._fence:  # everything above is visible before req
             pass
         struct.pack_into("=I", m, _REQ, req)
-        self._futex(_REQ, _FUTEX_WAKE, 1)
+        w.futex(_REQ, _FUTEX_WAKE, 1)
         while True:
-            r = self._u32(_RESP)
+            r = w.u32(_RESP)
             if r == req:
                 break
             # Short waits: a job that breaks meanwhile is noticed on the next turn.
-            self._futex(_RESP, _FUTEX_WAIT, r, 0.05)
-            if self._u32(_RESP) == req:
+            w.futex(_RESP, _FUTEX_WAIT, r, 0.05)
+            if w.u32(_RESP) == req:
                 break
             err = broken()
-            closed = self._u32(_CLOSED) & (DB_STOPPED if direct else 0xFFFFFFFF)
+            closed = w.u32(_CLOSED) & (DB_STOPPED if direct else 0xFFFFFFFF)
             if err is not None or closed:
                 with self._lock:
                     self.disabled = True  # abandoned: the agent may still answer into it
@@ -844,12 +862,8 @@ class Doorbell:
         with self._lock:
             self.disabled = True
             busy = self.in_use
-        if not busy and self.map is not None:
-            self._anchor = None
-            try:
-                self.map.close()
-            except BufferError:  # a view is still alive somewhere: the GC unmaps it
-                pass
+        if not busy and self.words is not None:
+            self.words.close()
 
 
 class Doorbells:

@@ -649,7 +649,7 @@ class _World:
             return True
         if k == 2:  # whether every rank mapped it, as this barrier's call
             b.wait_setup(1)
-            ok = np.array([1 if b.map is not None else 0], np.int32)
+            ok = np.array([1 if b.words is not None else 0], np.int32)
             agreed = False
             try:
                 self._small(g, header, seq, _K.ALL_REDUCE, T.INT32, ok, ok, name,
@@ -657,15 +657,14 @@ class _World:
                 agreed = ok[0] == 1
             finally:
                 b.unlink()  # every rank tried to open it before it came here
-                b.on = agreed
                 if not agreed:
-                    b.close()
+                    b.close()  # through the agent for good
                 b.ended(2)
             return True
         b.wait_setup(2)
-        if not b.on:
+        if b.words is None:
             return False
-        timeout_ms = header.timeout_ms or self.timeout_ms
+        timeout_ms = header.timeout_ms  # the World's, as every call's header has
         try:
             b.meet(me, n, (seq + 1) & 0xFFFFFFFF, time.monotonic() + timeout_ms / 1000.0,
                    self._broken)
