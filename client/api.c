@@ -221,6 +221,8 @@ static int submit(ps_comm_t *comm, const request_t *r, ps_work_t **work, int *so
         if (rc < 0) {
             *seq -= seqs; /* nothing was sent: the numbers are still free */
             g->bar_calls -= direct;
+        } else {
+            ps__bar_started(&c);
         }
         pthread_mutex_unlock(&comm->lock);
         if (rc < 0) {
@@ -235,6 +237,7 @@ static int submit(ps_comm_t *comm, const request_t *r, ps_work_t **work, int *so
     c.hdr.seq = *seq;
     *seq += seqs;
     c.bar_k = direct ? ++g->bar_calls : 0;
+    ps__bar_started(&c);
     ps__inflight_link(comm, &c);
     pthread_mutex_unlock(&comm->lock);
     rc = ps__coll_run(&c);

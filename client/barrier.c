@@ -22,12 +22,23 @@
  * direct barrier group rank i has called (raised, never lowered: a later
  * barrier's arrival implies the earlier's; numbered by sequence number, not
  * by count, so that a rank that called something else where the others
- * called a barrier, a bug each side learns of at its deadline, is in step
- * again at the next barrier), and gen the same of the last one met. A rank raises its word, then
- * reads the others' (sequentially consistent, so of two ranks arriving at once at least one sees
- * the other); the one that finds all there raises gen and wakes the waiters, which sleep on gen (a
- * futex) in slices between which they look at the job (a lost member breaks it: its Join stream
- * says so) and at the deadline.
+ * called a barrier is in step again at the next barrier), and gen the same of
+ * the last one met. A rank raises its word, then reads the others'
+ * (sequentially consistent, so of two ranks arriving at once at least one
+ * sees the other); the one that finds all there raises gen and wakes the
+ * waiters, which sleep on gen (a futex) in slices between which they look at
+ * the job (a lost member breaks it: its Join stream says so) and at the
+ * deadline.
+ *
+ * other[i] is one more than the sequence number of the last collective group
+ * rank i started that goes to the agent (written as it takes the number, not
+ * for peer copies, which hold several). A rank whose other[] word is m called
+ * something else where the others called direct barrier m: a waiter that sees
+ * it wakes the rest and takes the barrier to the agent under its number,
+ * where the hub compares it with that call and fails both sides at once
+ * (FAILED_PRECONDITION "rank 0 called barrier but rank 2 called all_reduce")
+ * instead of at their deadline. Such a rank does not count as arrived at m,
+ * even once a later barrier raised its arrival word.
  */
 #include "internal.h"
 #include "paramsync/v1/doorbell.h" /* ps_doorbell_futex */
@@ -46,13 +57,19 @@
 #define BAR_NAME  64 /* bytes of the name each rank contributes in step 1 */
 #define BAR_SLICE 50 /* ms between looks at the job while waiting */
 
+#define BAR_MAX_RANKS 504 /* (BAR_PAGE - 64) / 8: two words a rank */
+
 struct ps__bar_page {
     uint32_t gen; /* futex: the direct barriers met */
     uint32_t pad[15];
-    uint32_t arrived[]; /* by group rank: its last direct barrier's number + 1 */
+    uint32_t arrived[BAR_MAX_RANKS]; /* by group rank: its last direct barrier's number + 1 */
+    uint32_t other[BAR_MAX_RANKS];   /* by group rank: its last call to the agent's number + 1 */
 };
 
-#define BAR_MAX_RANKS ((BAR_PAGE - sizeof(struct ps__bar_page)) / sizeof(uint32_t))
+_Static_assert(sizeof(struct ps__bar_page) == BAR_PAGE, "the page's layout");
+
+/* What a direct barrier's waiter found. */
+enum { BAR_PENDING, BAR_MET, BAR_MISMATCH };
 
 int ps__bar_wanted(void)
 {
@@ -172,6 +189,23 @@ static void raise_to(uint32_t *w, uint32_t v)
         ;
 }
 
+/* Whether group rank i has called direct barrier m: its arrival word is
+ * there, and its call under m's number was not another collective. */
+static int has_arrived(const struct ps__bar_page *p, int i, uint32_t m)
+{
+    return (int32_t)(__atomic_load_n(&p->arrived[i], __ATOMIC_SEQ_CST) - m) >= 0 &&
+           __atomic_load_n(&p->other[i], __ATOMIC_SEQ_CST) != m;
+}
+
+void ps__bar_started(const ps__coll_t *c)
+{
+    const ps_group_t *g = c->group;
+    if (g->bar_setup >= 2 && g->bar_page && !c->bar_k && !c->peer_descs && g->rank >= 0 &&
+        c->hdr.kind != PARAMSYNC__V1__COLLECTIVE_KIND__SEND &&
+        c->hdr.kind != PARAMSYNC__V1__COLLECTIVE_KIND__RECV)
+        raise_to(&g->bar_page->other[g->rank], (uint32_t)c->hdr.seq + 1);
+}
+
 /* The job ranks of g that have not called direct barrier m, as "1, 3". */
 static void missing_ranks(const ps_group_t *g, const struct ps__bar_page *p, uint32_t m, char *buf,
                           size_t len, int *count)
@@ -180,7 +214,7 @@ static void missing_ranks(const ps_group_t *g, const struct ps__bar_page *p, uin
     *count = 0;
     buf[0] = 0;
     for (int i = 0; i < g->size; i++) {
-        if ((int32_t)(__atomic_load_n(&p->arrived[i], __ATOMIC_ACQUIRE) - m) >= 0)
+        if (has_arrived(p, i, m))
             continue;
         int r = g->ranks ? g->ranks[i] : i;
         int n = snprintf(buf + at, at < len ? len - at : 0, "%s%d", *count ? ", " : "", r);
@@ -191,17 +225,25 @@ static void missing_ranks(const ps_group_t *g, const struct ps__bar_page *p, uin
         memcpy(buf + len - 4, "...", 4);
 }
 
-/* Whether all n ranks have called direct barrier m. */
-static int all_arrived(const struct ps__bar_page *p, int n, uint32_t m)
+/* Whether all n ranks have called direct barrier m (BAR_MET), one called
+ * another collective under its number (BAR_MISMATCH), or neither yet. */
+static int arrivals(const struct ps__bar_page *p, int n, uint32_t m)
 {
-    for (int i = 0; i < n; i++)
+    int all = 1;
+    for (int i = 0; i < n; i++) {
+        if (__atomic_load_n(&p->other[i], __ATOMIC_SEQ_CST) == m)
+            return BAR_MISMATCH;
         if ((int32_t)(__atomic_load_n(&p->arrived[i], __ATOMIC_SEQ_CST) - m) < 0)
-            return 0;
-    return 1;
+            all = 0;
+    }
+    return all ? BAR_MET : BAR_PENDING;
 }
 
-/* Direct barrier m (its sequence number + 1) of c's group. The arrivals, not gen, say it is met:
- * gen only wakes (the Python client, without an atomic maximum, may lower it for a moment). */
+/* Direct barrier m (its sequence number + 1) of c's group: 0, an error, or
+ * BAR_MISMATCH (a rank called another collective under its number: the
+ * barrier is to go to the agent). The arrivals, not gen, say it is met: gen
+ * only wakes (the Python client, without an atomic maximum, may lower it for
+ * a moment). */
 static int meet(ps__coll_t *c, uint32_t m)
 {
     ps_comm_t *comm = c->comm;
@@ -209,10 +251,12 @@ static int meet(ps__coll_t *c, uint32_t m)
     struct ps__bar_page *p = g->bar_page;
     raise_to(&p->arrived[g->rank], m);
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
-    if (all_arrived(p, g->size, m)) {
+    int got = arrivals(p, g->size, m);
+    if (got == BAR_MET)
         raise_to(&p->gen, m);
+    if (got != BAR_PENDING) {
         ps_doorbell_futex(&p->gen, FUTEX_WAKE, INT32_MAX, NULL);
-        return 0;
+        return got == BAR_MET ? 0 : BAR_MISMATCH;
     }
     int64_t timeout = c->hdr.timeout_ms; /* the comm's, as every call's header has */
     int64_t end = ps__now_ms() + timeout;
@@ -220,7 +264,13 @@ static int meet(ps__coll_t *c, uint32_t m)
     int rc = 0;
     for (;;) {
         uint32_t seen = __atomic_load_n(&p->gen, __ATOMIC_SEQ_CST);
-        if ((int32_t)(seen - m) >= 0 || all_arrived(p, g->size, m))
+        got = arrivals(p, g->size, m);
+        if (got == BAR_MISMATCH) {
+            /* The others waiting see it now, not a slice later. */
+            ps_doorbell_futex(&p->gen, FUTEX_WAKE, INT32_MAX, NULL);
+            return BAR_MISMATCH;
+        }
+        if ((int32_t)(seen - m) >= 0 || got == BAR_MET)
             break;
         if ((rc = ps__comm_over(comm, &msg)) != 0)
             break;
@@ -262,7 +312,10 @@ int ps__bar_run(ps__coll_t *c, int *rc)
     setup_wait(c->comm, g, 2);
     if (!g->bar_page)
         return 0;
-    *rc = meet(c, (uint32_t)c->hdr.seq + 1);
+    int got = meet(c, (uint32_t)c->hdr.seq + 1);
+    if (got == BAR_MISMATCH)
+        return 0; /* to the agent under its number, where the hub tells both sides */
+    *rc = got;
     return 1;
 }
 

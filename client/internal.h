@@ -461,8 +461,14 @@ int ps__bar_wanted(void);
  * group (JoinEvent.barrier_sets, the group), before its sequence number. */
 int ps__bar_takes(const ps__coll_t *c);
 
+/** Once c has its sequence number (comm->lock held): on the page of a group
+ * whose barriers meet directly, says that this rank called c, a collective
+ * other than a direct barrier, under that number (other[]). */
+void ps__bar_started(const ps__coll_t *c);
+
 /** Runs barrier c (c->bar_k set): 1 when it is finished, with its result in
- * *rc (reported); 0 when it is to go through the agent as any barrier. */
+ * *rc (reported); 0 when it is to go through the agent as any barrier (also
+ * when another rank called a different collective under its number). */
 int ps__bar_run(ps__coll_t *c, int *rc);
 
 /** Unmaps g's page, and unlinks it if this rank still names it. */
