@@ -1545,8 +1545,9 @@ def w_peer_registered():
 def w_barrier_direct():
     """Barriers of ranks on one agent meet on a shared page (paramsync/_barrier.py): the
     agent serves none of them (only the setup's all_gather and all_reduce per group), every
-    rank waits for the last to arrive, async ones in flight side by side complete, and a rank
-    that never comes fails the others with DEADLINE_EXCEEDED naming it."""
+    rank waits for the last to arrive, async ones in flight side by side complete, a rank
+    that calls an all_reduce there fails every rank at once with FAILED_PRECONDITION, and a
+    rank that never comes fails the others with DEADLINE_EXCEEDED naming it."""
     import grpc
     import numpy as np
     from datetime import timedelta
@@ -1578,6 +1579,22 @@ def w_barrier_direct():
         m = H.scrape(url)
         got = m.get('paramsync_collectives_total{kind="barrier",code="OK"}', 0)
         assert got == 0, "%d barriers went through the agent" % got
+    dist.barrier()
+    # The last rank calls an all_reduce where the others call the barrier: every rank is
+    # told at once (the waiters see its number on the page), and the next barrier meets.
+    t0 = time.monotonic()
+    try:
+        if r == n - 1:
+            dist.all_reduce(np.ones(1, np.float32))
+        else:
+            time.sleep(0.1)
+            dist.barrier()
+        raise AssertionError("a barrier against an all_reduce succeeded")
+    except dist.ParamsyncError as e:
+        took = time.monotonic() - t0
+        assert e.code == grpc.StatusCode.FAILED_PRECONDITION, e
+        assert "called barrier" in str(e) and "called all_reduce" in str(e), e
+        assert took < 1.0, took
     dist.barrier()
     if r == n - 1:
         time.sleep(4)  # never comes to this one in time

@@ -6,7 +6,11 @@ set the page up through the agent (an all_gather of rank 0's name for it, an all
 MIN of whether each rank mapped it); from the third on they meet on the page. A rank raises
 its word of arrived[] to the barrier's sequence number + 1, reads the others', and the one that finds all there raises gen and
 wakes the others (a futex on gen). The arrivals say a barrier is met; gen only wakes, since
-this module, without an atomic maximum across processes, may lower it for a moment."""
+this module, without an atomic maximum across processes, may lower it for a moment.
+other[] holds one more than the number of each rank's last call to the agent: a rank whose
+word is m called another collective where the others called direct barrier m, and a
+waiter that sees it takes its barrier to the agent, where the hub fails both sides at
+once."""
 
 import mmap
 import os
@@ -20,8 +24,10 @@ PAGE = 4096
 NAME = 64  # bytes of rank 0's name in the setup's all_gather
 GEN = 0
 ARRIVED = 64
-MAX_RANKS = (PAGE - ARRIVED) // 4
+MAX_RANKS = (PAGE - ARRIVED) // 8  # two words a rank
+OTHER = ARRIVED + 4 * MAX_RANKS
 SLICE_S = 0.05
+PENDING, MET, MISMATCH = range(3)
 
 
 def wanted():
@@ -123,33 +129,56 @@ class Group:
             self.words.close()
             self.words = None
 
-    def _all_arrived(self, w, n, m):
-        return not any(_behind(w.u32(ARRIVED + 4 * i), m) for i in range(n))
+    def started(self, me, seq):
+        """Once a call other than a direct barrier, to the agent, has its sequence number
+        (under the World's lock): says so on the page (other[]), once there is one."""
+        if self.setup >= 2 and self.words is not None:
+            struct.pack_into("=I", self.words.map, OTHER + 4 * me, (seq + 1) & 0xFFFFFFFF)
+
+    @staticmethod
+    def _arrivals(w, n, m):
+        """MET when all n ranks called direct barrier m, MISMATCH when one called another
+        collective under its number, else PENDING."""
+        got = MET
+        for i in range(n):
+            if w.u32(OTHER + 4 * i) == m:
+                return MISMATCH
+            if _behind(w.u32(ARRIVED + 4 * i), m):
+                got = PENDING
+        return got
 
     def missing(self, ranks, m):
         w = self.words
-        return [r for i, r in enumerate(ranks) if _behind(w.u32(ARRIVED + 4 * i), m)]
+        return [r for i, r in enumerate(ranks)
+                if _behind(w.u32(ARRIVED + 4 * i), m) or w.u32(OTHER + 4 * i) == m]
 
     def meet(self, me, n, m, deadline, broken):
-        """Direct barrier m (its sequence number + 1): returns once all n ranks called it;
-        raises broken()'s error, or TimeoutError at the deadline (time.monotonic())."""
+        """Direct barrier m (its sequence number + 1): True once all n ranks called it,
+        False when one called another collective under its number (the barrier is then to
+        go to the agent); raises broken()'s error, or TimeoutError at the deadline
+        (time.monotonic())."""
         w = self.words  # kept, should the rank leave meanwhile
         with self._own:  # a lock's acquire and release order the word against the reads
             if _behind(w.u32(ARRIVED + 4 * me), m):
                 struct.pack_into("=I", w.map, ARRIVED + 4 * me, m)
         with self._own:
             pass
-        if self._all_arrived(w, n, m):
-            if _behind(w.u32(GEN), m):
+        got = self._arrivals(w, n, m)
+        if got != PENDING:
+            if got == MET and _behind(w.u32(GEN), m):
                 struct.pack_into("=I", w.map, GEN, m)
             w.futex(GEN, _shm._FUTEX_WAKE, 0x7FFFFFFF)
-            return
+            return got == MET
         while True:
             err = broken()
             try:
                 seen = w.u32(GEN)
-                if not _behind(seen, m) or self._all_arrived(w, n, m):
-                    return
+                got = self._arrivals(w, n, m)
+                if got == MISMATCH:  # the others waiting see it now, not a slice later
+                    w.futex(GEN, _shm._FUTEX_WAKE, 0x7FFFFFFF)
+                    return False
+                if not _behind(seen, m) or got == MET:
+                    return True
             except ValueError:  # unmapped meanwhile: this rank left
                 if err is None:
                     err = broken()

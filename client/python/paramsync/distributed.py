@@ -666,15 +666,16 @@ class _World:
             return False
         timeout_ms = header.timeout_ms  # the World's, as every call's header has
         try:
-            b.meet(me, n, (seq + 1) & 0xFFFFFFFF, time.monotonic() + timeout_ms / 1000.0,
-                   self._broken)
+            # False: a rank called another collective under this number; through the
+            # agent, the hub fails both sides at once.
+            return b.meet(me, n, (seq + 1) & 0xFFFFFFFF, time.monotonic() + timeout_ms / 1000.0,
+                          self._broken)
         except TimeoutError:
             missing = b.missing(g.ranks, (seq + 1) & 0xFFFFFFFF)
             msg = "%s (group %d, seq %d): rank%s %s did not arrive within %d ms (met directly " \
                 "on this host)" % (name, g.id, seq, "s" if len(missing) > 1 else "",
                                    ", ".join(map(str, missing)), timeout_ms)
             raise ParamsyncError(msg, grpc.StatusCode.DEADLINE_EXCEEDED) from None
-        return True
 
     def peer_run(self, g, header, send, recv, name, copy_send):
         """Runs header's all_to_all, all_gather, gather or scatter by peer copies (_peer).
@@ -1258,6 +1259,8 @@ def _start(g, name, kind, *, send=(), recv=(), op=0, dtype=0, count=0, root=0, p
         else:
             seq = g._seq
             g._seq += _peer.SEQS if peer_copies else 1
+            if not direct and not peer_copies:
+                g._bar.started(g.rank(), seq)
     header = pb.CollectiveHeader(job=w.job, group=g.id, seq=seq, kind=kind, op=int(op),
                                  dtype=dtype, count=count, root=root, peer=peer, rank=g.rank(),
                                  tag=tag, timeout_ms=w.timeout_ms, incarnation=w.incarnation)
