@@ -1007,9 +1007,14 @@ function blocksPerRank(kind) { return kind === KIND.ALL_TO_ALL || kind === KIND.
 // it); from the third on a rank raises its word of arrived[] to the barrier's sequence number
 // + 1, reads the others', and the
 // one that finds all there raises gen and wakes the others (a futex on gen). The arrivals
-// say a barrier is met; gen only wakes.
+// say a barrier is met; gen only wakes. other[] holds one more than the number of each
+// rank's last call to the agent: a rank whose word is m called another collective where the
+// others called direct barrier m, and a waiter that sees it takes its barrier to the agent,
+// where the hub fails both sides at once.
 const BAR = { PAGE: 4096, NAME: 64, ARRIVED: 16, SLICE_MS: 50 }; // ARRIVED: in words
-BAR.MAX_RANKS = BAR.PAGE / 4 - BAR.ARRIVED;
+BAR.MAX_RANKS = (BAR.PAGE / 4 - BAR.ARRIVED) / 2; // two words a rank
+BAR.OTHER = BAR.ARRIVED + BAR.MAX_RANKS;
+const MEET = { PENDING: 0, MET: 1, MISMATCH: 2, TIMEOUT: 3 };
 
 /** JoinRequest.direct_barrier (asked along with peer copies): with the native helper (its
  * futexes), not with PARAMSYNC_DIRECT_BARRIER=0 nor PARAMSYNC_SHM=0. */
@@ -1118,42 +1123,60 @@ class BarrierPage {
     }
   }
 
-  /** Whether all n ranks called direct barrier m, on the page u32. */
-  static allArrived(u32, n, m) {
+  /** Once a call other than a direct barrier, to the agent, has its sequence number: says
+   * so on the page (other[]), once there is one. */
+  started(me, seq) {
+    if (this.u32) Atomics.store(this.u32, BAR.OTHER + me, (seq + 1) >>> 0);
+  }
+
+  /** On the page u32: MEET.MET when all n ranks called direct barrier m, MEET.MISMATCH
+   * when one called another collective under its number, else MEET.PENDING. */
+  static arrivals(u32, n, m) {
+    let got = MEET.MET;
     for (let i = 0; i < n; i++) {
-      if (behind(Atomics.load(u32, BAR.ARRIVED + i), m)) return false;
+      if (Atomics.load(u32, BAR.OTHER + i) === m) return MEET.MISMATCH;
+      if (behind(Atomics.load(u32, BAR.ARRIVED + i), m)) got = MEET.PENDING;
     }
-    return true;
+    return got;
   }
 
   missing(ranks, m) {
-    return ranks.filter((r, i) => behind(Atomics.load(this.u32, BAR.ARRIVED + i), m));
+    return ranks.filter((r, i) => behind(Atomics.load(this.u32, BAR.ARRIVED + i), m) ||
+      Atomics.load(this.u32, BAR.OTHER + i) === m);
   }
 
-  /** Direct barrier m (its sequence number + 1): resolves once all n ranks called it; rejects with broken()'s error,
-   * or resolves to false at the deadline (Date.now()). The page stays mapped for it
-   * while it waits, even if the World is destroyed meanwhile (broken() then says so). */
+  /** Direct barrier m (its sequence number + 1): resolves to MEET.MET once all n ranks
+   * called it, MEET.MISMATCH when one called another collective under its number (the
+   * barrier is then to go to the agent), MEET.TIMEOUT at the deadline (Date.now()); rejects
+   * with broken()'s error. The page stays mapped for it while it waits, even if the World
+   * is destroyed meanwhile (broken() then says so). */
   async meet(me, n, m, deadline, broken, nowUs = 0) {
     const { u32, ab } = this;
     BarrierPage.raise(u32, BAR.ARRIVED + me, m);
-    if (BarrierPage.allArrived(u32, n, m)) {
-      BarrierPage.raise(u32, 0, m);
+    let got = BarrierPage.arrivals(u32, n, m);
+    if (got !== MEET.PENDING) {
+      if (got === MEET.MET) BarrierPage.raise(u32, 0, m);
       native.wake(ab, 0);
-      return true;
+      return got;
     }
     // Alone in flight: first on the loop's own thread, as the doorbell does.
     if (nowUs > 0 && native.waitNow(ab, 0, Atomics.load(u32, 0), nowUs) &&
-      BarrierPage.allArrived(u32, n, m)) {
+      BarrierPage.arrivals(u32, n, m) === MEET.MET) {
       this.metNow++;
-      return true;
+      return MEET.MET;
     }
     for (;;) {
       const seen = Atomics.load(u32, 0);
-      if (!behind(seen, m) || BarrierPage.allArrived(u32, n, m)) return true;
+      got = BarrierPage.arrivals(u32, n, m);
+      if (got === MEET.MISMATCH) {
+        native.wake(ab, 0); // the others waiting see it now, not a slice later
+        return got;
+      }
+      if (!behind(seen, m) || got === MEET.MET) return MEET.MET;
       const err = broken();
       if (err) throw err;
       const left = deadline - Date.now();
-      if (left <= 0) return false;
+      if (left <= 0) return MEET.TIMEOUT;
       await native.wait(ab, 0, seen, Math.max(1, Math.min(BAR.SLICE_MS, left)));
     }
   }
@@ -1749,7 +1772,10 @@ class World {
       } finally {
         this.barWaiting--;
       }
-      if (met) return true;
+      if (met === MEET.MET) return true;
+      // A rank called another collective under this number: through the agent, the hub
+      // fails both sides at once.
+      if (met === MEET.MISMATCH) return false;
       const missing = b.missing(g.ranks, m);
       throw makeError(`${name} (group ${g.id}, seq ${seq})`, grpc.status.DEADLINE_EXCEEDED,
         `rank${missing.length > 1 ? 's' : ''} ${missing.join(', ')} did not arrive within ` +
@@ -2024,6 +2050,9 @@ class World {
     // Direct barriers, counted per group, alike on every rank.
     const barK = kind === KIND.BARRIER && barrierTakes(this.barrierSets, g.ranks, this.rank)
       ? ++g._bar.calls : 0;
+    if (!barK && !peerCopies && kind !== KIND.SEND && kind !== KIND.RECV) {
+      g._bar.started(g.rank(), seq);
+    }
     const p = peerCopies || barK
       ? (peerCopies ? this._peerRun(g, header, sendSegs, recvSegs, name)
         : this._barRun(g, header, barK, name)).then((done) =>

@@ -70,6 +70,29 @@ test('barriers of three ranks meet on their page: world, subgroup, in flight tog
     }
   });
 
+test('a rank that calls an all_reduce where the others meet at a direct barrier: every ' +
+  'rank fails at once, and the next barrier meets', async (t) => {
+  if (!f.ready(t)) return;
+  const ws = await pastSetup('node-barrier-mismatch', 3, { timeout: 2000 });
+  try {
+    const t0 = Date.now();
+    const sleep = (ms) => new Promise((res) => setTimeout(res, ms));
+    const errs = await Promise.all(ws.map((w, r) => (r === 2
+      ? w.allReduce(new Float32Array([1]))
+      : sleep(100).then(() => w.barrier())).then(() => null, (e) => e)));
+    for (const e of errs) {
+      assert.ok(e instanceof dist.ParamsyncError, String(e));
+      assert.strictEqual(e.codeName, 'FAILED_PRECONDITION');
+      assert.match(e.message, /called barrier/);
+      assert.match(e.message, /called all_reduce/);
+    }
+    assert.ok(Date.now() - t0 < 1000, `failed after ${Date.now() - t0} ms (the deadline: 2 s)`);
+    await Promise.all(ws.map((w) => w.barrier()));
+  } finally {
+    await Promise.all(ws.map((w) => w.destroy()));
+  }
+});
+
 test('a rank lost while the others wait at a direct barrier: ABORTED naming it',
   async (t) => {
     if (!f.ready(t)) return;
