@@ -95,8 +95,9 @@ def peer_jobs(d, workers):
 def barrier_jobs(d, workers):
     """C, Python and Node.js ranks on one agent meet at barriers on the page they share
     (XLANG_PEER=3: the workers' barrier_steps), in three rank orders: none reaches the agent,
-    and none lets a rank go before the last arrived."""
-    return jobs_without_agent(d, workers, 3, "direct barriers", ("barrier",), 2)
+    none lets a rank go before the last arrived, and where rank 2 calls an all_reduce
+    instead every rank is told at once."""
+    return jobs_without_agent(d, workers, 3, "direct barriers", ("barrier",), 3)
 
 
 def jobs_without_agent(d, workers, steps, what, kinds, checks):

@@ -130,7 +130,8 @@ static void mem_steps(ps_comm_t *comm, int r)
 /* XLANG_PEER=3: barriers that C and Python ranks on one agent meet on the page
  * they share (client/barrier.c, paramsync/_barrier.py): each rank in turn
  * comes last to one, and no rank leaves it before that rank arrived (stamps
- * on CLOCK_MONOTONIC, Python's time.monotonic, gathered); then 200 more. */
+ * on CLOCK_MONOTONIC, Python's time.monotonic, gathered); then 200 more;
+ * then rank 2 calls an all_reduce where the others call a barrier. */
 static void barrier_steps(ps_comm_t *comm, int r)
 {
     for (int i = 0; i < 3; i++)
@@ -152,6 +153,21 @@ static void barrier_steps(ps_comm_t *comm, int r)
     for (int i = 0; i < 200; i++)
         check_rc(ps_barrier(comm, NULL), "barrier");
     expect(true, "200 barriers");
+    /* Rank 2 calls an all_reduce where the others call a barrier: every rank
+     * is told at once (the waiters see its number on the page), in step after. */
+    if (r != 2)
+        usleep(100 * 1000);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    float x = 1;
+    int rc = r == 2 ? ps_all_reduce(comm, &x, 1, PS_FLOAT32, PS_SUM, NULL) : ps_barrier(comm, NULL);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double took = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    if (rc != PS_EPRECOND || took >= 1.0)
+        fprintf(stderr, "C rank %d: against the other calls: %s after %.3f s\n", rank,
+                ps_strerror(rc), took);
+    expect(rc == PS_EPRECOND && took < 1.0, "a barrier against an all_reduce fails at once");
+    check_rc(ps_barrier(comm, NULL), "barrier");
 }
 
 int main(void)

@@ -92,6 +92,17 @@ async function barrierSteps() {
   expect([fine], [true], 'barriers wait for the last rank');
   for (let i = 0; i < 200; i++) await dist.barrier();
   expect([200], [200], '200 barriers');
+  // Rank 2 calls an all_reduce where the others call a barrier: all are told at once.
+  if (r !== 2) await new Promise((res) => setTimeout(res, 100));
+  const t0 = now();
+  let code = null;
+  await (r === 2 ? dist.allReduce(new Float32Array([1])) : dist.barrier()).catch((e) => {
+    code = e.codeName;
+    console.log(`Node rank ${r}: ${e.message}`);
+  });
+  expect([code === 'FAILED_PRECONDITION' && now() - t0 < 1], [true],
+    'a barrier against an all_reduce fails at once');
+  await dist.barrier();
   await dist.destroyProcessGroup();
 }
 

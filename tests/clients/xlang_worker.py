@@ -40,6 +40,19 @@ if os.environ.get("XLANG_PEER") == "3":
     for _ in range(200):
         dist.barrier()
     expect(np.int64(200), np.int64(200), "200 barriers")
+    # Rank 2 calls an all_reduce where the others call a barrier: all are told at once.
+    if r != 2:
+        time.sleep(0.1)
+    t0 = time.monotonic()
+    code = None
+    try:
+        dist.all_reduce(np.ones(1, np.float32)) if r == 2 else dist.barrier()
+    except dist.ParamsyncError as e:
+        code = e.code.name
+        print("Python rank %d: %s" % (r, e), flush=True)
+    expect(np.bool_(code == "FAILED_PRECONDITION" and time.monotonic() - t0 < 1.0),
+           np.bool_(True), "a barrier against an all_reduce fails at once")
+    dist.barrier()
     dist.destroy_process_group()
     sys.exit(0)
 
