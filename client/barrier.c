@@ -31,14 +31,15 @@
  * deadline.
  *
  * other[i] is one more than the sequence number of the last collective group
- * rank i started that goes to the agent (written as it takes the number, not
- * for peer copies, which hold several). A rank whose other[] word is m called
- * something else where the others called direct barrier m: a waiter that sees
- * it wakes the rest and takes the barrier to the agent under its number,
- * where the hub compares it with that call and fails both sides at once
- * (FAILED_PRECONDITION "rank 0 called barrier but rank 2 called all_reduce")
- * instead of at their deadline. Such a rank does not count as arrived at m,
- * even once a later barrier raised its arrival word.
+ * rank i started other than a direct barrier, written as it takes the number
+ * (for a peer copy, which holds three, its first: the all_gather of its
+ * addresses through the agent). A rank whose other[] word is m called
+ * something else where the others called direct barrier m: a waiter that
+ * sees it wakes the rest and takes the barrier to the agent under its
+ * number, where the hub compares it with that call and fails both sides at
+ * once (FAILED_PRECONDITION "rank 0 called barrier but rank 2 called
+ * all_reduce") instead of at their deadline. Such a rank does not count as
+ * arrived at m, even once a later barrier raised its arrival word.
  */
 #include "internal.h"
 #include "paramsync/v1/doorbell.h" /* ps_doorbell_futex */
@@ -200,7 +201,7 @@ static int has_arrived(const struct ps__bar_page *p, int i, uint32_t m)
 void ps__bar_started(const ps__coll_t *c)
 {
     const ps_group_t *g = c->group;
-    if (g->bar_setup >= 2 && g->bar_page && !c->bar_k && !c->peer_descs && g->rank >= 0 &&
+    if (g->bar_setup >= 2 && g->bar_page && !c->bar_k && g->rank >= 0 &&
         c->hdr.kind != PARAMSYNC__V1__COLLECTIVE_KIND__SEND &&
         c->hdr.kind != PARAMSYNC__V1__COLLECTIVE_KIND__RECV)
         raise_to(&g->bar_page->other[g->rank], (uint32_t)c->hdr.seq + 1);

@@ -1008,7 +1008,7 @@ function blocksPerRank(kind) { return kind === KIND.ALL_TO_ALL || kind === KIND.
 // + 1, reads the others', and the
 // one that finds all there raises gen and wakes the others (a futex on gen). The arrivals
 // say a barrier is met; gen only wakes. other[] holds one more than the number of each
-// rank's last call to the agent: a rank whose word is m called another collective where the
+// rank's last other call: a rank whose word is m called another collective where the
 // others called direct barrier m, and a waiter that sees it takes its barrier to the agent,
 // where the hub fails both sides at once.
 const BAR = { PAGE: 4096, NAME: 64, ARRIVED: 16, SLICE_MS: 50 }; // ARRIVED: in words
@@ -1123,8 +1123,9 @@ class BarrierPage {
     }
   }
 
-  /** Once a call other than a direct barrier, to the agent, has its sequence number: says
-   * so on the page (other[]), once there is one. */
+  /** Once a call other than a direct barrier has its (first) sequence number: says so on
+   * the page (other[]), once there is one. A peer copy's first number is its all_gather of
+   * addresses through the agent. */
   started(me, seq) {
     if (this.u32) Atomics.store(this.u32, BAR.OTHER + me, (seq + 1) >>> 0);
   }
@@ -2050,7 +2051,7 @@ class World {
     // Direct barriers, counted per group, alike on every rank.
     const barK = kind === KIND.BARRIER && barrierTakes(this.barrierSets, g.ranks, this.rank)
       ? ++g._bar.calls : 0;
-    if (!barK && !peerCopies && kind !== KIND.SEND && kind !== KIND.RECV) {
+    if (!barK && kind !== KIND.SEND && kind !== KIND.RECV) {
       g._bar.started(g.rank(), seq);
     }
     const p = peerCopies || barK

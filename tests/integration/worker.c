@@ -2518,7 +2518,10 @@ static int sc_member_lost(ctx_t *cx)
  * rank fails at once with PS_EPRECOND naming both calls: a waiter sees the
  * all_reduce's number on the page and takes its barrier to the agent; and the
  * next barriers meet), "mismatch_one" is the same with the last rank the only
- * one at the barrier. */
+ * one at the barrier, "mismatch_peer" with the last rank at an all_to_all the
+ * ranks take by peer copies (its first step, an all_gather through the agent,
+ * is what the barrier is compared with; the ranks are out of step after it,
+ * as through the agent, so no barriers follow). */
 static int sc_barrier_direct(ctx_t *cx)
 {
     int last = cx->size - 1;
@@ -2564,25 +2567,39 @@ static int sc_barrier_direct(ctx_t *cx)
     int lost = strcmp(what, "lost") == 0;
     if (strncmp(what, "mismatch", 8) == 0) {
         int one = strcmp(what, "mismatch_one") == 0;
+        /* A peer copy's first step is an all_gather through the agent. */
+        int peer = strcmp(what, "mismatch_peer") == 0;
         float x = 1;
-        /* The barrier's side 100 ms late: the all_reduce is at the hub. */
+        size_t count = (size_t)1 << 18; /* blocks of 1 MiB: 3 MiB by peer copies */
+        float *in = peer ? xmalloc(count * (size_t)cx->size * sizeof(float)) : NULL;
+        float *out = peer ? xmalloc(count * (size_t)cx->size * sizeof(float)) : NULL;
+        if (peer)
+            memset(in, 0, count * (size_t)cx->size * sizeof(float));
+        /* The barrier's side 100 ms late: the other call is at the hub. */
         if ((cx->rank == last) == one)
             sleep_ms(100);
         int64_t t0 = now_ms();
         clear_last_error();
-        int rc = (cx->rank == last) != one
-                     ? ps_all_reduce(cx->comm, &x, 1, PS_FLOAT32, PS_SUM, NULL)
-                     : ps_barrier(cx->comm, NULL);
+        int rc = (cx->rank == last) == one ? ps_barrier(cx->comm, NULL)
+                 : peer ? ps_all_to_all(cx->comm, out, in, count, PS_FLOAT32, NULL)
+                        : ps_all_reduce(cx->comm, &x, 1, PS_FLOAT32, PS_SUM, NULL);
         int64_t took = now_ms() - t0;
+        free(in);
+        free(out);
         char msg[1024];
         last_error(msg, sizeof(msg));
         CHECK(rc == PS_EPRECOND, "mismatch: %d (%s), want PS_EPRECOND: %s", rc, ps_strerror(rc),
               msg);
         CHECK(took <= 1000, "mismatch: failed after %lld ms (the deadline is 2 s)",
               (long long)took);
-        CHECK(strstr(msg, "called barrier") && strstr(msg, "called all_reduce") &&
+        CHECK(strstr(msg, "called barrier") &&
+                  strstr(msg, peer ? "called all_gather" : "called all_reduce") &&
                   names_rank(msg, "rank", last),
               "mismatch: the message does not name both calls and rank %d: %s", last, msg);
+        /* A peer copy holds three sequence numbers, a barrier one: the ranks'
+         * later calls no longer match, through the agent or not. */
+        if (peer)
+            return 0;
         /* In step again: the next barriers line everyone up (the last rank
          * comes 200 ms late to the first). */
         int64_t arrived[1024];

@@ -7,7 +7,7 @@ MIN of whether each rank mapped it); from the third on they meet on the page. A 
 its word of arrived[] to the barrier's sequence number + 1, reads the others', and the one that finds all there raises gen and
 wakes the others (a futex on gen). The arrivals say a barrier is met; gen only wakes, since
 this module, without an atomic maximum across processes, may lower it for a moment.
-other[] holds one more than the number of each rank's last call to the agent: a rank whose
+other[] holds one more than the number of each rank's last other call: a rank whose
 word is m called another collective where the others called direct barrier m, and a
 waiter that sees it takes its barrier to the agent, where the hub fails both sides at
 once."""
@@ -130,8 +130,9 @@ class Group:
             self.words = None
 
     def started(self, me, seq):
-        """Once a call other than a direct barrier, to the agent, has its sequence number
-        (under the World's lock): says so on the page (other[]), once there is one."""
+        """Once a call other than a direct barrier has its (first) sequence number, under
+        the World's lock: says so on the page (other[]), once there is one. A peer copy's
+        first number is its all_gather of addresses through the agent."""
         if self.setup >= 2 and self.words is not None:
             struct.pack_into("=I", self.words.map, OTHER + 4 * me, (seq + 1) & 0xFFFFFFFF)
 

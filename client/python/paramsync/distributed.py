@@ -1259,7 +1259,7 @@ def _start(g, name, kind, *, send=(), recv=(), op=0, dtype=0, count=0, root=0, p
         else:
             seq = g._seq
             g._seq += _peer.SEQS if peer_copies else 1
-            if not direct and not peer_copies:
+            if not direct:
                 g._bar.started(g.rank(), seq)
     header = pb.CollectiveHeader(job=w.job, group=g.id, seq=seq, kind=kind, op=int(op),
                                  dtype=dtype, count=count, root=root, peer=peer, rank=g.rank(),
