@@ -568,6 +568,56 @@ static int hub_call_start(ps__agent_t *a, ps__rpc_call_t *down, const char *hub,
     return rc;
 }
 
+/* A doorbell's stream to the job's hub agent (Agent.Relay), kept between its
+ * requests: a request is a message on it rather than a call of its own. */
+typedef struct relay {
+    forward_t fw; /* fw.up: the stream, on the list the drain cancels */
+    char *hub;
+} relay_t;
+
+/* Ends the doorbell's relay stream, if it has one. */
+static void relay_drop(ps__agent_t *a, void **state)
+{
+    relay_t *r = *state;
+    if (!r)
+        return;
+    ps__rpc_call_cancel(r->fw.up, GRPC_STATUS_CANCELLED, "the relay is closed");
+    forward_untrack(a, &r->fw, 0);
+    ps__rpc_call_destroy(r->fw.up);
+    free(r->hub);
+    free(r);
+    *state = NULL;
+}
+
+/* The doorbell's relay stream to hub, opened unless it has one there (*kept
+ * says which); NULL with *rc when it cannot be opened. */
+static relay_t *relay_get(ps__agent_t *a, void **state, const char *hub, ps__rpc_call_t *down,
+                          int *kept, int *rc)
+{
+    relay_t *r = *state;
+    *kept = r && strcmp(r->hub, hub) == 0;
+    if (*kept)
+        return r;
+    relay_drop(a, state);
+    ps__rpc_channel_t *ch = peer_channel(a, hub);
+    char auth[600];
+    int have_auth = ps__rpc_call_metadata(down, "authorization", auth, sizeof(auth)) == 0;
+    r = calloc(1, sizeof(*r));
+    *rc = !ch || !r || !(r->hub = strdup(hub))
+              ? PS_ENOMEM
+              : ps__rpc_call_start_auth(ch, PS_M_AGENT_RELAY, 0, have_auth ? auth : NULL, a->self,
+                                        &r->fw.up);
+    if (*rc < 0) {
+        if (r)
+            free(r->hub);
+        free(r);
+        return NULL;
+    }
+    forward_track(a, &r->fw); /* when draining, cancelled: its sends fail */
+    *state = r;
+    return r;
+}
+
 /* The shared-memory side of a forwarded collective (collective_proxy_shm). */
 typedef struct shm_feed {
     ps__rpc_call_t *down, *up;
@@ -607,7 +657,8 @@ static void *shm_feed_main(void *arg)
  * frames are copied into the segment, and the worker gets the result frame
  * of the shared-memory path. */
 static void collective_proxy_shm(ps__agent_t *a, ps__rpc_call_t *down,
-                                 const Paramsync__V1__CollectiveHeader *hd, const char *hub)
+                                 const Paramsync__V1__CollectiveHeader *hd, const char *hub,
+                                 void **relay)
 {
     ps__shm_io_t io;
     char m[512];
@@ -616,42 +667,61 @@ static void collective_proxy_shm(ps__agent_t *a, ps__rpc_call_t *down,
         ps__rpc_call_send_status(down, code, m);
         return;
     }
-    forward_t fw = {NULL, NULL};
-    int rc = hub_call_start(a, down, hub, &fw);
-    ps__rpc_call_t *up = fw.up;
-    shm_feed_t feed = {down, up, &io, 0, hd->chunk_bytes ? hd->chunk_bytes : 1u << 20};
+    size_t chunk = hd->chunk_bytes ? hd->chunk_bytes : 1u << 20;
     /* A doorbell's request (a local call: no stream to watch) whose input
      * fits in the first frame needs no feeding thread: the frame goes with
-     * the half-close. */
-    int whole = 0;
-    if (rc == 0) {
-        Paramsync__V1__CollectiveHeader fwd = *hd;
-        fwd.shm = (char *)"";
-        fwd.shm_out_offset = 0;
-        fwd.own_block = 0; /* frames: the hub writes every block */
-        fwd.n_shm_in_blocks = fwd.n_shm_out_blocks = 0;
-        feed.from = io.in_total < feed.chunk ? io.in_total : feed.chunk;
-        whole = feed.from == io.in_total && ps__rpc_call_is_local(down);
-        grpc_byte_buffer *bb = ps__hub_shm_io_frame(&io, &fwd, 0, (size_t)feed.from);
-        rc = !bb     ? PS_ENOMEM
-             : whole ? ps__rpc_call_send_last(up, bb, 0, NULL)
-                     : ps__rpc_call_send(up, bb);
-        if (bb)
-            grpc_byte_buffer_destroy(bb);
+     * the half-close, or (with a relay) as the one message of the request on
+     * the doorbell's kept stream. */
+    int whole = io.in_total <= chunk && ps__rpc_call_is_local(down);
+    forward_t fw = {NULL, NULL};
+    relay_t *rl = NULL;
+    int rc = 0, kept = 0;
+    Paramsync__V1__CollectiveHeader fwd = *hd;
+    fwd.shm = (char *)"";
+    fwd.shm_out_offset = 0;
+    fwd.own_block = 0; /* frames: the hub writes every block */
+    fwd.n_shm_in_blocks = fwd.n_shm_out_blocks = 0;
+    uint64_t first = io.in_total < chunk ? io.in_total : chunk;
+    grpc_byte_buffer *fb = ps__hub_shm_io_frame(&io, &fwd, 0, (size_t)first);
+    for (int attempt = 0; whole && relay && fb && attempt < 2; attempt++) {
+        rl = relay_get(a, relay, hub, down, &kept, &rc);
+        rc = rl ? ps__rpc_call_send(rl->fw.up, fb) : rc;
+        if (rc == 0 || !kept)
+            break;
+        relay_drop(a, relay); /* broken since its last request: once more on a new one */
+        rl = NULL;
     }
+    if (!rl)
+        rc = hub_call_start(a, down, hub, &fw);
+    ps__rpc_call_t *up = rl ? rl->fw.up : fw.up;
+    shm_feed_t feed = {down, up, &io, first, chunk};
+    if (rc == 0 && !rl) {
+        rc = !fb     ? PS_ENOMEM
+             : whole ? ps__rpc_call_send_last(up, fb, 0, NULL)
+                     : ps__rpc_call_send(up, fb);
+    }
+    if (fb)
+        grpc_byte_buffer_destroy(fb);
     ps__task_t t;
     int feeding = rc == 0 && !whole && ps__task_start(&t, shm_feed_main, &feed) == 0;
     int receiving = feeding || (rc == 0 && whole);
     Paramsync__V1__CollectiveResult res = PARAMSYNC__V1__COLLECTIVE_RESULT__INIT;
-    const char *bad = NULL;  /* from the hub */
-    const char *here = NULL; /* failed at this agent */
-    while (receiving && !bad && !here) {
+    const char *bad = NULL;      /* from the hub */
+    const char *here = NULL;     /* failed at this agent */
+    int ended = 0, end_code = 0; /* the relay's end frame came, with this status */
+    char *end_msg = NULL;
+    while (receiving && !bad && !here && !ended) {
         grpc_byte_buffer *bb = NULL;
         ps__frame_t f;
         if (ps__rpc_call_recv(up, &bb) < 0 || !bb)
             break;
         if (ps__frame_decode(bb, &f) < 0) {
             bad = "a malformed frame";
+        } else if (rl && f.meta->end) {
+            ended = 1;
+            end_code = f.meta->result ? f.meta->result->code : GRPC_STATUS_INTERNAL;
+            end_msg =
+                strdup(f.meta->result && f.meta->result->message ? f.meta->result->message : "");
         } else {
             if (f.meta->result)
                 res.source = f.meta->result->source;
@@ -669,10 +739,24 @@ static void collective_proxy_shm(ps__agent_t *a, ps__rpc_call_t *down,
     int cut = 0; /* by the drain */
     if (bad || here)
         ps__rpc_call_cancel(up, GRPC_STATUS_INTERNAL, bad ? bad : here);
-    if (up) {
+    int reached = up != NULL; /* a call or stream to the hub agent was opened */
+    if (rl && ended && !bad && !here) {
+        rc = -end_code;
+        msg = end_msg;
+        end_msg = NULL;
+    } else if (rl) {
+        /* The relay broke, or was cut short here: the request fails with its
+         * status, and the next one opens another. */
+        int frc = ps__rpc_call_finish(up, &msg);
+        rc = frc ? frc : rc ? rc : -GRPC_STATUS_UNAVAILABLE;
+        cut = a->draining;
+        relay_drop(a, relay);
+        rl = NULL;
+    } else if (up) {
         rc = ps__rpc_call_finish(up, &msg);
         cut = forward_untrack(a, &fw, rc);
     }
+    free(end_msg);
     if (!here && ps__hub_shm_io_broken(&io))
         here = "the worker's shared-memory segment shrank while the agent used it (truncated?): "
                "its data is lost";
@@ -692,7 +776,7 @@ static void collective_proxy_shm(ps__agent_t *a, ps__rpc_call_t *down,
         ps__rpc_call_send_status(down, GRPC_STATUS_INTERNAL, m);
     } else if (cut) {
         ps__rpc_call_send_status(down, GRPC_STATUS_UNAVAILABLE, PS_MSG_STOPPING);
-    } else if (rc == -GRPC_STATUS_UNAVAILABLE || !up) {
+    } else if (rc == -GRPC_STATUS_UNAVAILABLE || !reached) {
         snprintf(m, sizeof(m), "the agent hosting this job at %s is unreachable: %s", hub,
                  msg ? msg : ps_strerror(rc));
         ps__rpc_call_send_status(down, GRPC_STATUS_UNAVAILABLE, m);
@@ -703,7 +787,7 @@ static void collective_proxy_shm(ps__agent_t *a, ps__rpc_call_t *down,
         ps__rpc_call_cancel(up, GRPC_STATUS_CANCELLED, "done");
         ps__task_join(&t);
     }
-    ps__rpc_call_destroy(up);
+    ps__rpc_call_destroy(fw.up); /* a kept relay stays the doorbell's */
     ps__hub_shm_io_close(&io);
     free(msg);
 }
@@ -777,20 +861,13 @@ static void collective_proxy(ps__agent_t *a, ps__rpc_call_t *down, grpc_byte_buf
     free(msg);
 }
 
-/* Receives a call's first frame and checks that it carries a header naming
- * a job whose token the caller holds. 0 with *bbp and *first set (the caller
- * frees both), or -1 with the call ended; `what` prefixes the messages. */
-static int first_frame(ps__agent_t *a, ps__rpc_call_t *call, const char *what,
+/* Checks that frame bb (consumed: kept in *bbp when it passes) carries a
+ * header naming a job whose token the caller holds; as first_frame. */
+static int frame_check(ps__agent_t *a, ps__rpc_call_t *call, const char *what, grpc_byte_buffer *bb,
                        grpc_byte_buffer **bbp, ps__frame_t *first)
 {
-    grpc_byte_buffer *bb = NULL;
     char m[128];
     memset(first, 0, sizeof(*first));
-    if (ps__rpc_call_recv(call, &bb) < 0 || !bb) {
-        snprintf(m, sizeof(m), "%smissing first frame", what);
-        ps__rpc_call_send_status(call, GRPC_STATUS_INVALID_ARGUMENT, m);
-        return -1;
-    }
     if (ps__frame_decode(bb, first) < 0 || !first->meta->header || !*first->meta->header->job) {
         ps__frame_clear(first); /* accepts the zeroed frame a failed decode leaves */
         grpc_byte_buffer_destroy(bb);
@@ -807,11 +884,28 @@ static int first_frame(ps__agent_t *a, ps__rpc_call_t *call, const char *what,
     return 0;
 }
 
+/* Receives a call's first frame and checks that it carries a header naming
+ * a job whose token the caller holds. 0 with *bbp and *first set (the caller
+ * frees both), or -1 with the call ended; `what` prefixes the messages. */
+static int first_frame(ps__agent_t *a, ps__rpc_call_t *call, const char *what,
+                       grpc_byte_buffer **bbp, ps__frame_t *first)
+{
+    grpc_byte_buffer *bb = NULL;
+    char m[128];
+    memset(first, 0, sizeof(*first));
+    if (ps__rpc_call_recv(call, &bb) < 0 || !bb) {
+        snprintf(m, sizeof(m), "%smissing first frame", what);
+        ps__rpc_call_send_status(call, GRPC_STATUS_INVALID_ARGUMENT, m);
+        return -1;
+    }
+    return frame_check(a, call, what, bb, bbp, first);
+}
+
 /* Serves a collective as this agent routes it; bb is its raw first message,
  * or NULL for a doorbell's request (a shared-memory header, never forwarded
  * as raw frames). Consumes first and bb. */
 static void collective_route(ps__agent_t *a, ps__rpc_call_t *call, grpc_byte_buffer *bb,
-                             ps__frame_t *first)
+                             ps__frame_t *first, void **relay)
 {
     const Paramsync__V1__CollectiveHeader *hd = first->meta->header;
     char *msg = NULL;
@@ -841,7 +935,7 @@ static void collective_route(ps__agent_t *a, ps__rpc_call_t *call, grpc_byte_buf
             grpc_byte_buffer_destroy(bb);
         ps__hub_serve(a->hub, call, first);
     } else if (hd->shm && *hd->shm) {
-        collective_proxy_shm(a, call, hd, hub);
+        collective_proxy_shm(a, call, hd, hub, relay);
         ps__frame_clear(first);
         if (bb)
             grpc_byte_buffer_destroy(bb);
@@ -856,10 +950,60 @@ static void collective_route(ps__agent_t *a, ps__rpc_call_t *call, grpc_byte_buf
     free(hub);
 }
 
-/* A doorbell's request (ps__serve_fn). */
-static void agent_serve(void *arg, ps__rpc_call_t *call, ps__frame_t *first)
+/* A doorbell's request (ps__serve_fn): forwarded on the doorbell's relay
+ * stream when the job's hub is another agent; call NULL: the doorbell ends. */
+static void agent_serve(void *arg, ps__rpc_call_t *call, ps__frame_t *first, void **state)
 {
-    collective_route(arg, call, NULL, first);
+    if (call)
+        collective_route(arg, call, NULL, first, state);
+    else
+        relay_drop(arg, state);
+}
+
+/* Agent.Relay: a forwarding agent's doorbell requests, one at a time, each
+ * served as the Collective call it stands for, through a local call whose
+ * frames go out on this stream, then a frame with `end` and its status. */
+static void agent_relay(ps__rpc_call_t *call, void *arg)
+{
+    ps__agent_t *a = arg;
+    for (;;) {
+        grpc_byte_buffer *bb = NULL;
+        ps__frame_t first;
+        if (ps__rpc_call_recv(call, &bb) < 0)
+            return; /* broken or cancelled: nobody to answer */
+        if (!bb) {
+            ps__rpc_call_send_status(call, GRPC_STATUS_OK, "");
+            return;
+        }
+        if (frame_check(a, call, "relay: ", bb, &bb, &first) < 0)
+            return;
+        ps__rpc_call_t *local = NULL;
+        if (ps__rpc_call_local_on(call, &local) < 0) {
+            ps__frame_clear(&first);
+            grpc_byte_buffer_destroy(bb);
+            ps__rpc_call_send_status(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+            return;
+        }
+        collective_route(a, local, bb, &first, NULL);
+        char *msg = NULL;
+        grpc_byte_buffer *kept = NULL;
+        Paramsync__V1__CollectiveResult res = PARAMSYNC__V1__COLLECTIVE_RESULT__INIT;
+        res.code = ps__rpc_call_local_outcome(local, &msg, &kept);
+        res.message = msg ? msg : (char *)"";
+        if (kept)
+            grpc_byte_buffer_destroy(kept);
+        ps__rpc_call_destroy(local);
+        Paramsync__V1__Frame end = PARAMSYNC__V1__FRAME__INIT;
+        end.result = &res;
+        end.end = 1;
+        grpc_byte_buffer *eb = ps__rpc_pack(&end.base);
+        int rc = eb ? ps__rpc_call_send(call, eb) : PS_ENOMEM;
+        if (eb)
+            grpc_byte_buffer_destroy(eb);
+        free(msg);
+        if (rc < 0)
+            return;
+    }
 }
 
 static void worker_collective(ps__rpc_call_t *call, void *arg)
@@ -869,7 +1013,7 @@ static void worker_collective(ps__rpc_call_t *call, void *arg)
     ps__frame_t first;
     if (first_frame(a, call, "", &bb, &first) < 0)
         return;
-    collective_route(a, call, bb, &first);
+    collective_route(a, call, bb, &first, NULL);
 }
 
 /* Agent.Ring: the previous agent of a collective's ring. */
@@ -916,6 +1060,7 @@ int ps__agent_create(const ps__config_t *cfg, ps__rpc_server_t *srv, const char 
     rc = rc ? rc : ps__rpc_server_add_method(srv, PS_M_WORKER_SHM_ATTACH, worker_shm_attach, a);
     rc = rc ? rc : ps__rpc_server_add_method(srv, PS_M_WORKER_SHM_DETACH, worker_shm_detach, a);
     rc = rc ? rc : ps__rpc_server_add_method(srv, PS_M_AGENT_RING, agent_ring, a);
+    rc = rc ? rc : ps__rpc_server_add_method(srv, PS_M_AGENT_RELAY, agent_relay, a);
     if (rc)
         goto fail;
     *out = a;

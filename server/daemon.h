@@ -84,6 +84,7 @@ enum { PS_RING_OFF, PS_RING_ON, PS_RING_AUTO };
 #define PS_M_COORD_DESCRIBE_JOB "/paramsync.v1.Coordinator/DescribeJob"
 #define PS_M_ADMIN_STATUS       "/paramsync.v1.Admin/Status"
 #define PS_M_AGENT_RING         "/paramsync.v1.Agent/Ring"
+#define PS_M_AGENT_RELAY        "/paramsync.v1.Agent/Relay"
 
 /* ---- coordinator (coordinator.c) ---- */
 
@@ -158,10 +159,14 @@ typedef int (*ps__ring_open_fn)(void *arg, const char *address, const char *job,
 
 struct ps__frame;
 
-/** Serves a Collective call whose first frame is `first` (consumed) as the
- * agent routes it: at this hub, in a ring, or forwarded to the job's hub
- * (shared-memory headers only: there is no raw first message to forward). */
-typedef void (*ps__serve_fn)(void *arg, ps__rpc_call_t *call, struct ps__frame *first);
+/** Serves a doorbell's request, a call whose first frame is `first`
+ * (consumed), as the agent routes it: at this hub, in a ring, or forwarded to
+ * the job's hub (shared-memory headers only: there is no raw first message
+ * to forward). *state is the doorbell's own (NULL at first), for what the
+ * agent keeps between its requests; at the doorbell's end serve is called
+ * once more with call and first NULL, to let it go. */
+typedef void (*ps__serve_fn)(void *arg, ps__rpc_call_t *call, struct ps__frame *first,
+                             void **state);
 
 /** self: this agent's address as the coordinator knows it (rank_agents);
  * ring_open dials other agents for collectives spanning several; serve

@@ -71,6 +71,7 @@ typedef struct shm_map {
                      * reads and writes it in place */
     int refs;
     int views;
+    void *serve_state; /* doorbell: the agent's (ps__serve_fn), its thread's only */
     struct shm_map *next;
 } shm_map_t;
 
@@ -5235,7 +5236,8 @@ static void doorbell_serve(ps__hub_t *h, shm_map_t *map)
         first.meta = meta;
         meta = NULL; /* the hub takes the frame, header and all */
         hd = NULL;
-        h->serve(h->lookup_arg, call, &first); /* here, or forwarded to the job's hub */
+        /* here, or forwarded to the job's hub */
+        h->serve(h->lookup_arg, call, &first, &map->serve_state);
         code = ps__rpc_call_local_outcome(call, &msg, &bb);
     }
     ctl->source = -1;
@@ -5297,6 +5299,8 @@ static void *doorbell_main(void *arg)
      * worker's buffers for this doorbell: a direct request may let go. */
     __atomic_fetch_or(&ctl->closed, PS_DOORBELL_CLOSED | PS_DOORBELL_STOPPED, __ATOMIC_RELEASE);
     ps_doorbell_futex(&ctl->resp, FUTEX_WAKE, INT32_MAX, NULL);
+    if (map->serve_state)
+        h->serve(h->lookup_arg, NULL, NULL, &map->serve_state);
     shm_unref(map);
     pthread_mutex_lock(&h->lock);
     h->helpers--;

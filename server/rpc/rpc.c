@@ -65,6 +65,10 @@ struct ps__rpc_call {
      * sent on it is kept for ps__rpc_call_local_outcome. */
     int local;
     grpc_byte_buffer *local_first; /* the first message sent */
+    /* ps__rpc_call_local_on: messages go out on this server call, whose
+     * metadata is the local call's too. */
+    struct ps__rpc_call *parent;
+    pthread_mutex_t parent_send; /* a local call on a parent: one send at a time */
     /* server bookkeeping */
     struct ps__rpc_server *server;
     struct ps__rpc_call *next_active, *prev_active;
@@ -383,6 +387,8 @@ static void call_free(ps__rpc_call_t *c)
         gpr_free(c->peer);
     free(c->md_authorization);
     free(c->md_via);
+    if (c->parent)
+        pthread_mutex_destroy(&c->parent_send);
     pthread_mutex_destroy(&c->lock);
     free(c);
 }
@@ -533,6 +539,16 @@ int ps__rpc_call_local(ps__rpc_call_t **out)
     return 0;
 }
 
+int ps__rpc_call_local_on(ps__rpc_call_t *parent, ps__rpc_call_t **out)
+{
+    int rc = ps__rpc_call_local(out);
+    if (rc == 0) {
+        (*out)->parent = parent;
+        pthread_mutex_init(&(*out)->parent_send, NULL);
+    }
+    return rc;
+}
+
 int ps__rpc_call_is_local(const ps__rpc_call_t *c)
 {
     return c->local;
@@ -548,8 +564,23 @@ static int local_take(ps__rpc_call_t *c, grpc_byte_buffer *msg, int has_status, 
     if (c->status_sent) {
         rc = PS_EINVAL;
     } else {
-        if (msg && !c->local_first)
+        if (msg && c->parent) {
+            /* Sent in order, one at a time (gRPC takes one send at a
+             * time), not under the lock a cancel takes. */
+            pthread_mutex_lock(&c->parent_send);
+            pthread_mutex_unlock(&c->lock);
+            rc = ps__rpc_call_send(c->parent, msg);
+            pthread_mutex_unlock(&c->parent_send);
+            pthread_mutex_lock(&c->lock);
+            if (rc == 0 && has_status && c->status_sent)
+                rc = PS_EINVAL; /* ended meanwhile: the first status wins */
+            if (rc < 0) {
+                pthread_mutex_unlock(&c->lock);
+                return rc;
+            }
+        } else if (msg && !c->local_first) {
             c->local_first = grpc_byte_buffer_copy(msg);
+        }
         if (has_status) {
             c->status_sent = 1;
             c->status_code = code;
@@ -574,6 +605,8 @@ int ps__rpc_call_local_outcome(ps__rpc_call_t *c, char **message, grpc_byte_buff
 
 int ps__rpc_call_metadata(const ps__rpc_call_t *c, const char *key, char *buf, size_t len)
 {
+    if (c->parent)
+        return ps__rpc_call_metadata(c->parent, key, buf, len);
     for (size_t i = 0; i < c->md_request.count; i++) {
         const grpc_metadata *m = &c->md_request.metadata[i];
         size_t klen = GRPC_SLICE_LENGTH(m->key);

@@ -248,6 +248,11 @@ void ps__rpc_call_cancel(ps__rpc_call_t *call, int code, const char *message);
  * ps__rpc_call_destroy. 0 or PS_ENOMEM. */
 int ps__rpc_call_local(ps__rpc_call_t **out);
 
+/** A local call whose messages go out on the server call `parent` (a stream
+ * that carries several requests, each served through such a call), and
+ * whose metadata is parent's. Its status is kept, as a local call's. */
+int ps__rpc_call_local_on(ps__rpc_call_t *parent, ps__rpc_call_t **out);
+
 /** 1 for a call made by ps__rpc_call_local, else 0. */
 int ps__rpc_call_is_local(const ps__rpc_call_t *call);
 
