@@ -555,13 +555,25 @@ static void worker_new_group(ps__rpc_call_t *call, void *arg)
 
 /* Starts the forwarded Collective call to the hub agent, with the worker's
  * token: 0 or a negative error. */
-static int hub_call_start(ps__agent_t *a, ps__rpc_call_t *down, const char *hub, forward_t *fw)
+/* The authorization a call forwarded for `down` carries to the hub agent: the
+ * worker's, or for a doorbell's request (a local call, without metadata) the
+ * job's token from this agent's table, the worker having shown it when it
+ * attached the doorbell (whose requests must name its job). NULL: none. */
+static const char *forward_auth(const ps__agent_t *a, ps__rpc_call_t *down, const char *job,
+                                char *buf, size_t len)
+{
+    if (ps__rpc_call_metadata(down, "authorization", buf, len) == 0)
+        return buf;
+    return ps__rpc_call_is_local(down) ? job_auth(a, job, buf, len) : NULL;
+}
+
+static int hub_call_start(ps__agent_t *a, ps__rpc_call_t *down, const char *job, const char *hub,
+                          forward_t *fw)
 {
     ps__rpc_channel_t *ch = peer_channel(a, hub);
-    char auth[600];
-    int have_auth = ps__rpc_call_metadata(down, "authorization", auth, sizeof(auth)) == 0;
-    int rc = ch ? ps__rpc_call_start_auth(ch, PS_M_WORKER_COLLECTIVE, 0, have_auth ? auth : NULL,
-                                          a->self, &fw->up)
+    char buf[600];
+    const char *auth = forward_auth(a, down, job, buf, sizeof(buf));
+    int rc = ch ? ps__rpc_call_start_auth(ch, PS_M_WORKER_COLLECTIVE, 0, auth, a->self, &fw->up)
                 : PS_ENOMEM;
     if (rc == 0)
         forward_track(a, fw); /* when draining, cancelled: its sends fail */
@@ -591,8 +603,8 @@ static void relay_drop(ps__agent_t *a, void **state)
 
 /* The doorbell's relay stream to hub, opened unless it has one there (*kept
  * says which); NULL with *rc when it cannot be opened. */
-static relay_t *relay_get(ps__agent_t *a, void **state, const char *hub, ps__rpc_call_t *down,
-                          int *kept, int *rc)
+static relay_t *relay_get(ps__agent_t *a, void **state, const char *job, const char *hub,
+                          ps__rpc_call_t *down, int *kept, int *rc)
 {
     relay_t *r = *state;
     *kept = r && strcmp(r->hub, hub) == 0;
@@ -600,13 +612,12 @@ static relay_t *relay_get(ps__agent_t *a, void **state, const char *hub, ps__rpc
         return r;
     relay_drop(a, state);
     ps__rpc_channel_t *ch = peer_channel(a, hub);
-    char auth[600];
-    int have_auth = ps__rpc_call_metadata(down, "authorization", auth, sizeof(auth)) == 0;
+    char buf[600];
+    const char *auth = forward_auth(a, down, job, buf, sizeof(buf));
     r = calloc(1, sizeof(*r));
     *rc = !ch || !r || !(r->hub = strdup(hub))
               ? PS_ENOMEM
-              : ps__rpc_call_start_auth(ch, PS_M_AGENT_RELAY, 0, have_auth ? auth : NULL, a->self,
-                                        &r->fw.up);
+              : ps__rpc_call_start_auth(ch, PS_M_AGENT_RELAY, 0, auth, a->self, &r->fw.up);
     if (*rc < 0) {
         if (r)
             free(r->hub);
@@ -684,7 +695,7 @@ static void collective_proxy_shm(ps__agent_t *a, ps__rpc_call_t *down,
     uint64_t first = io.in_total < chunk ? io.in_total : chunk;
     grpc_byte_buffer *fb = ps__hub_shm_io_frame(&io, &fwd, 0, (size_t)first);
     for (int attempt = 0; whole && relay && fb && attempt < 2; attempt++) {
-        rl = relay_get(a, relay, hub, down, &kept, &rc);
+        rl = relay_get(a, relay, hd->job, hub, down, &kept, &rc);
         rc = rl ? ps__rpc_call_send(rl->fw.up, fb) : rc;
         if (rc == 0 || !kept)
             break;
@@ -692,7 +703,7 @@ static void collective_proxy_shm(ps__agent_t *a, ps__rpc_call_t *down,
         rl = NULL;
     }
     if (!rl)
-        rc = hub_call_start(a, down, hub, &fw);
+        rc = hub_call_start(a, down, hd->job, hub, &fw);
     ps__rpc_call_t *up = rl ? rl->fw.up : fw.up;
     shm_feed_t feed = {down, up, &io, first, chunk};
     if (rc == 0 && !rl) {
@@ -794,12 +805,12 @@ static void collective_proxy_shm(ps__agent_t *a, ps__rpc_call_t *down,
 
 /* Forwards a collective whose hub is another agent, frames untouched. */
 static void collective_proxy(ps__agent_t *a, ps__rpc_call_t *down, grpc_byte_buffer *first,
-                             const char *hub)
+                             const char *job, const char *hub)
 {
     forward_t fw = {NULL, NULL};
     char *msg = NULL;
     ps__task_t t;
-    int rc = hub_call_start(a, down, hub, &fw);
+    int rc = hub_call_start(a, down, job, hub, &fw);
     ps__rpc_call_t *up = fw.up;
     /* A worker whose first frame holds its whole input half-closes with it
      * (the C client sends both in one batch): that frame goes to the hub with
@@ -940,8 +951,8 @@ static void collective_route(ps__agent_t *a, ps__rpc_call_t *call, grpc_byte_buf
         if (bb)
             grpc_byte_buffer_destroy(bb);
     } else if (bb) {
+        collective_proxy(a, call, bb, hd->job, hub);
         ps__frame_clear(first);
-        collective_proxy(a, call, bb, hub);
         grpc_byte_buffer_destroy(bb);
     } else {
         ps__frame_clear(first);
