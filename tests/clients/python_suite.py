@@ -935,6 +935,35 @@ def w_shm_reuse():
           "16 MiB checked" % (r, rounds))
 
 
+def w_relay_lost():
+    """Rank 1's agent is not the job's hub: its barriers go to the hub agent on its
+    doorbell's relay stream. Then rank 1 waits at a barrier rank 0 never comes to, the
+    driver kills the hub agent, and rank 1 must fail soon, UNAVAILABLE or ABORTED naming
+    the hub agent or rank 0, not wait for its 60 s timeout."""
+    import grpc
+    from datetime import timedelta
+    dist = _w_init(timeout=timedelta(seconds=60))
+    r = dist.get_rank()
+    for _ in range(20):
+        dist.barrier()
+    if r == 0:
+        print("rank 0: 20 barriers; staying away", flush=True)
+        time.sleep(60)
+        return
+    print("rank 1: waiting", flush=True)
+    t0 = time.monotonic()
+    try:
+        dist.barrier()
+        raise AssertionError("a barrier without rank 0 succeeded")
+    except dist.ParamsyncError as e:
+        took = time.monotonic() - t0
+        hub = os.environ["SUITE_HUB"]
+        assert e.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED), e
+        assert hub in str(e) or "rank 0" in str(e), e
+        assert took < 10, took
+        print("rank 1: failed %.2f s after it began waiting: %s" % (took, e), flush=True)
+
+
 def w_shm_paths():
     """Rounds of big all_reduce and broadcast, every element checked; which way their
     bytes must go is the driver's to say (SUITE_TRANSPORT) or to check itself."""
@@ -1623,6 +1652,7 @@ WORKERS = {
     "torch": w_torch, "local_errors": w_local_errors, "daemon_errors": w_daemon_errors,
     "timeout": w_timeout, "member_lost": w_member_lost, "init_methods": w_init_methods,
     "shm_reuse": w_shm_reuse, "shm_paths": w_shm_paths, "peer": w_peer,
+    "relay_lost": w_relay_lost,
     "peer_unreadable": w_peer, "peer_registered": w_peer_registered,
 }
 
@@ -1693,6 +1723,8 @@ def driver(a):
         return launcher(a)
     if a.scenario == "shm_paths":
         return shm_paths(a)
+    if a.scenario == "relay_lost":
+        return relay_lost(a)
     extra = ("--shm-resident-bytes", "64M") if a.scenario == "peer_registered" else ()
     with H.Daemon(a.paramsyncd, *extra, metrics=bool(a.transport)) as d:
         if a.scenario == "init_methods":
@@ -1834,6 +1866,58 @@ def shm_paths(a):
             d.stop()
     if not ok:
         H.fail("shm_paths")
+    print("PASS")
+
+
+def relay_lost(a):
+    """A coordinator and two agents, a rank on each: rank 1's small collectives reach the
+    job's hub agent (rank 0's) on its doorbell's relay stream, so no Worker/Collective call
+    reaches that agent; killed while rank 1 waits there, rank 1 fails soon (w_relay_lost)."""
+    py, me = a.python, os.path.abspath(__file__)
+    coord = H.Daemon(a.paramsyncd, "--role", "coordinator", "--liveness-timeout-ms", "2000")
+    agents, procs, ok = [], [], True
+    try:
+        coord.wait_ready()
+        for _ in range(2):
+            agents.append(H.Daemon(a.paramsyncd, "--role", "agent", "--coordinator", coord.addr,
+                                   "--liveness-timeout-ms", "2000", metrics=True))
+            agents[-1].wait_ready()
+        for r in range(2):
+            env = H.clean_env(PARAMSYNC_ADDR=agents[r].addr, PARAMSYNC_JOB="relay-lost",
+                              WORLD_SIZE=2, RANK=r, SUITE_HUB=agents[0].addr)
+            procs.append(subprocess.Popen([py, me, "--worker", "relay_lost"], env=env,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          text=True))
+        line = procs[1].stdout.readline()
+        if line.strip() != "rank 1: waiting":
+            H.fail("relay_lost: rank 1 said %r\n%s" % (line, procs[1].stderr.read()[-3000:]))
+        calls = H.scrape(agents[0].metrics_url).get(
+            'paramsync_grpc_calls_total{service="paramsync.v1.Worker",method="Collective",'
+            'code="OK"}', 0)
+        if calls:
+            print("FAIL: %d Collective calls reached the hub agent; rank 1's barriers should "
+                  "have come on its relay" % calls)
+            ok = False
+        time.sleep(0.5)
+        agents[0].proc.kill()
+        try:
+            out, err = procs[1].communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            procs[1].kill()
+            out, err = procs[1].communicate()
+        print(line + out, end="")
+        if procs[1].returncode != 0:
+            print("FAIL: rank 1 exited with %s\n%s" % (procs[1].returncode, err[-3000:]))
+            ok = False
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.communicate()
+        for d in agents + [coord]:
+            d.stop()
+    if not ok:
+        H.fail("relay_lost")
     print("PASS")
 
 
