@@ -64,7 +64,7 @@ struct ps__bar_page {
     uint32_t gen; /* futex: the direct barriers met */
     uint32_t pad[15];
     uint32_t arrived[BAR_MAX_RANKS]; /* by group rank: its last direct barrier's number + 1 */
-    uint32_t other[BAR_MAX_RANKS];   /* by group rank: its last call to the agent's number + 1 */
+    uint32_t other[BAR_MAX_RANKS];   /* by group rank: its last other call's number + 1 */
 };
 
 _Static_assert(sizeof(struct ps__bar_page) == BAR_PAGE, "the page's layout");
@@ -201,10 +201,12 @@ static int has_arrived(const struct ps__bar_page *p, int i, uint32_t m)
 void ps__bar_started(const ps__coll_t *c)
 {
     const ps_group_t *g = c->group;
-    if (g->bar_setup >= 2 && g->bar_page && !c->bar_k && g->rank >= 0 &&
+    /* Only this rank writes its word, under comm->lock, in the order it
+     * takes the numbers: a store, as the Python and Node.js clients do. */
+    if (g->bar_setup >= 2 && g->bar_page && !c->bar_k &&
         c->hdr.kind != PARAMSYNC__V1__COLLECTIVE_KIND__SEND &&
         c->hdr.kind != PARAMSYNC__V1__COLLECTIVE_KIND__RECV)
-        raise_to(&g->bar_page->other[g->rank], (uint32_t)c->hdr.seq + 1);
+        __atomic_store_n(&g->bar_page->other[g->rank], (uint32_t)c->hdr.seq + 1, __ATOMIC_SEQ_CST);
 }
 
 /* The job ranks of g that have not called direct barrier m, as "1, 3". */

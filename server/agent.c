@@ -553,8 +553,6 @@ static void worker_new_group(ps__rpc_call_t *call, void *arg)
     forward_unary(arg, call, PS_M_COORD_NEW_GROUP, &paramsync__v1__new_group_request__descriptor);
 }
 
-/* Starts the forwarded Collective call to the hub agent, with the worker's
- * token: 0 or a negative error. */
 /* The authorization a call forwarded for `down` carries to the hub agent: the
  * worker's, or for a doorbell's request (a local call, without metadata) the
  * job's token from this agent's table, the worker having shown it when it
@@ -567,17 +565,25 @@ static const char *forward_auth(const ps__agent_t *a, ps__rpc_call_t *down, cons
     return ps__rpc_call_is_local(down) ? job_auth(a, job, buf, len) : NULL;
 }
 
-static int hub_call_start(ps__agent_t *a, ps__rpc_call_t *down, const char *job, const char *hub,
-                          forward_t *fw)
+/* Starts a call of `method` to the hub agent for `down` (forward_auth), on
+ * the list the drain cancels: 0 or a negative error. */
+static int forward_start(ps__agent_t *a, ps__rpc_call_t *down, const char *job, const char *hub,
+                         const char *method, forward_t *fw)
 {
     ps__rpc_channel_t *ch = peer_channel(a, hub);
     char buf[600];
     const char *auth = forward_auth(a, down, job, buf, sizeof(buf));
-    int rc = ch ? ps__rpc_call_start_auth(ch, PS_M_WORKER_COLLECTIVE, 0, auth, a->self, &fw->up)
-                : PS_ENOMEM;
+    int rc = ch ? ps__rpc_call_start_auth(ch, method, 0, auth, a->self, &fw->up) : PS_ENOMEM;
     if (rc == 0)
         forward_track(a, fw); /* when draining, cancelled: its sends fail */
     return rc;
+}
+
+/* Starts the forwarded Collective call to the hub agent. */
+static int hub_call_start(ps__agent_t *a, ps__rpc_call_t *down, const char *job, const char *hub,
+                          forward_t *fw)
+{
+    return forward_start(a, down, job, hub, PS_M_WORKER_COLLECTIVE, fw);
 }
 
 /* A doorbell's stream to the job's hub agent (Agent.Relay), kept between its
@@ -587,18 +593,20 @@ typedef struct relay {
     char *hub;
 } relay_t;
 
-/* Ends the doorbell's relay stream, if it has one. */
-static void relay_drop(ps__agent_t *a, void **state)
+/* Ends the doorbell's relay stream, if it has one, its last request having
+ * ended with rc: 1 if that failed after the drain began (forward_untrack). */
+static int relay_drop(ps__agent_t *a, void **state, int rc)
 {
     relay_t *r = *state;
     if (!r)
-        return;
+        return 0;
     ps__rpc_call_cancel(r->fw.up, GRPC_STATUS_CANCELLED, "the relay is closed");
-    forward_untrack(a, &r->fw, 0);
+    int cut = forward_untrack(a, &r->fw, rc);
     ps__rpc_call_destroy(r->fw.up);
     free(r->hub);
     free(r);
     *state = NULL;
+    return cut;
 }
 
 /* The doorbell's relay stream to hub, opened unless it has one there (*kept
@@ -610,21 +618,17 @@ static relay_t *relay_get(ps__agent_t *a, void **state, const char *job, const c
     *kept = r && strcmp(r->hub, hub) == 0;
     if (*kept)
         return r;
-    relay_drop(a, state);
-    ps__rpc_channel_t *ch = peer_channel(a, hub);
-    char buf[600];
-    const char *auth = forward_auth(a, down, job, buf, sizeof(buf));
+    relay_drop(a, state, 0);
     r = calloc(1, sizeof(*r));
-    *rc = !ch || !r || !(r->hub = strdup(hub))
+    *rc = !r || !(r->hub = strdup(hub))
               ? PS_ENOMEM
-              : ps__rpc_call_start_auth(ch, PS_M_AGENT_RELAY, 0, auth, a->self, &r->fw.up);
+              : forward_start(a, down, job, hub, PS_M_AGENT_RELAY, &r->fw);
     if (*rc < 0) {
         if (r)
             free(r->hub);
         free(r);
         return NULL;
     }
-    forward_track(a, &r->fw); /* when draining, cancelled: its sends fail */
     *state = r;
     return r;
 }
@@ -699,7 +703,7 @@ static void collective_proxy_shm(ps__agent_t *a, ps__rpc_call_t *down,
         rc = rl ? ps__rpc_call_send(rl->fw.up, fb) : rc;
         if (rc == 0 || !kept)
             break;
-        relay_drop(a, relay); /* broken since its last request: once more on a new one */
+        relay_drop(a, relay, 0); /* broken since its last request: once more on a new one */
         rl = NULL;
     }
     if (!rl)
@@ -760,8 +764,7 @@ static void collective_proxy_shm(ps__agent_t *a, ps__rpc_call_t *down,
          * status, and the next one opens another. */
         int frc = ps__rpc_call_finish(up, &msg);
         rc = frc ? frc : rc ? rc : -GRPC_STATUS_UNAVAILABLE;
-        cut = a->draining;
-        relay_drop(a, relay);
+        cut = relay_drop(a, relay, rc);
         rl = NULL;
     } else if (up) {
         rc = ps__rpc_call_finish(up, &msg);
@@ -903,7 +906,6 @@ static int first_frame(ps__agent_t *a, ps__rpc_call_t *call, const char *what,
 {
     grpc_byte_buffer *bb = NULL;
     char m[128];
-    memset(first, 0, sizeof(*first));
     if (ps__rpc_call_recv(call, &bb) < 0 || !bb) {
         snprintf(m, sizeof(m), "%smissing first frame", what);
         ps__rpc_call_send_status(call, GRPC_STATUS_INVALID_ARGUMENT, m);
@@ -968,7 +970,7 @@ static void agent_serve(void *arg, ps__rpc_call_t *call, ps__frame_t *first, voi
     if (call)
         collective_route(arg, call, NULL, first, state);
     else
-        relay_drop(arg, state);
+        relay_drop(arg, state, 0);
 }
 
 /* Agent.Relay: a forwarding agent's doorbell requests, one at a time, each
@@ -997,12 +999,9 @@ static void agent_relay(ps__rpc_call_t *call, void *arg)
         }
         collective_route(a, local, bb, &first, NULL);
         char *msg = NULL;
-        grpc_byte_buffer *kept = NULL;
         Paramsync__V1__CollectiveResult res = PARAMSYNC__V1__COLLECTIVE_RESULT__INIT;
-        res.code = ps__rpc_call_local_outcome(local, &msg, &kept);
+        res.code = ps__rpc_call_local_outcome(local, &msg, NULL); /* its frames went out */
         res.message = msg ? msg : (char *)"";
-        if (kept)
-            grpc_byte_buffer_destroy(kept);
         ps__rpc_call_destroy(local);
         Paramsync__V1__Frame end = PARAMSYNC__V1__FRAME__INIT;
         end.result = &res;

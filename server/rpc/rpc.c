@@ -68,7 +68,6 @@ struct ps__rpc_call {
     /* ps__rpc_call_local_on: messages go out on this server call, whose
      * metadata is the local call's too. */
     struct ps__rpc_call *parent;
-    pthread_mutex_t parent_send; /* a local call on a parent: one send at a time */
     /* server bookkeeping */
     struct ps__rpc_server *server;
     struct ps__rpc_call *next_active, *prev_active;
@@ -387,8 +386,6 @@ static void call_free(ps__rpc_call_t *c)
         gpr_free(c->peer);
     free(c->md_authorization);
     free(c->md_via);
-    if (c->parent)
-        pthread_mutex_destroy(&c->parent_send);
     pthread_mutex_destroy(&c->lock);
     free(c);
 }
@@ -542,10 +539,8 @@ int ps__rpc_call_local(ps__rpc_call_t **out)
 int ps__rpc_call_local_on(ps__rpc_call_t *parent, ps__rpc_call_t **out)
 {
     int rc = ps__rpc_call_local(out);
-    if (rc == 0) {
+    if (rc == 0)
         (*out)->parent = parent;
-        pthread_mutex_init(&(*out)->parent_send, NULL);
-    }
     return rc;
 }
 
@@ -565,12 +560,10 @@ static int local_take(ps__rpc_call_t *c, grpc_byte_buffer *msg, int has_status, 
         rc = PS_EINVAL;
     } else {
         if (msg && c->parent) {
-            /* Sent in order, one at a time (gRPC takes one send at a
-             * time), not under the lock a cancel takes. */
-            pthread_mutex_lock(&c->parent_send);
+            /* Not under the lock a cancel takes. One send at a time, as
+             * on any call: the hub sends a member's frames in turn. */
             pthread_mutex_unlock(&c->lock);
             rc = ps__rpc_call_send(c->parent, msg);
-            pthread_mutex_unlock(&c->parent_send);
             pthread_mutex_lock(&c->lock);
             if (rc == 0 && has_status && c->status_sent)
                 rc = PS_EINVAL; /* ended meanwhile: the first status wins */
@@ -597,8 +590,10 @@ int ps__rpc_call_local_outcome(ps__rpc_call_t *c, char **message, grpc_byte_buff
     pthread_mutex_lock(&c->lock);
     int code = c->status_sent ? c->status_code : GRPC_STATUS_INTERNAL;
     *message = slice_strdup(c->status_details);
-    *first = c->local_first;
-    c->local_first = NULL;
+    if (first) {
+        *first = c->local_first;
+        c->local_first = NULL;
+    }
     pthread_mutex_unlock(&c->lock);
     return code;
 }

@@ -258,7 +258,7 @@ int ps__rpc_call_is_local(const ps__rpc_call_t *call);
 
 /** The status a local call was ended with (INTERNAL if none) and its
  * message (malloc'd), and the first message sent on it (NULL if none; the
- * caller destroys it). */
+ * caller destroys it; first may be NULL). */
 int ps__rpc_call_local_outcome(ps__rpc_call_t *call, char **message, grpc_byte_buffer **first);
 
 /* ---- protobuf-c messages ---- */
