@@ -3203,10 +3203,13 @@ static int ring_wanted(const ps__hub_t *h, const header_t *hd)
  * at the hub, coll_packs); an all_to_all over the mesh from
  * --ring-min-bytes per block, where the hub carries (A - 1) x A blocks each
  * way and a mesh link one (4 netns hosts, one rank each, 16 MiB per rank:
- * 1.75x the hub's busbw, 1 MiB at par, 256 KiB half). With one rank per
- * agent the hub was as fast or faster here for the others (since the kept
- * threads: mixed, 0.7-1.4x by kind, size and round), and
- * reduce_scatter was slower round the ring even with 16 per agent. All of
+ * 1.75x the hub's busbw, 1 MiB at par, 256 KiB half); a reduce_scatter, as
+ * an all_reduce, from 2 ranks per agent with blocks of --ring-min-bytes
+ * (2 and 4 per agent, blocks of 1-8 MiB: 1.1-3.9x the hub's busbw; small
+ * blocks, even 16 per agent, and one rank per agent: the hub as fast or
+ * faster). With one rank per agent the hub was as fast or faster here for
+ * the others too (since the kept threads: mixed, 0.7-1.4x by kind, size
+ * and round). All of
  * that on agents sharing two cores: agents on two or more machines
  * (ring_machines) also take it for every kind that moves bytes (all_reduce,
  * broadcast, reduce, all_gather, reduce_scatter) from --ring-min-bytes per
@@ -3225,7 +3228,8 @@ static int ring_use(const ps__hub_t *h, const job_t *j, const header_t *hd, ring
     uint64_t ranks = ring_auto_ranks(hd->kind, bytes);
     int big = bytes >= h->cfg->ring_min_bytes;
     int apart = plan->machines >= 2 && hd->kind != K_BARRIER;
-    int use = (ranks && n >= ranks * a) || (hd->kind == K_ALL_REDUCE && n >= 2 * a && big) ||
+    int pairs = hd->kind == K_ALL_REDUCE || hd->kind == K_REDUCE_SCATTER;
+    int use = (ranks && n >= ranks * a) || (pairs && n >= 2 * a && big) ||
               (hd->kind == K_ALL_TO_ALL && big) || (apart && big);
     /* An all_gather whose output fits in a step is one step at the hub
      * (coll_packs): faster there than a step per rank round the ring. */

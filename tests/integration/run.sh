@@ -4,13 +4,16 @@
 # against their expected text, and that every daemon exits 0 on SIGTERM.
 #
 # usage: run.sh --daemon PATH (--worker PATH --scenario NAME | --example PATH [--arg A]... --expect FILE)
-#               [--np N] [--jobs K] [--topology embedded|split [--agents A] [--agent-machines]]
+#               [--np N] [--jobs K] [--topology embedded|split [--agents A] [--agent-machines]
+#               [--placement blocks]]
 #               [--init env|tcp|unix|file]
 #               [--daemon-arg ARG]... [--agent-arg K ARG]... [--env NAME=VALUE]...
 #               [--sigterm-after SECONDS]
 #               [--then SCENARIO:NP] [--timeout SECONDS] [--metric 'SERIES>N' | 'SERIES=0' | 'SERIES<N']...
 #               [--private-shm SIZE]
-# --agents: with --topology split, A agents (default 2); rank r joins through agent r mod A.
+# --agents: with --topology split, A agents (default 2); rank r joins through agent r mod A, or
+# with --placement blocks through agent r / ceil(N / A) (ranks 0, 1 on the first, 2, 3 on the
+# next, ...: the order of rank blocks round a ring then differs from rank order).
 # --agent-arg K ARG: with --topology split, ARG for agent K alone (1..A, as agentK in the logs),
 # after the --daemon-arg ones (a flag given again there wins).
 # --agent-machines: with --topology split, each agent says it is on a machine of its own
@@ -26,7 +29,7 @@
 set -u
 
 daemon= worker= scenario= example= expect= np=2 jobs=1 topology=embedded init=env nagents=2
-sigterm_after= then= timeout=150 agent_machines=
+sigterm_after= then= timeout=150 agent_machines= placement=round
 daemon_args=() agent_args=() example_args=() extra_env=() metric_checks=()
 orig_args=("$@")
 while [ $# -gt 0 ]; do
@@ -42,6 +45,7 @@ while [ $# -gt 0 ]; do
     --topology) topology=$2; shift ;;
     --agents) nagents=$2; shift ;;
     --agent-machines) agent_machines=1 ;;
+    --placement) placement=$2; shift ;;
     --init) init=$2; shift ;;
     --daemon-arg) daemon_args+=("$2"); shift ;;
     --agent-arg) agent_args+=("$2" "$3"); shift 2 ;;
@@ -66,6 +70,9 @@ while [ $# -gt 0 ]; do
   shift
 done
 [ -x "$daemon" ] || { echo "run.sh: no paramsyncd at '$daemon'" >&2; exit 1; }
+case "$placement" in round | blocks) ;; *)
+  echo "run.sh: --placement $placement: round (the default) or blocks" >&2; exit 2 ;;
+esac
 # An --agent-arg no agent would take is a mistake in the test, not a flag to drop.
 for ((i = 0; i < ${#agent_args[@]}; i += 2)); do
   k=${agent_args[i]}
@@ -162,13 +169,20 @@ fi
 
 # start_workers SCENARIO NP JOBS TAG: N workers per job, each job on its own id and salt.
 start_workers() {
-  local sc=$1 n=$2 k=$3 tag=$4 j r addr job log wenv
+  local sc=$1 n=$2 k=$3 tag=$4 j r addr job log wenv na
   mkdir -p "$tmp/workers"
   for j in $(seq 0 $((k - 1))); do
     job="$tag-$name-$j-$$"
     for r in $(seq 0 $((n - 1))); do
       addr=
-      [ ${#agent_addrs[@]} -gt 0 ] && addr=${agent_addrs[$((r % ${#agent_addrs[@]}))]}
+      if [ ${#agent_addrs[@]} -gt 0 ]; then
+        na=${#agent_addrs[@]}
+        if [ "$placement" = blocks ]; then
+          addr=${agent_addrs[$((r / ((n + na - 1) / na)))]}
+        else
+          addr=${agent_addrs[$((r % na))]}
+        fi
+      fi
       log="$tmp/workers/$tag-job$j-rank$r"
       # Each init method finds the agent its own way; the others' variables are unset.
       case "$init" in

@@ -733,6 +733,16 @@ static int sc_all_to_all_large(ctx_t *cx)
     return 0;
 }
 
+/* Blocks of --ring-min-bytes (1 MiB) and more, which --ring auto sends round
+ * the ring from 2 ranks per agent; odd counts, so that no step boundary
+ * lines up with a block's; one of them async, one MIN. */
+static int sc_reduce_scatter_large(ctx_t *cx)
+{
+    TRY(run_case(cx, K_REDUCE_SCATTER, PS_FLOAT32, PS_SUM, (1u << 18) + 3, 0, NULL, 0));
+    TRY(run_case(cx, K_REDUCE_SCATTER, PS_INT64, PS_MIN, (3u << 17) + 1, 0, NULL, 1));
+    return 0;
+}
+
 /* Multi-step all_gathers of ranks forwarded to another agent's hub, their
  * input frames sent while the hub streams the output: each rank's block
  * spans more steps than the hub's window, so a forwarded rank's first step
@@ -3263,6 +3273,7 @@ static const scenario_t scenarios[] = {
     {"reduce_scatter", sc_reduce_scatter, 1, 0},
     {"all_to_all", sc_all_to_all, 1, 0},
     {"all_to_all_large", sc_all_to_all_large, 1, 0},
+    {"reduce_scatter_large", sc_reduce_scatter_large, 1, 0},
     {"forward_stream", sc_forward_stream, 1, 0},
     {"peer", sc_peer, 1, 0},
     {"peer_mapped", sc_peer_mapped, 1, 0},
