@@ -17,7 +17,7 @@ echo "$out"
 grep -q "^# OK: 0 wrong elements" <<<"$out" || fail "no checked results"
 grep -Eq "^ +all_reduce +1024 " <<<"$out" || fail "no 1 KiB all_reduce row"
 grep -Eq "^ +barrier " <<<"$out" || fail "no barrier row"
-grep -Eq "^daemon cpu: [0-9]+\.[0-9]{2} s$" <<<"$out" || fail "no daemon CPU line"
+grep -Eq "^daemon cpu: [0-9]+\.[0-9]{2} s \(each: [0-9]+\.[0-9]{2}\)$" <<<"$out" || fail "no daemon CPU line"
 # --mem huge: buffers on huge pages, large enough for the agent's direct path, checked.
 out=$("$src/bench/ab" -p 2 -d "$daemon" -b "$bench" -- -t all_gather,all_to_all -b 48M -e 48M \
   -n 2 -w 1 -m huge 2>&1) || fail "bench/ab --mem huge exited $?: $out"
