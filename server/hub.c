@@ -3175,8 +3175,8 @@ static int rd_fits(const ps__hub_t *h, int kind, uint64_t bytes)
  * its group spans several): with --ring on, all_reduce, all_gather,
  * broadcast, reduce, reduce_scatter and all_to_all of --ring-min-bytes or
  * more (per rank), and barrier (0 bytes) when that is 0; with --ring auto,
- * all_reduce, barrier, broadcast, reduce, all_gather and all_to_all
- * (ring_use decides). */
+ * all_reduce, barrier, broadcast, reduce, all_gather, reduce_scatter and
+ * all_to_all (ring_use decides). */
 static int ring_wanted(const ps__hub_t *h, const header_t *hd)
 {
     uint64_t esize = ps_dtype_size((ps_dtype_t)hd->dtype);
