@@ -3205,7 +3205,7 @@ static int ring_wanted(const ps__hub_t *h, const header_t *hd)
  * way and a mesh link one (4 netns hosts, one rank each, 16 MiB per rank:
  * 1.75x the hub's busbw, 1 MiB at par, 256 KiB half); a reduce_scatter, as
  * an all_reduce, from 2 ranks per agent with blocks of --ring-min-bytes
- * (2 and 4 per agent, blocks of 1-8 MiB: 1.1-3.9x the hub's busbw; small
+ * (2, 4 and 8 per agent, blocks of 1-8 MiB: 1.1-5.4x the hub's busbw; small
  * blocks, even 16 per agent, and one rank per agent: the hub as fast or
  * faster). With one rank per agent the hub was as fast or faster here for
  * the others too (since the kept threads: mixed, 0.7-1.4x by kind, size
