@@ -579,13 +579,6 @@ static int forward_start(ps__agent_t *a, ps__rpc_call_t *down, const char *job, 
     return rc;
 }
 
-/* Starts the forwarded Collective call to the hub agent. */
-static int hub_call_start(ps__agent_t *a, ps__rpc_call_t *down, const char *job, const char *hub,
-                          forward_t *fw)
-{
-    return forward_start(a, down, job, hub, PS_M_WORKER_COLLECTIVE, fw);
-}
-
 /* A doorbell's stream to the job's hub agent (Agent.Relay), kept between its
  * requests: a request is a message on it rather than a call of its own. */
 typedef struct relay {
@@ -707,7 +700,7 @@ static void collective_proxy_shm(ps__agent_t *a, ps__rpc_call_t *down,
         rl = NULL;
     }
     if (!rl)
-        rc = hub_call_start(a, down, hd->job, hub, &fw);
+        rc = forward_start(a, down, hd->job, hub, PS_M_WORKER_COLLECTIVE, &fw);
     ps__rpc_call_t *up = rl ? rl->fw.up : fw.up;
     shm_feed_t feed = {down, up, &io, first, chunk};
     if (rc == 0 && !rl) {
@@ -813,7 +806,7 @@ static void collective_proxy(ps__agent_t *a, ps__rpc_call_t *down, grpc_byte_buf
     forward_t fw = {NULL, NULL};
     char *msg = NULL;
     ps__task_t t;
-    int rc = hub_call_start(a, down, job, hub, &fw);
+    int rc = forward_start(a, down, job, hub, PS_M_WORKER_COLLECTIVE, &fw);
     ps__rpc_call_t *up = fw.up;
     /* A worker whose first frame holds its whole input half-closes with it
      * (the C client sends both in one batch): that frame goes to the hub with
