@@ -418,8 +418,13 @@ static void worker_join(ps__rpc_call_t *down, void *arg)
     req->agent_machine = asked_machine;
     req->agent_settings = asked_settings;
     protobuf_c_message_free_unpacked(&req->base, NULL);
+    /* Tracked, so SIGTERM's drain ends every Join with UNAVAILABLE before
+     * it fails the collectives: a rank those end first, that then finalizes,
+     * cannot have the coordinator report it lost to the others. */
+    forward_t fw = {up, NULL};
+    int refused = rc == 0 && forward_track(a, &fw), tracked = rc == 0 && !refused;
     pipe_arg_t pa = {down, up, 1, 0, NULL};
-    if (rc == 0 && ps__task_start(&watcher, pipe_main, &pa) == 0)
+    if (tracked && ps__task_start(&watcher, pipe_main, &pa) == 0)
         watching = 1;
     for (;;) {
         Paramsync__V1__JoinEvent *ev = NULL;
@@ -437,7 +442,9 @@ static void worker_join(ps__rpc_call_t *down, void *arg)
     }
     if (up) {
         rc = ps__rpc_call_finish(up, &msg);
-        if (rc == -GRPC_STATUS_UNAVAILABLE) {
+        if (refused || (tracked && forward_untrack(a, &fw, rc))) {
+            ps__rpc_call_send_status(down, GRPC_STATUS_UNAVAILABLE, PS_MSG_STOPPING);
+        } else if (rc == -GRPC_STATUS_UNAVAILABLE) {
             char m[512];
             snprintf(m, sizeof(m), "the coordinator at %s is unreachable: %s",
                      ps__rpc_channel_target(a->coord), msg ? msg : "");

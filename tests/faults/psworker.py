@@ -725,8 +725,8 @@ class WorkerProc:
 
     spec: {addr, job, world, rank, token?, tls?, steps: [...]} where a step is
       {"do": "collective", "kind": "ALL_REDUCE", "count": N, "verify": bool, "raw": bool,
-       "chunk": B, "slow_s": S, "announce_after": B, "timeout_ms": T}
-          (raw: zeros, N float32 elements; an ALL_TO_ALL's N per rank)
+       "chunk": B, "slow_s": S, "announce_after": B, "timeout_ms": T, "no_data": bool}
+          (raw: zeros, N float32 elements; an ALL_TO_ALL's N per rank; no_data: none sent)
           -> {"ev": "coll_start"}, {"ev": "sending"} once announce_after bytes are out,
              {"ev": "coll", "code", "message", "t", "bytes", "verified"}
       {"do": "sleep", "s": S}
@@ -876,7 +876,9 @@ def _run_spec(spec):
         elif do == "collective":
             count = st.get("count", 0)
             kind = st.get("kind", "ALL_REDUCE")
-            if st.get("raw"):
+            if st.get("no_data"):  # a recv's: its count is what comes back
+                data = b""
+            elif st.get("raw"):
                 # An all_to_all's input is a block of count for every rank.
                 blocks = m.ready.world_size if kind == "ALL_TO_ALL" else 1
                 data = bytes(count * 4 * blocks)

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """SIGTERM with calls in flight: the daemon exits 0, promptly, and every call in
 flight (a collective waiting for a rank, a 64 MiB collective mid-transfer, the
-Join streams) ends with UNAVAILABLE.
+Join streams) ends with UNAVAILABLE, and no rank is told of a lost one (not even
+when another exits, its Join cut, the moment its own call fails).
 
 Also an agent that does not host the job, with a worker's small collective on
 its doorbell forwarded to the hub agent (the C client, through paramsync-bench):
@@ -41,10 +42,16 @@ def case(cl, binary, work, name, specs, started):
                      "shutting down" in ev["message"],
                      "%s: %s's collective in flight did not end with UNAVAILABLE 'shutting "
                      "down': %s" % (name, p.name, p.describe()))
+        if p.spec["steps"][-1] != END:
+            continue  # it exits once its collective ends, without a Leave
         je = p.wait("join_end", 10)
         P.expect(je is not None and je["code"] == "UNAVAILABLE",
                  "%s: %s's Join stream did not end with UNAVAILABLE: %s" %
                  (name, p.name, p.describe()))
+        # A rank that exits as soon as the drain fails its call is not "lost"
+        # to the others: their Join ends first (ps__agent_drain).
+        P.expect(not p.events("lost"), "%s: %s was told of a lost rank while paramsyncd "
+                 "was stopping: %s" % (name, p.name, p.describe()))
 
 
 def main():
@@ -58,6 +65,11 @@ def main():
         case(cl, binary, work, "waiting",
              {0: {"steps": [{"do": "collective", "kind": "BARRIER"}, END]},
               1: {"steps": [{"do": "sleep", "s": 60}]}}, waiting)
+
+        # Rank 1 exits the moment its recv fails, its Join cut without a Leave.
+        case(cl, binary, work, "exiting",
+             {0: {"steps": [{"do": "collective", "kind": "BARRIER"}, END]},
+              1: {"steps": [{"do": "collective", "kind": "RECV", "count": 4, "no_data": True}]}}, waiting)
 
         def transferring(procs):
             P.check(procs[1].wait("sending", 30) is not None, procs[1].describe())
