@@ -205,7 +205,9 @@ static char *join_event(ps_comm_t *comm, const Paramsync__V1__JoinEvent *ev, int
     case PARAMSYNC__V1__JOIN_EVENT__KIND__MEMBER_LOST:
     case PARAMSYNC__V1__JOIN_EVENT__KIND__JOB_ABORTED: {
         char *msg = ev->kind == PARAMSYNC__V1__JOIN_EVENT__KIND__MEMBER_LOST
-                        ? ps__strdupf("rank %d was lost: %s", ev->rank, ev->message)
+                        ? (ev->message && *ev->message
+                               ? ps__strdupf("%s", ev->message) /* "job J: rank R was lost ..." */
+                               : ps__strdupf("rank %d was lost", ev->rank))
                         : ps__strdupf("the job was aborted: %s", ev->message);
         if (!comm->ready) {
             /* The job never formed: ps_init fails with this. */

@@ -1090,7 +1090,10 @@ static void *health_main(void *arg)
     while (!a->stopping) {
         pthread_mutex_unlock(&a->lock);
         int ready = ps__rpc_channel_ready(a->coord);
-        if (ready && was_ready != 1) {
+        pthread_mutex_lock(&a->lock);
+        int draining = a->draining; /* the drain has said it is stopping */
+        pthread_mutex_unlock(&a->lock);
+        if (ready && was_ready != 1 && !draining) {
             Paramsync__V1__RegisterAgentRequest req = PARAMSYNC__V1__REGISTER_AGENT_REQUEST__INIT;
             Paramsync__V1__RegisterAgentResponse *resp = NULL;
             req.address = a->self;
@@ -1134,12 +1137,30 @@ ps__hub_t *ps__agent_hub(ps__agent_t *a)
     return a->hub;
 }
 
+/* How long SIGTERM's drain waits to tell the coordinator it is stopping. */
+#define STOPPING_TELL_MS 1000
+
 void ps__agent_drain(ps__agent_t *a)
 {
     if (!a)
         return;
     pthread_mutex_lock(&a->lock);
     a->draining = 1;
+    pthread_mutex_unlock(&a->lock);
+    /* Before the Joins are cut, so the ranks lost with them are reported
+     * with the reason rather than as broken streams. */
+    if (ps__rpc_channel_ready(a->coord)) {
+        Paramsync__V1__RegisterAgentRequest req = PARAMSYNC__V1__REGISTER_AGENT_REQUEST__INIT;
+        Paramsync__V1__RegisterAgentResponse *resp = NULL;
+        req.address = a->self;
+        req.agent_settings = a->settings;
+        req.stopping = PS_MSG_STOPPING;
+        if (ps__rpc_unary(a->coord, PS_M_COORD_REGISTER, &req.base,
+                          &paramsync__v1__register_agent_response__descriptor,
+                          (ProtobufCMessage **)&resp, STOPPING_TELL_MS, NULL) == 0)
+            protobuf_c_message_free_unpacked(&resp->base, NULL);
+    }
+    pthread_mutex_lock(&a->lock);
     for (forward_t *f = a->forwards; f; f = f->next)
         ps__rpc_call_cancel(f->up, GRPC_STATUS_UNAVAILABLE, PS_MSG_STOPPING);
     pthread_mutex_unlock(&a->lock);

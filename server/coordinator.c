@@ -71,6 +71,12 @@ typedef struct job {
     struct job *next;
 } job_t;
 
+/* A registered agent, once per address. */
+typedef struct {
+    char *addr;
+    char *stopping; /* NULL, or why it said it is shutting down */
+} agent_entry_t;
+
 struct ps__coordinator {
     const ps__config_t *cfg;
     pthread_mutex_t lock;
@@ -78,13 +84,22 @@ struct ps__coordinator {
     job_t *jobs;
     uint64_t next_incarnation;
     int nagents;
-    char **agent_addrs;        /* registered agents, each once */
+    agent_entry_t *agent_list; /* registered agents, each once */
     char *last_settings;       /* RegisterAgentRequest.agent_settings of the last agent that
                                   said */
     char *last_settings_agent; /* that agent's address */
     ps__tokens_t *tokens;      /* NULL: no authentication */
-    int nagent_addrs;
+    int nagent_list;
 };
+
+/* Why the agent at addr said it is stopping, or NULL; with c->lock. */
+static const char *agent_stopping(const ps__coordinator_t *c, const char *addr)
+{
+    for (int i = 0; addr && i < c->nagent_list; i++)
+        if (strcmp(c->agent_list[i].addr, addr) == 0)
+            return c->agent_list[i].stopping;
+    return NULL;
+}
 
 static job_t *job_find(ps__coordinator_t *c, const char *name)
 {
@@ -588,9 +603,15 @@ static void coord_join(ps__rpc_call_t *call, void *arg)
     } else {
         m->state = M_LOST;
         j->aborted = 1;
-        char lost[256];
-        snprintf(lost, sizeof(lost), "job %s: rank %d was lost (its stream from %s broke)", j->name,
-                 rank, m->peer ? m->peer : "?");
+        char lost[640];
+        const char *why = agent_stopping(c, m->agent);
+        if (why)
+            snprintf(lost, sizeof(lost),
+                     "job %s: rank %d was lost: its agent at %s is stopping: %s", j->name, rank,
+                     m->agent, why);
+        else
+            snprintf(lost, sizeof(lost), "job %s: rank %d was lost (its stream from %s broke)",
+                     j->name, rank, m->peer ? m->peer : "?");
         PS_LOG(PS_LOG_WARN, "%s", lost);
         ps__metrics_event(PS_M_EV_RANK_LOST);
         for (int r = 0; r < j->world_size; r++)
@@ -693,24 +714,38 @@ static int do_register(ps__coordinator_t *c, const ProtobufCMessage *rq, Protobu
 {
     const Paramsync__V1__RegisterAgentRequest *req = (const void *)rq;
     Paramsync__V1__RegisterAgentResponse *resp = (void *)rs;
-    char id[32];
-    (void)msg;
-    (void)msglen;
+    const char *why = req->stopping && *req->stopping ? req->stopping : NULL;
+    char id[32] = "";
     pthread_mutex_lock(&c->lock);
-    snprintf(id, sizeof(id), "agent-%d", ++c->nagents);
-    settings_registered(c, req);
-    int known = 0;
-    for (int i = 0; i < c->nagent_addrs; i++)
-        known |= strcmp(c->agent_addrs[i], req->address) == 0;
-    if (!known) {
-        char **na = realloc(c->agent_addrs, (size_t)(c->nagent_addrs + 1) * sizeof(char *));
+    if (!why) {
+        snprintf(id, sizeof(id), "agent-%d", ++c->nagents);
+        settings_registered(c, req);
+    }
+    agent_entry_t *e = NULL;
+    for (int i = 0; i < c->nagent_list && !e; i++)
+        if (strcmp(c->agent_list[i].addr, req->address) == 0)
+            e = &c->agent_list[i];
+    if (!e) {
+        agent_entry_t *na =
+            realloc(c->agent_list, (size_t)(c->nagent_list + 1) * sizeof(*c->agent_list));
         char *addr = na ? strdup(req->address) : NULL;
         if (na)
-            c->agent_addrs = na;
-        if (addr)
-            c->agent_addrs[c->nagent_addrs++] = addr;
+            c->agent_list = na;
+        if (addr) {
+            e = &c->agent_list[c->nagent_list++];
+            *e = (agent_entry_t){addr, NULL};
+        }
+    }
+    if (e) {
+        free(e->stopping);
+        e->stopping = why ? strdup(why) : NULL;
     }
     pthread_mutex_unlock(&c->lock);
+    if (why) {
+        PS_LOG(PS_LOG_INFO, "agent at %s is stopping: %s", req->address, why);
+        resp->agent_id = (char *)protobuf_c_empty_string;
+        return 0;
+    }
     resp->agent_id = strdup(id);
     PS_LOG(PS_LOG_INFO, "agent %s registered at %s", id, req->address);
     if (!resp->agent_id) {
@@ -1017,9 +1052,11 @@ void ps__coordinator_destroy(ps__coordinator_t *c)
         job_free(j);
     }
     ps__tokens_free(c->tokens);
-    for (int i = 0; i < c->nagent_addrs; i++)
-        free(c->agent_addrs[i]);
-    free(c->agent_addrs);
+    for (int i = 0; i < c->nagent_list; i++) {
+        free(c->agent_list[i].addr);
+        free(c->agent_list[i].stopping);
+    }
+    free(c->agent_list);
     free(c->last_settings);
     free(c->last_settings_agent);
     pthread_mutex_destroy(&c->lock);
@@ -1103,9 +1140,11 @@ int ps__coordinator_status(ps__coordinator_t *c, const char *job,
             js->groups[js->n_groups++] = gi;
         }
     }
-    for (int i = 0; i < c->nagent_addrs && rc == 0; i++) {
+    for (int i = 0; i < c->nagent_list && rc == 0; i++) {
+        if (c->agent_list[i].stopping)
+            continue;
         char **arr = realloc(resp->agents, (resp->n_agents + 1) * sizeof(char *));
-        char *a = arr ? strdup(c->agent_addrs[i]) : NULL;
+        char *a = arr ? strdup(c->agent_list[i].addr) : NULL;
         if (arr)
             resp->agents = arr;
         if (!a) {
@@ -1130,6 +1169,7 @@ void ps__coordinator_gauges(void *arg, struct ps__metrics_gauges *out)
         for (int r = 0; r < j->world_size; r++)
             out->members += j->members[r].state == M_JOINED;
     }
-    out->agents = c->nagent_addrs;
+    for (int i = 0; i < c->nagent_list; i++)
+        out->agents += !c->agent_list[i].stopping;
     pthread_mutex_unlock(&c->lock);
 }

@@ -558,7 +558,8 @@ static void render_info_and_gauges(strbuf_t *b)
     sb_printf(b, "paramsync_groups %lld\n", (long long)v.groups);
     sb_family(b, "paramsync_members", "gauge", "Ranks currently joined, over every job.");
     sb_printf(b, "paramsync_members %lld\n", (long long)v.members);
-    sb_family(b, "paramsync_agents", "gauge", "Agents registered with the coordinator.");
+    sb_family(b, "paramsync_agents", "gauge",
+              "Agents registered with the coordinator (less those that said they are stopping).");
     sb_printf(b, "paramsync_agents %lld\n", (long long)v.agents);
 }
 

@@ -1495,9 +1495,9 @@ class World {
             return;
           }
           if (ev.kind === JOIN.MEMBER_LOST) {
-            this._fail(new ParamsyncError(`rank ${ev.rank} of job ${this.job} was lost (it ` +
-              `died or its connection broke)${ev.message ? `: ${ev.message}` : ''}`,
-            grpc.status.ABORTED));
+            // The coordinator's message names the job, the rank and why.
+            this._fail(new ParamsyncError(ev.message || `rank ${ev.rank} of job ${this.job} ` +
+              'was lost (it died or its connection broke)', grpc.status.ABORTED));
           } else if (ev.kind === JOIN.JOB_ABORTED) {
             this._fail(new ParamsyncError(`job ${this.job} was aborted: ${ev.message}`,
               grpc.status.ABORTED, ev.message));

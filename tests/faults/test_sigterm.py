@@ -9,7 +9,9 @@ its doorbell forwarded to the hub agent (the C client, through paramsync-bench):
 that request has no server call the shutdown could cancel, so the drain must
 end the forwarded call itself. The worker is told the agent is stopping ("shutting
 down" in the call's status, or "stopping" if the doorbell closes first), not
-that its peer was lost, and the agent exits promptly.
+that its peer was lost, and the agent exits promptly. The rank on the other
+agent hears that rank 1 was lost because its agent is stopping, and the
+coordinator lists that agent no more.
 """
 import os
 import subprocess
@@ -107,7 +109,7 @@ def doorbell_forwarded(cl, binary, work):
     P.wait_registered(P.Conn(coord.addr), [hub.addr, other.addr])
     # Rank 0 joins through `hub` (so it hosts the job) and never calls a collective.
     r0 = cl.add(P.WorkerProc({"addr": hub.addr, "job": name, "world": 2, "rank": 0,
-                              "steps": [{"do": "sleep", "s": 60}]}))
+                              "steps": [{"do": "wait_lost", "s": 60}]}))
     env = dict(os.environ, RANK="1", WORLD_SIZE="2", PARAMSYNC_JOB=name,
                PARAMSYNC_ADDR=other.addr, PARAMSYNC_SHM="1")
     out = open(os.path.join(work, name + "-bench.log"), "w+")
@@ -139,6 +141,15 @@ def doorbell_forwarded(cl, binary, work):
         P.expect(brc == 1 and ("shutting down" in text or "it is stopping" in text),
                  "%s: rank 1's barrier on the doorbell should fail saying the agent is "
                  "stopping; paramsync-bench exited %s and said:\n%s" % (name, brc, text))
+        # Rank 0 hears why rank 1 is gone, and the coordinator lists the agent no more.
+        lost = r0.wait("lost", 10)
+        want = "its agent at %s is stopping: paramsyncd is shutting down" % other.addr
+        P.expect(lost is not None and want in lost["message"],
+                 "%s: rank 0 should hear that rank 1 was lost because its agent is stopping "
+                 "('%s'): %s" % (name, want, r0.describe()))
+        agents = list(P.Conn(coord.addr).status().agents)
+        P.expect(hub.addr in agents and other.addr not in agents,
+                 "%s: the coordinator lists agents %s after %s stopped" % (name, agents, other.addr))
     finally:
         if r1.poll() is None:
             r1.kill()

@@ -417,10 +417,10 @@ class _World:
                     first.put(ev)
                     continue
                 if ev.kind == pb.JoinEvent.MEMBER_LOST:
+                    # The coordinator's message names the job, the rank and why.
                     self.fail(ParamsyncError(
-                        "rank %d of job %r was lost (it died or its connection broke)%s"
-                        % (ev.rank, self.job, ": " + ev.message if ev.message else ""),
-                        grpc.StatusCode.ABORTED))
+                        ev.message or "rank %d of job %r was lost (it died or its connection "
+                        "broke)" % (ev.rank, self.job), grpc.StatusCode.ABORTED))
                 elif ev.kind == pb.JoinEvent.JOB_ABORTED:
                     self.fail(ParamsyncError("job %r was aborted: %s" % (self.job, ev.message),
                                              grpc.StatusCode.ABORTED, ev.message))
