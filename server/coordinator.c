@@ -614,8 +614,11 @@ static void coord_join(ps__rpc_call_t *call, void *arg)
                      j->name, rank, m->peer ? m->peer : "?");
         PS_LOG(PS_LOG_WARN, "%s", lost);
         ps__metrics_event(PS_M_EV_RANK_LOST);
+        /* Not to ranks of an agent that said it is stopping: it cuts their
+         * Joins itself, with UNAVAILABLE, and this must not come first. */
         for (int r = 0; r < j->world_size; r++)
-            if (r != rank && j->members[r].state == M_JOINED)
+            if (r != rank && j->members[r].state == M_JOINED &&
+                !agent_stopping(c, j->members[r].agent))
                 push_event(&j->members[r], PARAMSYNC__V1__JOIN_EVENT__KIND__MEMBER_LOST, rank,
                            lost);
         pthread_cond_broadcast(&c->changed);
