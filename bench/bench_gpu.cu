@@ -10,6 +10,8 @@
 #include <paramsync/gpu.h>
 #include <paramsync/reduce.h>
 
+#include "bench_args.h"
+
 /*
  * For each row, on the same device and in the same run: a device-to-device
  * cudaMemcpy of one buffer (2 x bytes moved: read + write), then the reduce
@@ -58,44 +60,6 @@ static int cuda_failed(cudaError_t e, const char *what)
     return 1;
 }
 
-/*
- * Sets flags[i] for every name in the comma-separated list that matches
- * name_of(i), case-insensitively. Returns 0, or -1 after printing the
- * unknown name.
- */
-static int parse_list(const char *list, int *flags, int count, const char *(*name_of)(int),
-                      const char *what)
-{
-    char *copy = strdup(list);
-    if (copy == NULL)
-        return -1;
-    memset(flags, 0, (size_t)count * sizeof *flags);
-    int rc = 0;
-    char *save = NULL;
-    for (char *tok = strtok_r(copy, ",", &save); tok != NULL; tok = strtok_r(NULL, ",", &save)) {
-        int found = 0;
-        for (int i = 0; i < count; i++)
-            if (strcasecmp(tok, name_of(i)) == 0)
-                flags[i] = found = 1;
-        if (!found) {
-            fprintf(stderr, "unknown %s '%s'\n", what, tok);
-            rc = -1;
-        }
-    }
-    free(copy);
-    return rc;
-}
-
-static const char *op_name_of(int i)
-{
-    return ps_op_name((ps_op_t)i);
-}
-
-static const char *dtype_name_of(int i)
-{
-    return ps_dtype_name((ps_dtype_t)i);
-}
-
 /* Parses argv into o. Returns 0, 1 for --help, or -1 after printing the problem. */
 static int parse_args(int argc, char **argv, options_t *o)
 {
@@ -131,10 +95,11 @@ static int parse_args(int argc, char **argv, options_t *o)
         else if (strcmp(a, "--device") == 0 && atoi(v) >= 0)
             o->device = atoi(v);
         else if (strcmp(a, "--op") == 0) {
-            if (parse_list(v, o->want_op, PS_OP_COUNT, op_name_of, "op") != 0)
+            if (ps_bench_parse_list(v, o->want_op, PS_OP_COUNT, ps_bench_op_name, "op") != 0)
                 return -1;
         } else if (strcmp(a, "--dtype") == 0) {
-            if (parse_list(v, o->want_dtype, PS_DTYPE_COUNT, dtype_name_of, "dtype") != 0)
+            if (ps_bench_parse_list(v, o->want_dtype, PS_DTYPE_COUNT, ps_bench_dtype_name,
+                                    "dtype") != 0)
                 return -1;
         } else {
             fprintf(stderr, "bad option or value: %s %s\n", a, v);

@@ -9,6 +9,8 @@
 
 #include <paramsync/reduce.h>
 
+#include "bench_args.h"
+
 static const char usage[] =
     "usage: paramsync-bench-reduce [options]\n"
     "  --size-mib N     bytes per buffer, in MiB (default 64)\n"
@@ -37,46 +39,6 @@ static double now_seconds(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-/*
- * Sets flags[i] for every name in the comma-separated list that matches
- * name_of(i). Returns 0, or -1 after printing the unknown name.
- */
-static int parse_list(const char *list, int *flags, int count, const char *(*name_of)(int),
-                      const char *what)
-{
-    char *copy = strdup(list);
-    if (copy == NULL)
-        return -1;
-    memset(flags, 0, (size_t)count * sizeof *flags);
-    int rc = 0;
-    char *save = NULL;
-    for (char *tok = strtok_r(copy, ",", &save); tok != NULL; tok = strtok_r(NULL, ",", &save)) {
-        int found = 0;
-        for (int i = 0; i < count; i++)
-            if (strcasecmp(tok, name_of(i)) == 0)
-                flags[i] = found = 1;
-        if (!found) {
-            fprintf(stderr, "unknown %s '%s'\n", what, tok);
-            rc = -1;
-        }
-    }
-    free(copy);
-    return rc;
-}
-
-static const char *path_name_of(int i)
-{
-    return ps_reduce_path_name((ps_reduce_path_t)i);
-}
-static const char *op_name_of(int i)
-{
-    return ps_op_name((ps_op_t)i);
-}
-static const char *dtype_name_of(int i)
-{
-    return ps_dtype_name((ps_dtype_t)i);
 }
 
 /* Returns 0, or -1 after printing why the arguments are wrong. */
@@ -129,11 +91,12 @@ static int parse_options(int argc, char **argv, options_t *o)
             if (o->threads <= 0 || o->threads > 64)
                 rc = -1;
         } else if (strcmp(arg, "--path") == 0) {
-            rc = parse_list(val, o->want_path, PS_PATH_COUNT, path_name_of, "path");
+            rc = ps_bench_parse_list(val, o->want_path, PS_PATH_COUNT, ps_bench_path_name, "path");
         } else if (strcmp(arg, "--op") == 0) {
-            rc = parse_list(val, o->want_op, PS_OP_COUNT, op_name_of, "op");
+            rc = ps_bench_parse_list(val, o->want_op, PS_OP_COUNT, ps_bench_op_name, "op");
         } else if (strcmp(arg, "--dtype") == 0) {
-            rc = parse_list(val, o->want_dtype, PS_DTYPE_COUNT, dtype_name_of, "dtype");
+            rc = ps_bench_parse_list(val, o->want_dtype, PS_DTYPE_COUNT, ps_bench_dtype_name,
+                                     "dtype");
         } else {
             fprintf(stderr, "unknown option %s\n%s", arg, usage);
             return -1;
