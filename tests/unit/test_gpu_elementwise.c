@@ -14,7 +14,7 @@
 #include <paramsync/reduce.h>
 
 #include "gpu_element.h"
-#include "gpu_test_data.h"
+#include "test_data.h"
 
 /*
  * Every GPU kernel produces an element as first / step... / finish of
@@ -82,7 +82,7 @@ static void data_make(data_t *d, ps_dtype_t dt, size_t n)
     for (int k = 0; k < MAX_SRCS; k++) {
         d->src[k] = malloc(bytes);
         assert_non_null(d->src[k]);
-        gpu_test_fill(dt, d->src[k], k > 0 ? d->src[0] : NULL, n);
+        test_data_fill(dt, d->src[k], k > 0 ? d->src[0] : NULL, n);
     }
     d->got = malloc(bytes);
     d->want = malloc(bytes);
@@ -127,7 +127,7 @@ static void test_table_is_the_grid(void **state)
 static void test_two_inputs(void **state)
 {
     (void)state;
-    gpu_test_seed("two_inputs");
+    test_data_seed("two_inputs");
     for (size_t t = 0; t < N_DTYPES; t++) {
         ps_dtype_t dt = all_dtypes[t];
         size_t bytes = COUNT * ps_dtype_size(dt);
@@ -145,7 +145,7 @@ static void test_two_inputs(void **state)
                 emulate_table[op == PS_AVG ? PS_SUM : op][dt](d.got, srcs, 2, COUNT, 1);
                 char what[64];
                 snprintf(what, sizeof what, "reduce %s%s", ps_op_name(op), alias ? " x,x" : "");
-                assert_true(gpu_test_same(d.got, d.want, COUNT, dt, what));
+                assert_true(test_data_same(d.got, d.want, COUNT, dt, what));
             }
         }
         data_free(&d);
@@ -156,7 +156,7 @@ static void test_two_inputs(void **state)
 static void test_multi_inputs(void **state)
 {
     (void)state;
-    gpu_test_seed("multi_inputs");
+    test_data_seed("multi_inputs");
     for (size_t t = 0; t < N_DTYPES; t++) {
         ps_dtype_t dt = all_dtypes[t];
         data_t d;
@@ -171,7 +171,7 @@ static void test_multi_inputs(void **state)
                 emulate_table[op][dt](d.got, srcs, nsrc, COUNT, nsrc);
                 char what[64];
                 snprintf(what, sizeof what, "multi %s nsrc=%zu", ps_op_name(op), nsrc);
-                assert_true(gpu_test_same(d.got, d.want, COUNT, dt, what));
+                assert_true(test_data_same(d.got, d.want, COUNT, dt, what));
             }
         }
         data_free(&d);
@@ -182,7 +182,7 @@ static void test_multi_inputs(void **state)
 static void test_max_inputs(void **state)
 {
     (void)state;
-    gpu_test_seed("max_inputs");
+    test_data_seed("max_inputs");
     const void *srcs[PS_GPU_MAX_SRCS];
     for (size_t t = 0; t < N_DTYPES; t++) {
         ps_dtype_t dt = all_dtypes[t];
@@ -196,7 +196,7 @@ static void test_max_inputs(void **state)
                 continue;
             assert_int_equal(ps_reduce_multi(op, dt, d.want, srcs, PS_GPU_MAX_SRCS, COUNT), 0);
             emulate_table[op][dt](d.got, srcs, PS_GPU_MAX_SRCS, COUNT, PS_GPU_MAX_SRCS);
-            assert_true(gpu_test_same(d.got, d.want, COUNT, dt, ps_op_name(op)));
+            assert_true(test_data_same(d.got, d.want, COUNT, dt, ps_op_name(op)));
         }
         data_free(&d);
     }
@@ -206,7 +206,7 @@ static void test_max_inputs(void **state)
 static void test_scale(void **state)
 {
     (void)state;
-    gpu_test_seed("scale");
+    test_data_seed("scale");
     /* Small, inexact, large, not representable in float32 or float64, the largest. */
     const uint64_t divisors[] = {
         1, 2, 3, 7, 10, 1000003, (1ull << 24) + 1, (1ull << 53) + 1, UINT64_MAX};
@@ -223,7 +223,7 @@ static void test_scale(void **state)
             emulate_table[PS_AVG][dt](d.got, srcs, 1, COUNT, divisors[k]);
             char what[64];
             snprintf(what, sizeof what, "scale /%llu", (unsigned long long)divisors[k]);
-            assert_true(gpu_test_same(d.got, d.want, COUNT, dt, what));
+            assert_true(test_data_same(d.got, d.want, COUNT, dt, what));
         }
         data_free(&d);
     }
@@ -237,7 +237,7 @@ static void test_scale(void **state)
 static void test_half_exhaustive(void **state)
 {
     (void)state;
-    gpu_test_seed("half_exhaustive");
+    test_data_seed("half_exhaustive");
     const ps_dtype_t halves[] = {PS_FLOAT16, PS_BFLOAT16};
     const size_t n = 65536;
     uint16_t *a = malloc(n * 2), *b = malloc(n * 2), *c = malloc(n * 2);
@@ -248,14 +248,14 @@ static void test_half_exhaustive(void **state)
     for (int h = 0; h < 2; h++) {
         ps_dtype_t dt = halves[h];
         const uint16_t *specials =
-            dt == PS_FLOAT16 ? gpu_test_f16_specials : gpu_test_bf16_specials;
-        size_t nspecial =
-            dt == PS_FLOAT16 ? sizeof gpu_test_f16_specials / 2 : sizeof gpu_test_bf16_specials / 2;
+            dt == PS_FLOAT16 ? test_data_f16_specials : test_data_bf16_specials;
+        size_t nspecial = dt == PS_FLOAT16 ? sizeof test_data_f16_specials / 2
+                                           : sizeof test_data_bf16_specials / 2;
         for (size_t s = 0; s < nspecial + 8; s++) {
-            uint16_t other = s < nspecial ? specials[s] : (uint16_t)gpu_test_rng();
+            uint16_t other = s < nspecial ? specials[s] : (uint16_t)test_data_rng();
             for (size_t i = 0; i < n; i++)
                 b[i] = other;
-            gpu_test_fill(dt, c, NULL, n);
+            test_data_fill(dt, c, NULL, n);
             for (size_t o = 0; o < N_OPS; o++) {
                 ps_op_t op = all_ops[o];
                 if (ps_op_check(op, dt) != 0)
@@ -266,10 +266,10 @@ static void test_half_exhaustive(void **state)
                 memcpy(want, a, n * 2);
                 assert_int_equal(ps_reduce(op, dt, want, b, n), 0);
                 emulate_table[op == PS_AVG ? PS_SUM : op][dt](got, srcs, 2, n, 1);
-                assert_true(gpu_test_same(got, want, n, dt, what));
+                assert_true(test_data_same(got, want, n, dt, what));
                 assert_int_equal(ps_reduce_multi(op, dt, want, srcs, 3, n), 0);
                 emulate_table[op][dt](got, srcs, 3, n, 3);
-                assert_true(gpu_test_same(got, want, n, dt, what));
+                assert_true(test_data_same(got, want, n, dt, what));
             }
         }
     }

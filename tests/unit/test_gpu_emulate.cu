@@ -15,7 +15,7 @@ extern "C" {
 #include <paramsync/reduce.h>
 
 #include "gpu_kernels.cuh"
-#include "gpu_test_data.h"
+#include "test_data.h"
 
 /*
  * ps__gpu_reduce_range is the whole body of every kernel: the kernel only
@@ -108,7 +108,7 @@ static void test_table_is_the_grid(void **state)
 static void test_kernel_body_grid(void **state)
 {
     (void)state;
-    gpu_test_seed("kernel_body_grid");
+    test_data_seed("kernel_body_grid");
     size_t cases = 0;
     for (int dti = 0; dti < PS_DTYPE_COUNT; dti++) {
         ps_dtype_t dt = (ps_dtype_t)dti;
@@ -117,7 +117,7 @@ static void test_kernel_body_grid(void **state)
         for (int k = 0; k < MAX_SRCS; k++) {
             host[k] = malloc(MAX_COUNT * size);
             assert_non_null(host[k]);
-            gpu_test_fill(dt, host[k], k > 0 ? host[0] : NULL, MAX_COUNT);
+            test_data_fill(dt, host[k], k > 0 ? host[0] : NULL, MAX_COUNT);
         }
         unsigned char *want = static_cast<unsigned char *>(malloc(MAX_COUNT * size));
         assert_non_null(want);
@@ -158,7 +158,7 @@ static void test_kernel_body_grid(void **state)
                                          ps_op_name(op), nsrc, count, vec, in_place,
                                          thread_counts[ti]);
                                 hbuf_t *dst = in_place ? &in[0] : &out;
-                                assert_true(gpu_test_same(dst->data, want, count, dt, what));
+                                assert_true(test_data_same(dst->data, want, count, dt, what));
                                 assert_true(hbuf_guards_intact(&out));
                                 for (int j = 0; j < nsrc; j++) {
                                     assert_true(hbuf_guards_intact(&in[j]));

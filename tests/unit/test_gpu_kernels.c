@@ -17,7 +17,7 @@
 #include <paramsync/gpu.h>
 #include <paramsync/reduce.h>
 
-#include "gpu_test_data.h"
+#include "test_data.h"
 
 /*
  * Needs a CUDA device: without one main() prints SKIPPED and exits 77, which
@@ -117,7 +117,7 @@ static void fixture_make(fixture_t *f, ps_dtype_t dt)
     for (int k = 0; k < MAX_SRCS; k++) {
         f->host[k] = malloc(bytes);
         assert_non_null(f->host[k]);
-        gpu_test_fill(dt, f->host[k], k > 0 ? f->host[0] : NULL, MAX_COUNT);
+        test_data_fill(dt, f->host[k], k > 0 ? f->host[0] : NULL, MAX_COUNT);
         dbuf_alloc(&f->dev[k], bytes + 16);
     }
     dbuf_alloc(&f->out, bytes + 16);
@@ -173,7 +173,7 @@ static void run_case(fixture_t *f, ps_op_t op, size_t nsrc, size_t count, size_t
     char what[128];
     snprintf(what, sizeof what, "%s %s nsrc=%zu count=%zu offset=%zu%s", multi ? "multi" : "reduce",
              ps_op_name(op), nsrc, count, off, in_place ? " in place" : "");
-    assert_true(gpu_test_same(f->got, f->want, count, f->dtype, what));
+    assert_true(test_data_same(f->got, f->want, count, f->dtype, what));
 }
 
 static int setup(void **state)
@@ -187,7 +187,7 @@ static int setup(void **state)
 static void test_reduce_grid(void **state)
 {
     (void)state;
-    gpu_test_seed("reduce_grid");
+    test_data_seed("reduce_grid");
     for (size_t t = 0; t < N_DTYPES; t++) {
         fixture_t f;
         fixture_make(&f, all_dtypes[t]);
@@ -205,7 +205,7 @@ static void test_reduce_grid(void **state)
 static void test_multi_grid(void **state)
 {
     (void)state;
-    gpu_test_seed("multi_grid");
+    test_data_seed("multi_grid");
     for (size_t t = 0; t < N_DTYPES; t++) {
         fixture_t f;
         fixture_make(&f, all_dtypes[t]);
@@ -224,7 +224,7 @@ static void test_multi_grid(void **state)
 static void test_scale(void **state)
 {
     (void)state;
-    gpu_test_seed("scale");
+    test_data_seed("scale");
     const ps_dtype_t floats[] = {PS_FLOAT32, PS_FLOAT64, PS_FLOAT16, PS_BFLOAT16};
     const uint64_t divisors[] = {1, 3, 7, (1ull << 24) + 1, UINT64_MAX};
     for (size_t t = 0; t < 4; t++) {
@@ -240,7 +240,7 @@ static void test_scale(void **state)
                     ps_gpu_scale(f.dtype, dbuf_data(&f.dev[0], off), count, divisors[k], NULL), 0);
                 assert_int_equal(ps_gpu_stream_synchronize(NULL), 0);
                 dbuf_fetch(&f.dev[0], off, f.got, bytes);
-                assert_true(gpu_test_same(f.got, f.want, count, f.dtype, "scale"));
+                assert_true(test_data_same(f.got, f.want, count, f.dtype, "scale"));
             }
         fixture_free(&f);
     }
@@ -255,7 +255,7 @@ static void test_scale(void **state)
 static void test_half_exhaustive(void **state)
 {
     (void)state;
-    gpu_test_seed("half_exhaustive");
+    test_data_seed("half_exhaustive");
     const ps_dtype_t halves[] = {PS_FLOAT16, PS_BFLOAT16};
     const ps_op_t ops[] = {PS_SUM, PS_PRODUCT, PS_MIN, PS_MAX, PS_AVG};
     const size_t count = 1u << 16;
@@ -277,7 +277,7 @@ static void test_half_exhaustive(void **state)
                 ps_gpu_scale(f.dtype, dbuf_data(&f.dev[0], 0), count, divisors[k], NULL), 0);
             assert_int_equal(ps_gpu_stream_synchronize(NULL), 0);
             dbuf_fetch(&f.dev[0], 0, f.got, count * f.size);
-            assert_true(gpu_test_same(f.got, f.want, count, f.dtype, "scale, every value"));
+            assert_true(test_data_same(f.got, f.want, count, f.dtype, "scale, every value"));
         }
         fixture_free(&f);
     }
@@ -287,7 +287,7 @@ static void test_half_exhaustive(void **state)
 static void test_streams(void **state)
 {
     (void)state;
-    gpu_test_seed("streams");
+    test_data_seed("streams");
     ps_gpu_stream_t s1, s2;
     assert_int_equal(ps_gpu_stream_create(&s1), 0);
     assert_int_equal(ps_gpu_stream_create(&s2), 0);
@@ -373,7 +373,7 @@ static void test_ipc_export(void **state)
 static void test_reduce_host(void **state)
 {
     (void)state;
-    gpu_test_seed("reduce_host");
+    test_data_seed("reduce_host");
     int dev;
     assert_int_equal(ps_gpu_get_device(&dev), 0);
     const size_t chunks[] = {1024, 65536 + 256, 0}; /* 0: the default, 4 MiB */
@@ -388,7 +388,7 @@ static void test_reduce_host(void **state)
         for (int k = 0; k < MAX_SRCS; k++) {
             pageable[k] = malloc(bytes);
             assert_non_null(pageable[k]);
-            gpu_test_fill(dt, pageable[k], k > 0 ? pageable[0] : NULL, count);
+            test_data_fill(dt, pageable[k], k > 0 ? pageable[0] : NULL, count);
             assert_int_equal(ps_gpu_host_alloc(&pinned[k], bytes), 0);
             memcpy(pinned[k], pageable[k], bytes);
         }
@@ -409,7 +409,7 @@ static void test_reduce_host(void **state)
                         mixed[j] = j % 2 ? pageable[j] : pinned[j];
                     void *dst = nsrc % 4 == 1 ? got_pinned : got_pageable;
                     assert_int_equal(ps_gpu_reduce_host(st, op, dt, dst, mixed, nsrc, count), 0);
-                    assert_true(gpu_test_same(dst, want, count, dt, "reduce_host mixed"));
+                    assert_true(test_data_same(dst, want, count, dt, "reduce_host mixed"));
                     /* In place into a pinned input 0, then a pageable one. */
                     for (int pin = 0; pin < 2; pin++) {
                         void *io = malloc(bytes);
@@ -423,7 +423,7 @@ static void test_reduce_host(void **state)
                             srcs[j] = pageable[j];
                         assert_int_equal(ps_gpu_reduce_host(st, op, dt, first, srcs, nsrc, count),
                                          0);
-                        assert_true(gpu_test_same(first, want, count, dt, "reduce_host in place"));
+                        assert_true(test_data_same(first, want, count, dt, "reduce_host in place"));
                         if (pin)
                             memcpy(pinned[0], pageable[0], bytes);
                         free(io);
@@ -452,7 +452,7 @@ static void test_reduce_host(void **state)
 static void test_reduce_host_registered(void **state)
 {
     (void)state;
-    gpu_test_seed("reduce_host_registered");
+    test_data_seed("reduce_host_registered");
     int dev;
     assert_int_equal(ps_gpu_get_device(&dev), 0);
     const size_t count = (3u << 20) / 4 + 5; /* a step and more, not a multiple of the chunk */
@@ -475,7 +475,7 @@ static void test_reduce_host_registered(void **state)
         const void *srcs[MAX_SRCS];
         for (int k = 0; k < MAX_SRCS; k++) {
             srcs[k] = seg + (size_t)k * stride;
-            gpu_test_fill(dt, seg + (size_t)k * stride, k > 0 ? seg : NULL, count);
+            test_data_fill(dt, seg + (size_t)k * stride, k > 0 ? seg : NULL, count);
         }
         unsigned char *out = seg + (size_t)MAX_SRCS * stride;
         assert_int_equal(ps_gpu_host_register(seg, len), 0);
@@ -493,8 +493,8 @@ static void test_reduce_host_registered(void **state)
                 assert_int_equal(ps_reduce_multi(op, dt, want, srcs, MAX_SRCS, count), 0);
                 memset(out, 0x5A, bytes);
                 assert_int_equal(ps_gpu_reduce_host(st, op, dt, out, srcs, MAX_SRCS, count), 0);
-                assert_true(gpu_test_same(out, want, count, dt,
-                                          pinned ? "registered shm" : "shm after unregister"));
+                assert_true(test_data_same(out, want, count, dt,
+                                           pinned ? "registered shm" : "shm after unregister"));
             }
             if (pinned) {
                 assert_int_equal(ps_gpu_host_unregister(seg), 0);
@@ -518,7 +518,7 @@ static void test_reduce_host_registered(void **state)
 static void test_reduce_host_dsts(void **state)
 {
     (void)state;
-    gpu_test_seed("reduce_host_dsts");
+    test_data_seed("reduce_host_dsts");
     int dev;
     assert_int_equal(ps_gpu_get_device(&dev), 0);
     const size_t count = 100003;
@@ -547,7 +547,7 @@ static void test_reduce_host_dsts(void **state)
         for (int k = 0; k < 3; k++) {
             orig[k] = malloc(bytes);
             assert_non_null(orig[k]);
-            gpu_test_fill(dt, orig[k], k > 0 ? orig[0] : NULL, count);
+            test_data_fill(dt, orig[k], k > 0 ? orig[0] : NULL, count);
         }
         unsigned char *shm_in = seg, *shm_out = seg + stride;
         const void *srcs[3] = {pinned_in, pageable_in, shm_in};
@@ -568,7 +568,7 @@ static void test_reduce_host_dsts(void **state)
                 "dsts: pinned", "dsts: pageable", "dsts: registered shm",
                 "dsts: in place, pageable input 1", "dsts: in place, registered input 2"};
             for (int i = 0; i < 5; i++)
-                assert_true(gpu_test_same(dsts[i], want, count, dt, what[i]));
+                assert_true(test_data_same(dsts[i], want, count, dt, what[i]));
         }
         /* Refused before anything is written. */
         memset(pinned_out, 0x5A, bytes);

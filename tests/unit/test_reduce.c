@@ -20,6 +20,7 @@
 #include <paramsync/reduce.h>
 
 #include "ps_elementwise.h"
+#include "test_data.h"
 
 extern char **environ;
 
@@ -36,122 +37,18 @@ static const ps_dtype_t all_dtypes[] = {PS_FLOAT32, PS_FLOAT64, PS_FLOAT16, PS_B
 #define N_OPS    (sizeof all_ops / sizeof all_ops[0])
 #define N_DTYPES (sizeof all_dtypes / sizeof all_dtypes[0])
 
-/* ---- deterministic random data */
-
-static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-
-/* splitmix64: tiny, fast, good enough to make test data; the seed is printed so failures replay. */
-static uint64_t rng_next(void)
-{
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
+/* ---- deterministic random data (test_data.h) */
 
 static int is_float(ps_dtype_t dt)
 {
     return dt == PS_FLOAT32 || dt == PS_FLOAT64 || dt == PS_FLOAT16 || dt == PS_BFLOAT16;
 }
 
-static const uint32_t f32_specials[] = {
-    0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00000,
-    0x7F800001, 0x7FA00001, 0xFFBFFFFF, 0x00000001, 0x807FFFFF, 0x00800000,
-    0x7F7FFFFF, 0xFF7FFFFF, 0x3F800000, 0xBF800000, 0x4B000000,
-};
-static const uint64_t f64_specials[] = {
-    0x0000000000000000ull, 0x8000000000000000ull, 0x7FF0000000000000ull, 0xFFF0000000000000ull,
-    0x7FF8000000000000ull, 0xFFF8000000000000ull, 0x7FF0000000000001ull, 0x7FF4000000000123ull,
-    0x0000000000000001ull, 0x800FFFFFFFFFFFFFull, 0x7FEFFFFFFFFFFFFFull, 0x3FF0000000000000ull,
-};
-static const uint16_t f16_specials[] = {
-    0x0000, 0x8000, 0x7C00, 0xFC00, 0x7E00, 0xFE00, 0x7C01, 0x7D23, 0x0001,
-    0x83FF, 0x0400, 0x7BFF, 0xFBFF, 0x3C00, 0xBC00, 0x3C01, 0x1000,
-};
-static const uint16_t bf16_specials[] = {
-    0x0000, 0x8000, 0x7F80, 0xFF80, 0x7FC0, 0xFFC0, 0x7F81, 0x7FA3, 0x0001,
-    0x807F, 0x0080, 0x7F7F, 0xFF7F, 0x3F80, 0xBF80, 0x3F81, 0x3B80,
-};
-static const uint8_t bool_specials[] = {0, 1, 2, 0x80, 0xFF};
-
-#define PICK(arr) (arr)[rng_next() % (sizeof(arr) / sizeof((arr)[0]))]
-
-/* An integer extreme of the given byte width: 0, +-1, 2, MIN, MIN+1, MAX, MAX-1 as raw bits. */
-static uint64_t int_special(size_t size)
-{
-    uint64_t bits = size * 8;
-    uint64_t mask = bits == 64 ? ~0ull : (1ull << bits) - 1;
-    uint64_t min = 1ull << (bits - 1), max = min - 1;
-    const uint64_t v[] = {0, 1, mask, 2, min, min + 1, max, max - 1, mask - 1};
-    return v[rng_next() % (sizeof v / sizeof v[0])] & mask;
-}
-
-/*
- * One element of dtype into p: a mix of specials (NaN payloads, signalling
- * NaNs, Inf, +-0, subnormals, extremes), raw random bits, and values of
- * moderate magnitude so that sums and products produce ordinary results too.
- */
-static void random_element(ps_dtype_t dt, unsigned char *p)
-{
-    uint64_t r = rng_next();
-    unsigned kind = (unsigned)(r & 15);
-    r >>= 4;
-    switch (dt) {
-    case PS_FLOAT32: {
-        uint32_t v = (uint32_t)r;
-        if (kind < 2)
-            v = PICK(f32_specials);
-        else if (kind >= 5)
-            v = (v & 0x807FFFFFu) | ((uint32_t)(120 + (r >> 40) % 15) << 23);
-        memcpy(p, &v, 4);
-        break;
-    }
-    case PS_FLOAT64: {
-        uint64_t v = rng_next();
-        if (kind < 2)
-            v = PICK(f64_specials);
-        else if (kind >= 5)
-            v = (v & 0x800FFFFFFFFFFFFFull) | ((uint64_t)(1016 + r % 15) << 52);
-        memcpy(p, &v, 8);
-        break;
-    }
-    case PS_FLOAT16: {
-        uint16_t v = (uint16_t)r;
-        if (kind < 2)
-            v = PICK(f16_specials);
-        else if (kind >= 5)
-            v = (uint16_t)((v & 0x83FFu) | ((uint32_t)(10 + (r >> 20) % 11) << 10));
-        memcpy(p, &v, 2);
-        break;
-    }
-    case PS_BFLOAT16: {
-        uint16_t v = (uint16_t)r;
-        if (kind < 2)
-            v = PICK(bf16_specials);
-        else if (kind >= 5)
-            v = (uint16_t)((v & 0x807Fu) | ((uint32_t)(120 + (r >> 20) % 15) << 7));
-        memcpy(p, &v, 2);
-        break;
-    }
-    case PS_BOOL: {
-        uint8_t v = kind < 8 ? PICK(bool_specials) : (uint8_t)(kind < 12 ? 0 : r);
-        *p = v;
-        break;
-    }
-    default: {
-        size_t size = ps_dtype_size(dt);
-        uint64_t v = kind < 3 ? int_special(size) : r ^ (rng_next() << 60);
-        memcpy(p, &v, size); /* little-endian: the low bytes */
-        break;
-    }
-    }
-}
-
 static void fill_random(ps_dtype_t dt, void *buf, size_t n)
 {
     size_t size = ps_dtype_size(dt);
     for (size_t i = 0; i < n; i++)
-        random_element(dt, (unsigned char *)buf + i * size);
+        test_data_element(dt, (unsigned char *)buf + i * size);
 }
 
 /* Copies some elements of a into b so that MIN/MAX see ties, the case where order matters. */
@@ -159,7 +56,7 @@ static void add_ties(ps_dtype_t dt, void *b, const void *a, size_t n)
 {
     size_t size = ps_dtype_size(dt);
     for (size_t i = 0; i < n; i++)
-        if ((rng_next() & 7) == 0)
+        if ((test_data_rng() & 7) == 0)
             memcpy((unsigned char *)b + i * size, (const unsigned char *)a + i * size, size);
 }
 
@@ -1157,11 +1054,7 @@ int main(int argc, char **argv)
         printf("%s\n", ps_reduce_path_name(ps_reduce_get_path()));
         return 0;
     }
-    const char *seed = getenv("PARAMSYNC_TEST_SEED");
-    if (seed != NULL)
-        rng_state = strtoull(seed, NULL, 0);
-    printf("random seed: 0x%llx (set PARAMSYNC_TEST_SEED to replay)\n",
-           (unsigned long long)rng_state);
+    test_data_seed("test_reduce");
     /* `test_reduce NAME` runs the cases whose name matches NAME (cmocka glob). */
     if (argc == 2)
         cmocka_set_test_filter(argv[1]);
