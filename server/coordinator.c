@@ -613,7 +613,7 @@ static void coord_join(ps__rpc_call_t *call, void *arg)
             snprintf(lost, sizeof(lost), "job %s: rank %d was lost (its stream from %s broke)",
                      j->name, rank, m->peer ? m->peer : "?");
         PS_LOG(PS_LOG_WARN, "%s", lost);
-        ps__metrics_event(PS_M_EV_RANK_LOST);
+        ps__metrics_event(why ? PS_M_EV_RANK_STOPPED : PS_M_EV_RANK_LOST);
         /* Not to ranks of an agent that said it is stopping: it cuts their
          * Joins itself, with UNAVAILABLE, and this must not come first. */
         for (int r = 0; r < j->world_size; r++)

@@ -491,7 +491,11 @@ static void render_events(strbuf_t *b)
         [PS_M_EV_REJECTED] = {"paramsync_rejected_requests_total",
                               "Requests refused by a limit or by validation."},
         [PS_M_EV_RANK_LOST] = {"paramsync_ranks_lost_total",
-                               "Members whose stream broke without a graceful leave."},
+                               "Members whose stream broke without a graceful leave (not "
+                               "counting those of an agent that said it was stopping)."},
+        [PS_M_EV_RANK_STOPPED] = {"paramsync_ranks_stopped_total",
+                                  "Members lost because their agent said it was stopping "
+                                  "(SIGTERM: a rollout or a drain)."},
     };
     for (int e = 0; e < PS_M_EV_COUNT; e++) {
         sb_family(b, ev[e].name, "counter", ev[e].help);

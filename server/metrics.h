@@ -32,6 +32,7 @@ enum ps__m_event {
     PS_M_EV_AUTH_FAILURE, /* a call without the job's token */
     PS_M_EV_REJECTED,     /* a request refused by a limit or validation */
     PS_M_EV_RANK_LOST,    /* a member's stream broke */
+    PS_M_EV_RANK_STOPPED, /* a member lost with its agent, which said it was stopping */
     PS_M_EV_COUNT
 };
 

@@ -359,10 +359,11 @@ class Cleanup:
 
 def cluster(cl, binary, workdir, n_agents, common=(), coord_args=(), agent_args=(), tag="",
             metrics=False):
-    """A coordinator and n agents (each registered before this returns); with metrics, the
-    agents serve /metrics (Daemon.metrics)."""
+    """A coordinator and n agents (each registered before this returns); with metrics, they
+    serve /metrics (Daemon.metrics)."""
     coord = cl.add(Daemon(binary, workdir, "coordinator" + tag,
-                          ["--role", "coordinator"] + list(common) + list(coord_args))).start()
+                          ["--role", "coordinator"] + list(common) + list(coord_args),
+                          metrics=metrics)).start()
     agents = []
     for i in range(n_agents):
         a = cl.add(Daemon(binary, workdir, "agent%d%s" % (i, tag),

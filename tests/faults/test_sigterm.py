@@ -14,6 +14,7 @@ agent hears that rank 1 was lost because its agent is stopping, and the
 coordinator lists that agent no more.
 """
 import os
+import re
 import subprocess
 import sys
 import time
@@ -105,11 +106,11 @@ def doorbell_forwarded(cl, binary, work):
     bench = sys.argv[sys.argv.index("--bench") + 1]
     name = "doorbell-forwarded"
     coord, (hub, other) = P.cluster(cl, binary, work, 2, common=["--liveness-timeout-ms", "2000"],
-                                    tag="-" + name)
+                                    tag="-" + name, metrics=True)
     P.wait_registered(P.Conn(coord.addr), [hub.addr, other.addr])
     # Rank 0 joins through `hub` (so it hosts the job) and never calls a collective.
     r0 = cl.add(P.WorkerProc({"addr": hub.addr, "job": name, "world": 2, "rank": 0,
-                              "steps": [{"do": "wait_lost", "s": 60}]}))
+                              "steps": [{"do": "wait_lost", "s": 60}], "hold_s": 60}))
     env = dict(os.environ, RANK="1", WORLD_SIZE="2", PARAMSYNC_JOB=name,
                PARAMSYNC_ADDR=other.addr, PARAMSYNC_SHM="1")
     out = open(os.path.join(work, name + "-bench.log"), "w+")
@@ -147,6 +148,11 @@ def doorbell_forwarded(cl, binary, work):
         P.expect(lost is not None and want in lost["message"],
                  "%s: rank 0 should hear that rank 1 was lost because its agent is stopping "
                  "('%s'): %s" % (name, want, r0.describe()))
+        # Counted as stopped with its agent, which the rank-lost alert leaves out.
+        counts = dict(re.findall(r"^paramsync_ranks_(lost|stopped)_total (\d+)$",
+                                 coord.metrics(), re.M))
+        P.expect(counts == {"lost": "0", "stopped": "1"},
+                 "%s: the coordinator counts ranks lost/stopped %s, want 0/1" % (name, counts))
         agents = list(P.Conn(coord.addr).status().agents)
         P.expect(hub.addr in agents and other.addr not in agents,
                  "%s: the coordinator lists agents %s after %s stopped" % (name, agents, other.addr))

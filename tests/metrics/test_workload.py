@@ -129,7 +129,7 @@ def main():
         E("bytes reduced on cuda", h.value(s, "paramsync_reduced_bytes_total", device="cuda"), 0)
         E("in flight after the job", h.value(s, "paramsync_collectives_in_flight"), 0)
         for ev in ("timeouts", "mismatches", "auth_failures", "rejected_requests",
-                   "ranks_lost"):
+                   "ranks_lost", "ranks_stopped"):
             E(ev, h.value(s, f"paramsync_{ev}_total"), 0)
         E("Worker/Collective calls OK", h.value(s, "paramsync_grpc_calls_total",
                                                 service="paramsync.v1.Worker",

@@ -201,19 +201,13 @@ static void test_render_is_valid_and_complete(void **state)
     start_plain(8);
     exposition_t *e = scrape();
     static const char *const always[] = {
-        "paramsync_build_info",
-        "paramsync_start_time_seconds",
-        "paramsync_collectives_total",
-        "paramsync_collectives_in_flight",
-        "paramsync_payload_bytes_total",
-        "paramsync_reduced_bytes_total",
-        "paramsync_timeouts_total",
-        "paramsync_mismatches_total",
-        "paramsync_auth_failures_total",
-        "paramsync_rejected_requests_total",
-        "paramsync_ranks_lost_total",
-        "paramsync_relayed_bytes_total",
-        "paramsync_agent_collectives_total",
+        "paramsync_build_info",          "paramsync_start_time_seconds",
+        "paramsync_collectives_total",   "paramsync_collectives_in_flight",
+        "paramsync_payload_bytes_total", "paramsync_reduced_bytes_total",
+        "paramsync_timeouts_total",      "paramsync_mismatches_total",
+        "paramsync_auth_failures_total", "paramsync_rejected_requests_total",
+        "paramsync_ranks_lost_total",    "paramsync_ranks_stopped_total",
+        "paramsync_relayed_bytes_total", "paramsync_agent_collectives_total",
     };
     for (size_t i = 0; i < sizeof(always) / sizeof(always[0]); i++) {
         if (series_count(e, always[i]) == 0)
@@ -409,6 +403,7 @@ static void test_bytes_events_inflight(void **state)
     assert_true(DELTA("paramsync_auth_failures_total", "") == 3);
     assert_true(DELTA("paramsync_rejected_requests_total", "") == 4);
     assert_true(DELTA("paramsync_ranks_lost_total", "") == 5);
+    assert_true(DELTA("paramsync_ranks_stopped_total", "") == 6);
     assert_true(DELTA("paramsync_collectives_in_flight", "") == 1);
 #undef DELTA
     ps__metrics_inflight_add(-1);
