@@ -370,6 +370,16 @@ static int agent_ring_open(void *arg, const char *address, const char *job, ps__
                                    a->self, out);
 }
 
+/* The message for a call that another daemon (who, at addr) ended with
+ * UNAVAILABLE saying msg: "is stopping" when it said it is shutting down
+ * (a rollout), "is unreachable" otherwise. */
+static void unavailable_msg(char *m, size_t len, const char *who, const char *addr, const char *msg)
+{
+    int stopping = msg && strstr(msg, "shutting down") != NULL;
+    snprintf(m, len, "%s at %s is %s: %s", who, addr, stopping ? "stopping" : "unreachable",
+             msg ? msg : "");
+}
+
 /* ---- Worker service ---- */
 
 static void worker_join(ps__rpc_call_t *down, void *arg)
@@ -446,8 +456,7 @@ static void worker_join(ps__rpc_call_t *down, void *arg)
             ps__rpc_call_send_status(down, GRPC_STATUS_UNAVAILABLE, PS_MSG_STOPPING);
         } else if (rc == -GRPC_STATUS_UNAVAILABLE) {
             char m[512];
-            snprintf(m, sizeof(m), "the coordinator at %s is unreachable: %s",
-                     ps__rpc_channel_target(a->coord), msg ? msg : "");
+            unavailable_msg(m, sizeof(m), "the coordinator", ps__rpc_channel_target(a->coord), msg);
             /* Without its coordinator the job cannot go on: whatever it
              * has in flight here ends now, not at its timeout. */
             if (job && rank >= 0)
@@ -791,8 +800,8 @@ static void collective_proxy_shm(ps__agent_t *a, ps__rpc_call_t *down,
     } else if (cut) {
         ps__rpc_call_send_status(down, GRPC_STATUS_UNAVAILABLE, PS_MSG_STOPPING);
     } else if (rc == -GRPC_STATUS_UNAVAILABLE || !reached) {
-        snprintf(m, sizeof(m), "the agent hosting this job at %s is unreachable: %s", hub,
-                 msg ? msg : ps_strerror(rc));
+        unavailable_msg(m, sizeof(m), "the agent hosting this job", hub,
+                        msg ? msg : ps_strerror(rc));
         ps__rpc_call_send_status(down, GRPC_STATUS_UNAVAILABLE, m);
     } else {
         ps__rpc_call_send_status(down, -rc, msg ? msg : "");
@@ -858,8 +867,7 @@ static void collective_proxy(ps__agent_t *a, ps__rpc_call_t *down, grpc_byte_buf
             ps__rpc_call_send_status(down, GRPC_STATUS_UNAVAILABLE, PS_MSG_STOPPING);
         } else if (rc == -GRPC_STATUS_UNAVAILABLE) {
             char m[512];
-            snprintf(m, sizeof(m), "the agent hosting this job at %s is unreachable: %s", hub,
-                     msg ? msg : "");
+            unavailable_msg(m, sizeof(m), "the agent hosting this job", hub, msg);
             ps__rpc_call_send_status(down, GRPC_STATUS_UNAVAILABLE, m);
         } else {
             ps__rpc_call_send_status(down, -rc, msg ? msg : "");

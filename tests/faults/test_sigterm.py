@@ -11,7 +11,10 @@ end the forwarded call itself. The worker is told the agent is stopping ("shutti
 down" in the call's status, or "stopping" if the doorbell closes first), not
 that its peer was lost, and the agent exits promptly. The rank on the other
 agent hears that rank 1 was lost because its agent is stopping, and the
-coordinator lists that agent no more.
+coordinator lists that agent no more. And the agent hosting the job stopping
+while a rank on another agent waits there: that rank's call names the hub
+agent, and it hears that rank 0 was lost because its agent is stopping. And
+the coordinator alone stopping: the workers' Joins end saying so.
 """
 import os
 import re
@@ -85,6 +88,8 @@ def main():
              transferring)
 
         doorbell_forwarded(cl, binary, work)
+        hub_stopping(cl, binary, work)
+        coordinator_stopping(cl, binary, work)
     P.done()
 
 
@@ -97,6 +102,60 @@ def waiting_at(daemon, job):
         return False
     finally:
         conn.close()
+
+
+def hub_stopping(cl, binary, work):
+    """The agent hosting the job (rank 0's) stops, as in a rollout, while rank 1 on
+    another agent waits in a barrier there: rank 1's call ends UNAVAILABLE naming the
+    hub agent, and rank 1 hears that rank 0 was lost because its agent is stopping."""
+    name = "hub-stopping"
+    coord, (hub, other) = P.cluster(cl, binary, work, 2, common=["--liveness-timeout-ms", "2000"],
+                                    tag="-" + name, metrics=True)
+    P.wait_registered(P.Conn(coord.addr), [hub.addr, other.addr])
+    procs = P.spawn_job(cl, name, 2, lambda r: hub.addr if r == 0 else other.addr,
+                        {0: {"steps": [{"do": "sleep", "s": 60}]},
+                         1: {"steps": [{"do": "collective", "kind": "BARRIER"}, END],
+                             "hold_s": 60}})
+    P.check(procs[1].wait("coll_start", 10) is not None, procs[1].describe())
+    end = time.monotonic() + 15
+    while not waiting_at(hub, name):
+        P.check(time.monotonic() < end, "%s: rank 1's barrier never reached the hub: %s"
+                % (name, procs[1].describe()))
+        time.sleep(0.1)
+    rc = hub.stop(timeout=EXIT_S + 3)
+    P.expect(rc == 0, "%s: the hub agent exited %s on SIGTERM" % (name, rc))
+    ev = procs[1].wait("coll", 10)
+    P.expect(ev is not None and ev["code"] == "UNAVAILABLE" and
+             ("the agent hosting this job at %s is stopping: paramsyncd is shutting down" %
+              hub.addr) in ev["message"],
+             "%s: rank 1's barrier should end UNAVAILABLE naming the hub agent %s and its "
+             "shutdown: %s" % (name, hub.addr, procs[1].describe()))
+    lost = procs[1].wait("lost", 10)
+    P.log("%s: rank 1's barrier: %s; then: %s" % (name, ev and ev["message"],
+                                                 lost and lost["message"]))
+    want = "rank 0 was lost: its agent at %s is stopping" % hub.addr
+    P.expect(lost is not None and want in lost["message"],
+             "%s: rank 1 should hear '%s': %s" % (name, want, procs[1].describe()))
+    counts = dict(re.findall(r"^paramsync_ranks_(lost|stopped)_total (\d+)$", coord.metrics(),
+                             re.M))
+    P.expect(counts == {"lost": "0", "stopped": "1"},
+             "%s: the coordinator counts ranks lost/stopped %s, want 0/1" % (name, counts))
+
+
+def coordinator_stopping(cl, binary, work):
+    """The coordinator alone stops: the agent ends its workers' Joins saying so."""
+    name = "coordinator-stopping"
+    coord, (agent,) = P.cluster(cl, binary, work, 1, tag="-" + name)
+    P.wait_registered(P.Conn(coord.addr), [agent.addr])
+    procs = P.spawn_job(cl, name, 2, agent.addr, {"*": {"steps": [END]}})
+    rc = coord.stop(timeout=EXIT_S + 3)
+    P.expect(rc == 0, "%s: the coordinator exited %s on SIGTERM" % (name, rc))
+    want = "the coordinator at %s is stopping" % coord.addr
+    for p in procs:
+        je = p.wait("join_end", 10)
+        P.expect(je is not None and je["code"] == "UNAVAILABLE" and want in je["message"],
+                 "%s: %s's Join should end UNAVAILABLE '%s ...': %s" % (name, p.name, want,
+                                                                        p.describe()))
 
 
 def doorbell_forwarded(cl, binary, work):
