@@ -1144,17 +1144,18 @@ int ps__coordinator_status(ps__coordinator_t *c, const char *job,
         }
     }
     for (int i = 0; i < c->nagent_list && rc == 0; i++) {
-        if (c->agent_list[i].stopping)
-            continue;
-        char **arr = realloc(resp->agents, (resp->n_agents + 1) * sizeof(char *));
+        int stopping = c->agent_list[i].stopping != NULL;
+        char ***list = stopping ? &resp->stopping_agents : &resp->agents;
+        size_t *n = stopping ? &resp->n_stopping_agents : &resp->n_agents;
+        char **arr = realloc(*list, (*n + 1) * sizeof(char *));
         char *a = arr ? strdup(c->agent_list[i].addr) : NULL;
         if (arr)
-            resp->agents = arr;
+            *list = arr;
         if (!a) {
             rc = PS_ENOMEM;
             break;
         }
-        resp->agents[resp->n_agents++] = a;
+        arr[(*n)++] = a;
     }
     pthread_mutex_unlock(&c->lock);
     return rc;

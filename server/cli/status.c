@@ -53,7 +53,8 @@ static void usage(FILE *out)
             "  --addr ADDR      the daemon, HOST:PORT or unix:PATH [PARAMSYNC_ADDR]\n"
             "                   (default " PS_CLI_DEFAULT_ADDR ")\n"
             "  --job JOB        only this job\n"
-            "  --json           one JSON object on stdout, for scripts: daemon, agents, jobs\n"
+            "  --json           one JSON object on stdout, for scripts: daemon, agents,\n"
+            "                   stopping_agents (those shutting down), jobs\n"
             "                   (ranks, groups), collectives (with agent, waiting_for,\n"
             "                   waiting_seconds) and errors (agents that did not answer)\n"
             "  --timeout SEC    how long to wait for each daemon (default 5)\n"
@@ -280,6 +281,31 @@ static void json_key(FILE *f, int *first, const char *key)
     fputc(':', f);
 }
 
+/* "what (N): a, b" and a newline; nothing when n is 0. */
+static void text_list(FILE *f, const char *what, char *const *s, size_t n)
+{
+    if (!n)
+        return;
+    fprintf(f, "%s (%zu): ", what, n);
+    for (size_t i = 0; i < n; i++) {
+        fputs(i ? ", " : "", f);
+        ps__cli_text(f, s[i]);
+    }
+    fputc('\n', f);
+}
+
+/* "key":["a","b"] */
+static void json_strings(FILE *f, int *first, const char *key, char *const *s, size_t n)
+{
+    json_key(f, first, key);
+    fputc('[', f);
+    for (size_t i = 0; i < n; i++) {
+        fputs(i ? "," : "", f);
+        ps__cli_json_string(f, s[i]);
+    }
+    fputc(']', f);
+}
+
 static void print_json(FILE *f, const view_t *v)
 {
     const status_t *r = v->src[0].resp;
@@ -299,13 +325,8 @@ static void print_json(FILE *f, const view_t *v)
     ps__cli_json_number(f, r->uptime_seconds);
     fputc('}', f);
 
-    json_key(f, &first, "agents");
-    fputc('[', f);
-    for (size_t i = 0; i < r->n_agents; i++) {
-        fputs(i ? "," : "", f);
-        ps__cli_json_string(f, r->agents[i]);
-    }
-    fputc(']', f);
+    json_strings(f, &first, "agents", r->agents, r->n_agents);
+    json_strings(f, &first, "stopping_agents", r->stopping_agents, r->n_stopping_agents);
 
     json_key(f, &first, "jobs");
     fputc('[', f);
@@ -536,14 +557,8 @@ static void print_text(FILE *f, const view_t *v)
     fputs(") at ", f);
     ps__cli_text(f, r->address && *r->address ? r->address : v->src[0].addr);
     fprintf(f, ", up %s\n", ps__cli_duration(d, sizeof(d), r->uptime_seconds));
-    if (r->n_agents) {
-        fprintf(f, "agents (%zu): ", r->n_agents);
-        for (size_t i = 0; i < r->n_agents; i++) {
-            fputs(i ? ", " : "", f);
-            ps__cli_text(f, r->agents[i]);
-        }
-        fputc('\n', f);
-    }
+    text_list(f, "agents", r->agents, r->n_agents);
+    text_list(f, "agents stopping", r->stopping_agents, r->n_stopping_agents);
     int is_coordinator = strcmp(r->role ? r->role : "", "agent") != 0;
     if (is_coordinator && r->n_jobs == 0)
         fputs("\nno jobs\n", f);

@@ -11,7 +11,7 @@ end the forwarded call itself. The worker is told the agent is stopping ("shutti
 down" in the call's status, or "stopping" if the doorbell closes first), not
 that its peer was lost, and the agent exits promptly. The rank on the other
 agent hears that rank 1 was lost because its agent is stopping, and the
-coordinator lists that agent no more. And the agent hosting the job stopping
+coordinator lists that agent as stopping (`paramsync status`), not as registered. And the agent hosting the job stopping
 while a rank on another agent waits there: that rank's call names the hub
 agent, and it hears that rank 0 was lost because its agent is stopping. And
 the coordinator alone stopping: the workers' Joins end saying so.
@@ -212,9 +212,17 @@ def doorbell_forwarded(cl, binary, work):
                                  coord.metrics(), re.M))
         P.expect(counts == {"lost": "0", "stopped": "1"},
                  "%s: the coordinator counts ranks lost/stopped %s, want 0/1" % (name, counts))
-        agents = list(P.Conn(coord.addr).status().agents)
-        P.expect(hub.addr in agents and other.addr not in agents,
-                 "%s: the coordinator lists agents %s after %s stopped" % (name, agents, other.addr))
+        st = P.Conn(coord.addr).status()
+        agents, stopping = list(st.agents), list(st.stopping_agents)
+        P.expect(agents == [hub.addr] and stopping == [other.addr],
+                 "%s: the coordinator lists agents %s and stopping agents %s after %s stopped"
+                 % (name, agents, stopping, other.addr))
+        cli = os.path.join(os.path.dirname(binary), "paramsync")
+        text = subprocess.run([cli, "status", "--addr", coord.addr], capture_output=True,
+                              text=True, timeout=30).stdout
+        P.expect("agents stopping (1): %s" % other.addr in text,
+                 "%s: `paramsync status` should list %s as stopping:\n%s"
+                 % (name, other.addr, text))
     finally:
         if r1.poll() is None:
             r1.kill()
