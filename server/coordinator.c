@@ -74,8 +74,14 @@ typedef struct job {
 /* A registered agent, once per address. */
 typedef struct {
     char *addr;
-    char *stopping; /* NULL, or why it said it is shutting down */
+    char *stopping;      /* NULL, or why it said it is shutting down */
+    uint64_t stopped_at; /* the order it said so in (c->stops) */
 } agent_entry_t;
+
+/* Agents that said they were stopping stay listed (StatusResponse.
+ * stopping_agents) up to this many, the latest; a Kubernetes rollout gives
+ * each agent a new address, so they would pile up otherwise. */
+#define STOPPING_LISTED 32
 
 struct ps__coordinator {
     const ps__config_t *cfg;
@@ -90,6 +96,7 @@ struct ps__coordinator {
     char *last_settings_agent; /* that agent's address */
     ps__tokens_t *tokens;      /* NULL: no authentication */
     int nagent_list;
+    uint64_t stops; /* agents that said they were stopping, so far */
 };
 
 /* Why the agent at addr said it is stopping, or NULL; with c->lock. */
@@ -712,6 +719,28 @@ static void settings_registered(ps__coordinator_t *c,
     c->last_settings_agent = who;
 }
 
+/* Drops the earliest agents that said they were stopping, past
+ * STOPPING_LISTED of them; with c->lock. */
+static void forget_stopped(ps__coordinator_t *c)
+{
+    for (;;) {
+        int n = 0, first = -1;
+        for (int i = 0; i < c->nagent_list; i++)
+            if (c->agent_list[i].stopping) {
+                n++;
+                if (first < 0 || c->agent_list[i].stopped_at < c->agent_list[first].stopped_at)
+                    first = i;
+            }
+        if (n <= STOPPING_LISTED)
+            return;
+        free(c->agent_list[first].addr);
+        free(c->agent_list[first].stopping);
+        memmove(&c->agent_list[first], &c->agent_list[first + 1],
+                (size_t)(c->nagent_list - first - 1) * sizeof(*c->agent_list));
+        c->nagent_list--;
+    }
+}
+
 static int do_register(ps__coordinator_t *c, const ProtobufCMessage *rq, ProtobufCMessage *rs,
                        char *msg, size_t msglen)
 {
@@ -736,13 +765,16 @@ static int do_register(ps__coordinator_t *c, const ProtobufCMessage *rq, Protobu
             c->agent_list = na;
         if (addr) {
             e = &c->agent_list[c->nagent_list++];
-            *e = (agent_entry_t){addr, NULL};
+            *e = (agent_entry_t){addr, NULL, 0};
         }
     }
     if (e) {
         free(e->stopping);
         e->stopping = why ? strdup(why) : NULL;
+        e->stopped_at = why ? ++c->stops : 0;
     }
+    if (why)
+        forget_stopped(c);
     pthread_mutex_unlock(&c->lock);
     if (why) {
         PS_LOG(PS_LOG_INFO, "agent at %s is stopping: %s", req->address, why);

@@ -90,6 +90,7 @@ def main():
         doorbell_forwarded(cl, binary, work)
         hub_stopping(cl, binary, work)
         coordinator_stopping(cl, binary, work)
+        many_stopping(cl, binary, work)
     P.done()
 
 
@@ -156,6 +157,27 @@ def coordinator_stopping(cl, binary, work):
         P.expect(je is not None and je["code"] == "UNAVAILABLE" and want in je["message"],
                  "%s: %s's Join should end UNAVAILABLE '%s ...': %s" % (name, p.name, want,
                                                                         p.describe()))
+
+
+def many_stopping(cl, binary, work):
+    """Agents that said they were stopping stay listed, the latest 32 of them (a
+    rollout gives each agent a new address); one that registers again is back."""
+    name = "many-stopping"
+    coord = cl.add(P.Daemon(binary, work, name, ["--role", "coordinator"])).start()
+    pb, pb_grpc = P.stubs()
+    conn = P.Conn(coord.addr)
+    stub = pb_grpc.CoordinatorStub(conn.channel)
+    addrs = ["10.9.0.%d:29500" % i for i in range(40)]
+    for a in addrs:
+        stub.RegisterAgent(pb.RegisterAgentRequest(address=a), timeout=5)
+        stub.RegisterAgent(pb.RegisterAgentRequest(address=a, stopping="test"), timeout=5)
+    stub.RegisterAgent(pb.RegisterAgentRequest(address=addrs[-1]), timeout=5)
+    st = conn.status()
+    P.expect(list(st.stopping_agents) == addrs[8:39] and list(st.agents) == addrs[39:],
+             "%s: after 40 agents stopped (the latest 32 kept) and the last came back, want "
+             "the 31 before it stopping and it registered; got stopping %s, registered %s"
+             % (name, list(st.stopping_agents), list(st.agents)))
+    conn.close()
 
 
 def doorbell_forwarded(cl, binary, work):
