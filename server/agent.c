@@ -53,7 +53,10 @@ struct ps__agent {
     int health_running;
     int stopping;
     pthread_cond_t stop_cond;
-    int draining;        /* SIGTERM: nothing more is forwarded */
+    int draining; /* SIGTERM: nothing more is forwarded */
+    /* Held across each RegisterAgent call, so that the drain's "stopping"
+     * cannot be overtaken by a refresh sent before it. */
+    pthread_mutex_t register_lock;
     forward_t *forwards; /* in flight; ps__agent_drain cancels them */
     char settings[160];  /* JoinRequest.agent_settings: what every agent of a job must share */
 };
@@ -1054,6 +1057,7 @@ int ps__agent_create(const ps__config_t *cfg, ps__rpc_server_t *srv, const char 
         return PS_ENOMEM;
     a->cfg = cfg;
     pthread_mutex_init(&a->lock, NULL);
+    pthread_mutex_init(&a->register_lock, NULL);
     pthread_cond_init(&a->stop_cond, NULL);
     int rc = PS_ENOMEM;
     a->self = strdup(self);
@@ -1088,28 +1092,59 @@ fail:
     return rc;
 }
 
+/* How often the agent registers again (RegisterAgentRequest.refresh_ms):
+ * its liveness timeout, so the coordinator forgets a dead agent about as
+ * soon as it would a dead connection. */
+static uint32_t refresh_ms(const ps__agent_t *a)
+{
+    return (uint32_t)a->cfg->rpc.keepalive_ms;
+}
+
+/* Registers with the coordinator (not once the drain has begun), or says
+ * it is stopping (why); 0 or an error. */
+static int agent_register(ps__agent_t *a, const char *why, int64_t timeout_ms)
+{
+    pthread_mutex_lock(&a->register_lock);
+    pthread_mutex_lock(&a->lock);
+    int draining = a->draining;
+    pthread_mutex_unlock(&a->lock);
+    if (draining && !why) {
+        pthread_mutex_unlock(&a->register_lock);
+        return PS_EUNAVAIL;
+    }
+    Paramsync__V1__RegisterAgentRequest req = PARAMSYNC__V1__REGISTER_AGENT_REQUEST__INIT;
+    Paramsync__V1__RegisterAgentResponse *resp = NULL;
+    req.address = a->self;
+    req.agent_settings = a->settings;
+    if (why)
+        req.stopping = (char *)why;
+    else
+        req.refresh_ms = refresh_ms(a);
+    int rc = ps__rpc_unary(a->coord, PS_M_COORD_REGISTER, &req.base,
+                           &paramsync__v1__register_agent_response__descriptor,
+                           (ProtobufCMessage **)&resp, timeout_ms, NULL);
+    if (rc == 0)
+        protobuf_c_message_free_unpacked(&resp->base, NULL);
+    pthread_mutex_unlock(&a->register_lock);
+    return rc;
+}
+
 /* Keeps the agent's health true to whether its coordinator is reachable,
- * and registers the agent with each coordinator it connects to. */
+ * and registers the agent with each coordinator it connects to, and again
+ * every refresh_ms while connected. */
 static void *health_main(void *arg)
 {
     ps__agent_t *a = arg;
     int was_ready = -1, checks = 0;
+    int64_t registered = 0;
+    uint32_t every = refresh_ms(a);
     pthread_mutex_lock(&a->lock);
     while (!a->stopping) {
         pthread_mutex_unlock(&a->lock);
         int ready = ps__rpc_channel_ready(a->coord);
-        pthread_mutex_lock(&a->lock);
-        int draining = a->draining; /* the drain has said it is stopping */
-        pthread_mutex_unlock(&a->lock);
-        if (ready && was_ready != 1 && !draining) {
-            Paramsync__V1__RegisterAgentRequest req = PARAMSYNC__V1__REGISTER_AGENT_REQUEST__INIT;
-            Paramsync__V1__RegisterAgentResponse *resp = NULL;
-            req.address = a->self;
-            req.agent_settings = a->settings;
-            if (ps__rpc_unary(a->coord, PS_M_COORD_REGISTER, &req.base,
-                              &paramsync__v1__register_agent_response__descriptor,
-                              (ProtobufCMessage **)&resp, 5000, NULL) == 0)
-                protobuf_c_message_free_unpacked(&resp->base, NULL);
+        if (ready && (was_ready != 1 || ps__now_ms() - registered >= (int64_t)every)) {
+            registered = ps__now_ms();
+            agent_register(a, NULL, 2000); /* a refresh missed is harmless */
         }
         if (ready != was_ready) {
             /* The first check only starts the connection: no warning yet. */
@@ -1121,9 +1156,10 @@ static void *health_main(void *arg)
             was_ready = ready;
         }
         pthread_mutex_lock(&a->lock);
-        /* Poll fast until the first connection, then once a second. */
-        struct timespec ts =
-            ps__abs_time(CLOCK_REALTIME, was_ready == 1 || checks > 20 ? 1000 : 100);
+        /* Poll fast until the first connection, then once a second (or
+         * each refresh, if that is sooner). */
+        int64_t wait = was_ready == 1 || checks > 20 ? (every < 1000 ? every : 1000) : 100;
+        struct timespec ts = ps__abs_time(CLOCK_REALTIME, wait);
         checks++;
         if (!a->stopping)
             pthread_cond_timedwait(&a->stop_cond, &a->lock, &ts);
@@ -1157,17 +1193,8 @@ void ps__agent_drain(ps__agent_t *a)
     pthread_mutex_unlock(&a->lock);
     /* Before the Joins are cut, so the ranks lost with them are reported
      * with the reason rather than as broken streams. */
-    if (ps__rpc_channel_ready(a->coord)) {
-        Paramsync__V1__RegisterAgentRequest req = PARAMSYNC__V1__REGISTER_AGENT_REQUEST__INIT;
-        Paramsync__V1__RegisterAgentResponse *resp = NULL;
-        req.address = a->self;
-        req.agent_settings = a->settings;
-        req.stopping = PS_MSG_STOPPING;
-        if (ps__rpc_unary(a->coord, PS_M_COORD_REGISTER, &req.base,
-                          &paramsync__v1__register_agent_response__descriptor,
-                          (ProtobufCMessage **)&resp, STOPPING_TELL_MS, NULL) == 0)
-            protobuf_c_message_free_unpacked(&resp->base, NULL);
-    }
+    if (ps__rpc_channel_ready(a->coord))
+        agent_register(a, PS_MSG_STOPPING, STOPPING_TELL_MS);
     pthread_mutex_lock(&a->lock);
     for (forward_t *f = a->forwards; f; f = f->next)
         ps__rpc_call_cancel(f->up, GRPC_STATUS_UNAVAILABLE, PS_MSG_STOPPING);
@@ -1210,6 +1237,7 @@ void ps__agent_destroy(ps__agent_t *a)
     }
     ps__rpc_channel_destroy(a->coord);
     pthread_mutex_destroy(&a->lock);
+    pthread_mutex_destroy(&a->register_lock);
     free(a->self);
     free(a);
 }

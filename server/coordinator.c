@@ -76,7 +76,14 @@ typedef struct {
     char *addr;
     char *stopping;      /* NULL, or why it said it is shutting down */
     uint64_t stopped_at; /* the order it said so in (c->stops) */
+    int id;              /* agent-N */
+    uint32_t refresh_ms; /* it registers again this often; 0: it never does */
+    int64_t seen_ms;     /* when it last registered */
 } agent_entry_t;
+
+/* An agent not heard from in this many of its refresh periods is no longer
+ * listed (it died, or its node did). */
+#define AGENT_MISSED_REFRESHES 3
 
 /* Agents that said they were stopping stay listed (StatusResponse.
  * stopping_agents) up to this many, the latest; a Kubernetes rollout gives
@@ -719,6 +726,16 @@ static void settings_registered(ps__coordinator_t *c,
     c->last_settings_agent = who;
 }
 
+/* Removes entry i of the agent list; with c->lock. */
+static void agent_remove(ps__coordinator_t *c, int i)
+{
+    free(c->agent_list[i].addr);
+    free(c->agent_list[i].stopping);
+    memmove(&c->agent_list[i], &c->agent_list[i + 1],
+            (size_t)(c->nagent_list - i - 1) * sizeof(*c->agent_list));
+    c->nagent_list--;
+}
+
 /* Drops the earliest agents that said they were stopping, past
  * STOPPING_LISTED of them; with c->lock. */
 static void forget_stopped(ps__coordinator_t *c)
@@ -733,11 +750,28 @@ static void forget_stopped(ps__coordinator_t *c)
             }
         if (n <= STOPPING_LISTED)
             return;
-        free(c->agent_list[first].addr);
-        free(c->agent_list[first].stopping);
-        memmove(&c->agent_list[first], &c->agent_list[first + 1],
-                (size_t)(c->nagent_list - first - 1) * sizeof(*c->agent_list));
-        c->nagent_list--;
+        agent_remove(c, first);
+    }
+}
+
+/* Forgets the agents that stopped registering again (they died without a
+ * word, or their node did); with c->lock. */
+static void expire_agents(ps__coordinator_t *c)
+{
+    int64_t now = ps__now_ms();
+    for (int i = 0; i < c->nagent_list;) {
+        agent_entry_t *e = &c->agent_list[i];
+        int64_t quiet = now - e->seen_ms;
+        if (e->stopping || !e->refresh_ms ||
+            quiet <= (int64_t)e->refresh_ms * AGENT_MISSED_REFRESHES) {
+            i++;
+            continue;
+        }
+        PS_LOG(PS_LOG_WARN,
+               "agent at %s has not registered again for %lld ms (it does every %u ms): no "
+               "longer listed",
+               e->addr, (long long)quiet, e->refresh_ms);
+        agent_remove(c, i);
     }
 }
 
@@ -747,12 +781,9 @@ static int do_register(ps__coordinator_t *c, const ProtobufCMessage *rq, Protobu
     const Paramsync__V1__RegisterAgentRequest *req = (const void *)rq;
     Paramsync__V1__RegisterAgentResponse *resp = (void *)rs;
     const char *why = req->stopping && *req->stopping ? req->stopping : NULL;
-    char id[32] = "";
+    int id = 0, fresh = 0;
     pthread_mutex_lock(&c->lock);
-    if (!why) {
-        snprintf(id, sizeof(id), "agent-%d", ++c->nagents);
-        settings_registered(c, req);
-    }
+    expire_agents(c);
     agent_entry_t *e = NULL;
     for (int i = 0; i < c->nagent_list && !e; i++)
         if (strcmp(c->agent_list[i].addr, req->address) == 0)
@@ -765,26 +796,41 @@ static int do_register(ps__coordinator_t *c, const ProtobufCMessage *rq, Protobu
             c->agent_list = na;
         if (addr) {
             e = &c->agent_list[c->nagent_list++];
-            *e = (agent_entry_t){addr, NULL, 0};
+            *e = (agent_entry_t){.addr = addr};
         }
     }
-    if (e) {
+    if (e && why) {
         free(e->stopping);
-        e->stopping = why ? strdup(why) : NULL;
-        e->stopped_at = why ? ++c->stops : 0;
+        e->stopping = strdup(why);
+        e->stopped_at = ++c->stops;
+        forget_stopped(c); /* e is not to be used after this */
+    } else if (e) {
+        /* New, or back after it stopped: a refresh is not news. */
+        fresh = !e->id || e->stopping;
+        if (fresh) {
+            e->id = ++c->nagents;
+            settings_registered(c, req);
+        }
+        free(e->stopping);
+        e->stopping = NULL;
+        e->refresh_ms = req->refresh_ms;
+        e->seen_ms = ps__now_ms();
+        id = e->id;
     }
-    if (why)
-        forget_stopped(c);
     pthread_mutex_unlock(&c->lock);
     if (why) {
         PS_LOG(PS_LOG_INFO, "agent at %s is stopping: %s", req->address, why);
         resp->agent_id = (char *)protobuf_c_empty_string;
         return 0;
     }
-    resp->agent_id = strdup(id);
-    PS_LOG(PS_LOG_INFO, "agent %s registered at %s", id, req->address);
-    if (!resp->agent_id) {
-        resp->agent_id = (char *)protobuf_c_empty_string;
+    char name[32];
+    snprintf(name, sizeof(name), "agent-%d", id);
+    resp->agent_id = strdup(name);
+    if (fresh)
+        PS_LOG(PS_LOG_INFO, "agent %s registered at %s", resp->agent_id, req->address);
+    if (!resp->agent_id || !id) {
+        if (!resp->agent_id)
+            resp->agent_id = (char *)protobuf_c_empty_string;
         snprintf(msg, msglen, "register: out of memory");
         return PS_ENOMEM;
     }
@@ -1175,6 +1221,7 @@ int ps__coordinator_status(ps__coordinator_t *c, const char *job,
             js->groups[js->n_groups++] = gi;
         }
     }
+    expire_agents(c);
     for (int i = 0; i < c->nagent_list && rc == 0; i++) {
         int stopping = c->agent_list[i].stopping != NULL;
         char ***list = stopping ? &resp->stopping_agents : &resp->agents;
@@ -1205,6 +1252,7 @@ void ps__coordinator_gauges(void *arg, struct ps__metrics_gauges *out)
         for (int r = 0; r < j->world_size; r++)
             out->members += j->members[r].state == M_JOINED;
     }
+    expire_agents(c);
     for (int i = 0; i < c->nagent_list; i++)
         out->agents += !c->agent_list[i].stopping;
     pthread_mutex_unlock(&c->lock);
