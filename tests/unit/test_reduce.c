@@ -44,22 +44,6 @@ static int is_float(ps_dtype_t dt)
     return dt == PS_FLOAT32 || dt == PS_FLOAT64 || dt == PS_FLOAT16 || dt == PS_BFLOAT16;
 }
 
-static void fill_random(ps_dtype_t dt, void *buf, size_t n)
-{
-    size_t size = ps_dtype_size(dt);
-    for (size_t i = 0; i < n; i++)
-        test_data_element(dt, (unsigned char *)buf + i * size);
-}
-
-/* Copies some elements of a into b so that MIN/MAX see ties, the case where order matters. */
-static void add_ties(ps_dtype_t dt, void *b, const void *a, size_t n)
-{
-    size_t size = ps_dtype_size(dt);
-    for (size_t i = 0; i < n; i++)
-        if ((test_data_rng() & 7) == 0)
-            memcpy((unsigned char *)b + i * size, (const unsigned char *)a + i * size, size);
-}
-
 /* ---- buffers with guard bytes around them */
 
 typedef struct guarded {
@@ -114,24 +98,13 @@ static ps_reduce_path_t best_path(void)
     return best;
 }
 
-/* Fails with the first differing element, so that a mismatch is readable. */
+/* Fails with the first differing element (printed), so that a mismatch is readable. */
 static void assert_same_bytes(const void *got, const void *want, size_t n, ps_dtype_t dt,
                               const char *what)
 {
-    size_t size = ps_dtype_size(dt);
-    if (memcmp(got, want, n * size) == 0)
-        return;
-    for (size_t i = 0; i < n; i++) {
-        const unsigned char *g = (const unsigned char *)got + i * size;
-        const unsigned char *w = (const unsigned char *)want + i * size;
-        if (memcmp(g, w, size) != 0) {
-            uint64_t gv = 0, wv = 0;
-            memcpy(&gv, g, size);
-            memcpy(&wv, w, size);
-            fail_msg("%s: %s element %zu of %zu: got 0x%llx, want 0x%llx", what, ps_dtype_name(dt),
-                     i, n, (unsigned long long)gv, (unsigned long long)wv);
-        }
-    }
+    if (!test_data_same(got, want, n, dt, what))
+        fail_msg("%s: the %s results differ (the first difference is above)", what,
+                 ps_dtype_name(dt));
 }
 
 /* ---- per-dtype random sources, made once per test and sliced by every case */
@@ -149,9 +122,8 @@ static void sources_make(sources_t *s, ps_dtype_t dt, size_t n)
     for (int k = 0; k < MAX_SRCS; k++) {
         s->src[k] = malloc(n * ps_dtype_size(dt));
         assert_non_null(s->src[k]);
-        fill_random(dt, s->src[k], n);
-        if (k > 0)
-            add_ties(dt, s->src[k], s->src[0], n);
+        /* After the first, 1 in 8 elements as the first's: ties, where MIN/MAX's order shows. */
+        test_data_fill(dt, s->src[k], k > 0 ? s->src[0] : NULL, n);
     }
 }
 
