@@ -13,7 +13,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import psworker as P  # noqa: E402
 
-LIVENESS_MS = 500  # refresh every 0.5 s: forgotten after 1.5 s without one
+LIVENESS_MS = 1000  # refresh every 1 s: forgotten after 3 s without one
 
 
 def listed(addr):
