@@ -13,8 +13,9 @@ that its peer was lost, and the agent exits promptly. The rank on the other
 agent hears that rank 1 was lost because its agent is stopping, and the
 coordinator lists that agent as stopping (`paramsync status`), not as registered. And the agent hosting the job stopping
 while a rank on another agent waits there: that rank's call names the hub
-agent, and it hears that rank 0 was lost because its agent is stopping. And
-the coordinator alone stopping: the workers' Joins end saying so.
+agent, and it hears that rank 0 was lost because its agent is stopping (also
+with that rank a C rank whose barrier goes over its doorbell and its agent's
+relay stream). And the coordinator alone stopping: the workers' Joins end saying so.
 """
 import os
 import re
@@ -89,6 +90,7 @@ def main():
 
         doorbell_forwarded(cl, binary, work)
         hub_stopping(cl, binary, work)
+        hub_stopping_relayed(cl, binary, work)
         coordinator_stopping(cl, binary, work)
         many_stopping(cl, binary, work)
     P.done()
@@ -141,6 +143,48 @@ def hub_stopping(cl, binary, work):
                              re.M))
     P.expect(counts == {"lost": "0", "stopped": "1"},
              "%s: the coordinator counts ranks lost/stopped %s, want 0/1" % (name, counts))
+
+
+def hub_stopping_relayed(cl, binary, work):
+    """As hub_stopping, with rank 1 a C rank on shared memory: its barrier goes from its
+    doorbell over its agent's relay stream to the hub agent, and that path says the
+    same."""
+    if "--bench" not in sys.argv:
+        P.log("hub-stopping-relayed: SKIPPED (no --bench PATH to paramsync-bench)")
+        return
+    bench = sys.argv[sys.argv.index("--bench") + 1]
+    name = "hub-stopping-relayed"
+    coord, (hub, other) = P.cluster(cl, binary, work, 2, tag="-" + name)
+    P.wait_registered(P.Conn(coord.addr), [hub.addr, other.addr])
+    r0 = cl.add(P.WorkerProc({"addr": hub.addr, "job": name, "world": 2, "rank": 0,
+                              "steps": [{"do": "sleep", "s": 60}]}))
+    env = dict(os.environ, RANK="1", WORLD_SIZE="2", PARAMSYNC_JOB=name,
+               PARAMSYNC_ADDR=other.addr, PARAMSYNC_SHM="1")
+    r1 = subprocess.Popen([bench, "-t", "barrier", "-w", "1", "-n", "1"], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        P.check(r0.wait("ready", 30) is not None, r0.describe())
+        end = time.monotonic() + 15
+        while not waiting_at(hub, name):
+            P.check(time.monotonic() < end and r1.poll() is None,
+                    "%s: rank 1's barrier never reached the hub (paramsync-bench: %s)"
+                    % (name, r1.poll()))
+            time.sleep(0.1)
+        rc = hub.stop(timeout=EXIT_S + 3)
+        P.expect(rc == 0, "%s: the hub agent exited %s on SIGTERM" % (name, rc))
+        out, _ = r1.communicate(timeout=15)
+        P.log("%s: paramsync-bench exited %s: %s" % (name, r1.returncode, out.strip()[-300:]))
+        # Its call's UNAVAILABLE, or the news that rank 0 was lost, whichever comes first:
+        # either names the hub agent as stopping.
+        want = ("the agent hosting this job at %s is stopping" % hub.addr,
+                "rank 0 was lost: its agent at %s is stopping" % hub.addr)
+        P.expect(r1.returncode == 1 and any(w in out for w in want),
+                 "%s: rank 1's barrier should fail saying '%s' or '%s'; paramsync-bench "
+                 "exited %s and said:\n%s" % ((name,) + want + (r1.returncode, out)))
+    finally:
+        if r1.poll() is None:
+            r1.kill()
+            r1.wait()
 
 
 def coordinator_stopping(cl, binary, work):
