@@ -39,6 +39,7 @@ typedef struct member {
     uint64_t pid_namespace; /* JoinRequest.pid_namespace */
     uint64_t cuda_host;     /* JoinRequest.cuda_host */
     int direct_barrier;     /* JoinRequest.direct_barrier */
+    int agent_stopping;     /* its agent said it is stopping (do_register) */
     char *settings;         /* JoinRequest.agent_settings of its agent */
     event_t *events, **events_tail;
 } member_t;
@@ -106,12 +107,12 @@ struct ps__coordinator {
     uint64_t stops; /* agents that said they were stopping, so far */
 };
 
-/* Why the agent at addr said it is stopping, or NULL; with c->lock. */
-static const char *agent_stopping(const ps__coordinator_t *c, const char *addr)
+/* The agent registered at addr, or NULL; with c->lock. */
+static agent_entry_t *agent_find(const ps__coordinator_t *c, const char *addr)
 {
     for (int i = 0; addr && i < c->nagent_list; i++)
         if (strcmp(c->agent_list[i].addr, addr) == 0)
-            return c->agent_list[i].stopping;
+            return &c->agent_list[i];
     return NULL;
 }
 
@@ -481,6 +482,7 @@ static int join_register(ps__coordinator_t *c, const Paramsync__V1__JoinRequest 
     m->pid_namespace = req->pid_namespace;
     m->cuda_host = req->cuda_host;
     m->direct_barrier = req->direct_barrier;
+    m->agent_stopping = 0;
     free(m->settings);
     m->settings = strdup(req->agent_settings ? req->agent_settings : "");
     j->njoined++;
@@ -618,7 +620,8 @@ static void coord_join(ps__rpc_call_t *call, void *arg)
         m->state = M_LOST;
         j->aborted = 1;
         char lost[640];
-        const char *why = agent_stopping(c, m->agent);
+        const agent_entry_t *ae = m->agent_stopping ? agent_find(c, m->agent) : NULL;
+        const char *why = ae ? ae->stopping : NULL;
         if (why)
             snprintf(lost, sizeof(lost),
                      "job %s: rank %d was lost: its agent at %s is stopping: %s", j->name, rank,
@@ -631,8 +634,7 @@ static void coord_join(ps__rpc_call_t *call, void *arg)
         /* Not to ranks of an agent that said it is stopping: it cuts their
          * Joins itself, with UNAVAILABLE, and this must not come first. */
         for (int r = 0; r < j->world_size; r++)
-            if (r != rank && j->members[r].state == M_JOINED &&
-                !agent_stopping(c, j->members[r].agent))
+            if (r != rank && j->members[r].state == M_JOINED && !j->members[r].agent_stopping)
                 push_event(&j->members[r], PARAMSYNC__V1__JOIN_EVENT__KIND__MEMBER_LOST, rank,
                            lost);
         pthread_cond_broadcast(&c->changed);
@@ -784,10 +786,7 @@ static int do_register(ps__coordinator_t *c, const ProtobufCMessage *rq, Protobu
     int id = 0, fresh = 0;
     pthread_mutex_lock(&c->lock);
     expire_agents(c);
-    agent_entry_t *e = NULL;
-    for (int i = 0; i < c->nagent_list && !e; i++)
-        if (strcmp(c->agent_list[i].addr, req->address) == 0)
-            e = &c->agent_list[i];
+    agent_entry_t *e = agent_find(c, req->address);
     if (!e) {
         agent_entry_t *na =
             realloc(c->agent_list, (size_t)(c->nagent_list + 1) * sizeof(*c->agent_list));
@@ -817,6 +816,12 @@ static int do_register(ps__coordinator_t *c, const ProtobufCMessage *rq, Protobu
         e->seen_ms = ps__now_ms();
         id = e->id;
     }
+    /* Its members marked once here, so that a loss needs no lookup per member. */
+    for (job_t *j = why ? c->jobs : NULL; j; j = j->next)
+        for (int r = 0; r < j->world_size; r++)
+            if (j->members[r].state == M_JOINED && j->members[r].agent &&
+                strcmp(j->members[r].agent, req->address) == 0)
+                j->members[r].agent_stopping = 1;
     pthread_mutex_unlock(&c->lock);
     if (why) {
         PS_LOG(PS_LOG_INFO, "agent at %s is stopping: %s", req->address, why);
