@@ -374,11 +374,11 @@ static int agent_ring_open(void *arg, const char *address, const char *job, ps__
 }
 
 /* The message for a call that another daemon (who, at addr) ended with
- * UNAVAILABLE saying msg: "is stopping" when it said it is shutting down
- * (a rollout), "is unreachable" otherwise. */
+ * UNAVAILABLE saying msg: "is stopping" when that was its drain's or its
+ * server's shutdown (a rollout), "is unreachable" otherwise. */
 static void unavailable_msg(char *m, size_t len, const char *who, const char *addr, const char *msg)
 {
-    int stopping = msg && strstr(msg, "shutting down") != NULL;
+    int stopping = msg && (strstr(msg, PS_MSG_STOPPING) || strstr(msg, PS_RPC_MSG_SHUTDOWN));
     snprintf(m, len, "%s at %s is %s: %s", who, addr, stopping ? "stopping" : "unreachable",
              msg ? msg : "");
 }

@@ -134,7 +134,7 @@ static void health_watch(ps__rpc_call_t *call, void *arg)
     pthread_cond_broadcast(&h->changed);
     pthread_mutex_unlock(&h->lock);
     if (shutting && alive)
-        ps__rpc_call_send_status(call, H_UNAVAILABLE, "the daemon is shutting down");
+        ps__rpc_call_send_status(call, H_UNAVAILABLE, PS_RPC_MSG_SHUTDOWN);
     else
         ps__rpc_call_send_status(call, H_CANCELLED, "the watch was cancelled");
     protobuf_c_message_free_unpacked(&req->base, NULL);

@@ -755,8 +755,7 @@ static void handle_call(ps__rpc_server_t *s, rpc_pending_t *p, int served)
     int shutting = s->shutting_down;
     pthread_mutex_unlock(&s->lock);
     if (shutting)
-        grpc_call_cancel_with_status(c->call, GRPC_STATUS_UNAVAILABLE,
-                                     "the daemon is shutting down", NULL);
+        grpc_call_cancel_with_status(c->call, GRPC_STATUS_UNAVAILABLE, PS_RPC_MSG_SHUTDOWN, NULL);
     if (served) {
         serve_call(c);
     } else {
@@ -882,8 +881,7 @@ void ps__rpc_server_shutdown(ps__rpc_server_t *s)
     grpc_server_shutdown_and_notify(s->server, s->cq, &s->tag_shutdown);
     /* Workers in a collective learn why their call ended. */
     for (ps__rpc_call_t *c = s->active; c; c = c->next_active)
-        grpc_call_cancel_with_status(c->call, GRPC_STATUS_UNAVAILABLE,
-                                     "the daemon is shutting down", NULL);
+        grpc_call_cancel_with_status(c->call, GRPC_STATUS_UNAVAILABLE, PS_RPC_MSG_SHUTDOWN, NULL);
     pthread_mutex_unlock(&s->lock);
     grpc_server_cancel_all_calls(s->server);
     pthread_mutex_lock(&s->lock);

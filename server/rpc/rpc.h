@@ -185,6 +185,9 @@ int ps__rpc_channel_ready(ps__rpc_channel_t *ch);
 int ps__rpc_call_start(ps__rpc_channel_t *ch, const char *method, int64_t timeout_ms,
                        ps__rpc_call_t **out);
 
+/** What the server's shutdown tells every call it cancels (UNAVAILABLE). */
+#define PS_RPC_MSG_SHUTDOWN "the daemon is shutting down"
+
 /** Metadata naming the agent that forwarded a call. */
 #define PS_RPC_VIA_METADATA "x-paramsync-via"
 
