@@ -204,11 +204,11 @@ static char *join_event(ps_comm_t *comm, const Paramsync__V1__JoinEvent *ev, int
         return NULL;
     case PARAMSYNC__V1__JOIN_EVENT__KIND__MEMBER_LOST:
     case PARAMSYNC__V1__JOIN_EVENT__KIND__JOB_ABORTED: {
-        char *msg = ev->kind == PARAMSYNC__V1__JOIN_EVENT__KIND__MEMBER_LOST
-                        ? (ev->message && *ev->message
-                               ? ps__strdupf("%s", ev->message) /* "job J: rank R was lost ..." */
-                               : ps__strdupf("rank %d was lost", ev->rank))
-                        : ps__strdupf("the job was aborted: %s", ev->message);
+        /* A loss's message is the coordinator's: "job J: rank R was lost ...". */
+        int lost = ev->kind == PARAMSYNC__V1__JOIN_EVENT__KIND__MEMBER_LOST;
+        char *msg = !lost ? ps__strdupf("the job was aborted: %s", ev->message)
+                    : ev->message && *ev->message ? strdup(ev->message)
+                                                  : ps__strdupf("rank %d was lost", ev->rank);
         if (!comm->ready) {
             /* The job never formed: ps_init fails with this. */
             *code = -PS_EABORTED;

@@ -563,7 +563,8 @@ static void render_info_and_gauges(strbuf_t *b)
     sb_family(b, "paramsync_members", "gauge", "Ranks currently joined, over every job.");
     sb_printf(b, "paramsync_members %lld\n", (long long)v.members);
     sb_family(b, "paramsync_agents", "gauge",
-              "Agents registered with the coordinator (less those that said they are stopping).");
+              "Agents registered with the coordinator, less those that said they are stopping "
+              "and those that stopped registering again.");
     sb_printf(b, "paramsync_agents %lld\n", (long long)v.agents);
 }
 
