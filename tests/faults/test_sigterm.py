@@ -11,11 +11,14 @@ end the forwarded call itself. The worker is told the agent is stopping ("shutti
 down" in the call's status, or "stopping" if the doorbell closes first), not
 that its peer was lost, and the agent exits promptly. The rank on the other
 agent hears that rank 1 was lost because its agent is stopping, and the
-coordinator lists that agent as stopping (`paramsync status`), not as registered. And the agent hosting the job stopping
-while a rank on another agent waits there: that rank's call names the hub
-agent, and it hears that rank 0 was lost because its agent is stopping (also
-with that rank a C rank whose barrier goes over its doorbell and its agent's
-relay stream). And the coordinator alone stopping: the workers' Joins end saying so.
+coordinator lists that agent as stopping (`paramsync status`), not as
+registered.
+
+And the agent hosting the job stopping while a rank on another agent waits
+there: that rank's call names the hub agent, and it hears that rank 0 was lost
+because its agent is stopping (also with that rank a C rank whose barrier goes
+over its doorbell and its agent's relay stream). And the coordinator alone
+stopping: the workers' Joins end saying so.
 """
 import os
 import re
@@ -49,8 +52,8 @@ def case(cl, binary, work, name, specs, started):
                      "shutting down" in ev["message"],
                      "%s: %s's collective in flight did not end with UNAVAILABLE 'shutting "
                      "down': %s" % (name, p.name, p.describe()))
-        if p.spec["steps"][-1] != END:
-            continue  # it exits once its collective ends, without a Leave
+        if p.spec["steps"][-1]["do"] == "collective":
+            continue  # it exits once its collective ends, its Join cut without a Leave
         je = p.wait("join_end", 10)
         P.expect(je is not None and je["code"] == "UNAVAILABLE",
                  "%s: %s's Join stream did not end with UNAVAILABLE: %s" %
@@ -76,7 +79,8 @@ def main():
         # Rank 1 exits the moment its recv fails, its Join cut without a Leave.
         case(cl, binary, work, "exiting",
              {0: {"steps": [{"do": "collective", "kind": "BARRIER"}, END]},
-              1: {"steps": [{"do": "collective", "kind": "RECV", "count": 4, "no_data": True}]}}, waiting)
+              1: {"steps": [{"do": "collective", "kind": "RECV", "count": 4, "no_data": True}]}},
+             waiting)
 
         def transferring(procs):
             P.check(procs[1].wait("sending", 30) is not None, procs[1].describe())
@@ -107,6 +111,43 @@ def waiting_at(daemon, job):
         conn.close()
 
 
+def bench_path(name):
+    """paramsync-bench from --bench, or None after saying the case is SKIPPED."""
+    if "--bench" not in sys.argv:
+        P.log("%s: SKIPPED (no --bench PATH to paramsync-bench)" % name)
+        return None
+    return sys.argv[sys.argv.index("--bench") + 1]
+
+
+def bench_rank1(bench, name, addr, out):
+    """Rank 1 of job name, a C rank on shared memory through the agent at addr: one
+    barrier (paramsync-bench), its output to out."""
+    env = dict(os.environ, RANK="1", WORLD_SIZE="2", PARAMSYNC_JOB=name, PARAMSYNC_ADDR=addr,
+               PARAMSYNC_SHM="1")
+    return subprocess.Popen([bench, "-t", "barrier", "-w", "1", "-n", "1"], env=env,
+                            stdout=out, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_at_hub(hub, name, r1=None):
+    """Waits until rank 1's collective of job name waits at the hub agent (rank 1 a
+    process r1 that must not have ended meanwhile, when given)."""
+    end = time.monotonic() + 15
+    while not waiting_at(hub, name):
+        P.check(time.monotonic() < end and (r1 is None or r1.poll() is None),
+                "%s: rank 1's collective never reached the hub (rank 1: %s)"
+                % (name, r1.poll() if r1 else "a psworker"))
+        time.sleep(0.1)
+
+
+def expect_stopped_counts(name, coord):
+    """The coordinator counted the one rank lost as stopped with its agent, which the
+    rank-lost alert leaves out."""
+    counts = dict(re.findall(r"^paramsync_ranks_(lost|stopped)_total (\d+)$", coord.metrics(),
+                             re.M))
+    P.expect(counts == {"lost": "0", "stopped": "1"},
+             "%s: the coordinator counts ranks lost/stopped %s, want 0/1" % (name, counts))
+
+
 def hub_stopping(cl, binary, work):
     """The agent hosting the job (rank 0's) stops, as in a rollout, while rank 1 on
     another agent waits in a barrier there: rank 1's call ends UNAVAILABLE naming the
@@ -120,11 +161,7 @@ def hub_stopping(cl, binary, work):
                          1: {"steps": [{"do": "collective", "kind": "BARRIER"}, END],
                              "hold_s": 60}})
     P.check(procs[1].wait("coll_start", 10) is not None, procs[1].describe())
-    end = time.monotonic() + 15
-    while not waiting_at(hub, name):
-        P.check(time.monotonic() < end, "%s: rank 1's barrier never reached the hub: %s"
-                % (name, procs[1].describe()))
-        time.sleep(0.1)
+    wait_at_hub(hub, name)
     rc = hub.stop(timeout=EXIT_S + 3)
     P.expect(rc == 0, "%s: the hub agent exited %s on SIGTERM" % (name, rc))
     ev = procs[1].wait("coll", 10)
@@ -139,37 +176,25 @@ def hub_stopping(cl, binary, work):
     want = "rank 0 was lost: its agent at %s is stopping" % hub.addr
     P.expect(lost is not None and want in lost["message"],
              "%s: rank 1 should hear '%s': %s" % (name, want, procs[1].describe()))
-    counts = dict(re.findall(r"^paramsync_ranks_(lost|stopped)_total (\d+)$", coord.metrics(),
-                             re.M))
-    P.expect(counts == {"lost": "0", "stopped": "1"},
-             "%s: the coordinator counts ranks lost/stopped %s, want 0/1" % (name, counts))
+    expect_stopped_counts(name, coord)
 
 
 def hub_stopping_relayed(cl, binary, work):
     """As hub_stopping, with rank 1 a C rank on shared memory: its barrier goes from its
     doorbell over its agent's relay stream to the hub agent, and that path says the
     same."""
-    if "--bench" not in sys.argv:
-        P.log("hub-stopping-relayed: SKIPPED (no --bench PATH to paramsync-bench)")
-        return
-    bench = sys.argv[sys.argv.index("--bench") + 1]
     name = "hub-stopping-relayed"
+    bench = bench_path(name)
+    if not bench:
+        return
     coord, (hub, other) = P.cluster(cl, binary, work, 2, tag="-" + name)
     P.wait_registered(P.Conn(coord.addr), [hub.addr, other.addr])
     r0 = cl.add(P.WorkerProc({"addr": hub.addr, "job": name, "world": 2, "rank": 0,
                               "steps": [{"do": "sleep", "s": 60}]}))
-    env = dict(os.environ, RANK="1", WORLD_SIZE="2", PARAMSYNC_JOB=name,
-               PARAMSYNC_ADDR=other.addr, PARAMSYNC_SHM="1")
-    r1 = subprocess.Popen([bench, "-t", "barrier", "-w", "1", "-n", "1"], env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    r1 = bench_rank1(bench, name, other.addr, subprocess.PIPE)
     try:
         P.check(r0.wait("ready", 30) is not None, r0.describe())
-        end = time.monotonic() + 15
-        while not waiting_at(hub, name):
-            P.check(time.monotonic() < end and r1.poll() is None,
-                    "%s: rank 1's barrier never reached the hub (paramsync-bench: %s)"
-                    % (name, r1.poll()))
-            time.sleep(0.1)
+        wait_at_hub(hub, name, r1)
         rc = hub.stop(timeout=EXIT_S + 3)
         P.expect(rc == 0, "%s: the hub agent exited %s on SIGTERM" % (name, rc))
         out, _ = r1.communicate(timeout=15)
@@ -225,31 +250,22 @@ def many_stopping(cl, binary, work):
 
 
 def doorbell_forwarded(cl, binary, work):
-    if "--bench" not in sys.argv:
-        P.log("doorbell-forwarded: SKIPPED (no --bench PATH to paramsync-bench)")
-        return
-    bench = sys.argv[sys.argv.index("--bench") + 1]
     name = "doorbell-forwarded"
+    bench = bench_path(name)
+    if not bench:
+        return
     coord, (hub, other) = P.cluster(cl, binary, work, 2, common=["--liveness-timeout-ms", "2000"],
                                     tag="-" + name, metrics=True)
     P.wait_registered(P.Conn(coord.addr), [hub.addr, other.addr])
     # Rank 0 joins through `hub` (so it hosts the job) and never calls a collective.
     r0 = cl.add(P.WorkerProc({"addr": hub.addr, "job": name, "world": 2, "rank": 0,
                               "steps": [{"do": "wait_lost", "s": 60}], "hold_s": 60}))
-    env = dict(os.environ, RANK="1", WORLD_SIZE="2", PARAMSYNC_JOB=name,
-               PARAMSYNC_ADDR=other.addr, PARAMSYNC_SHM="1")
     out = open(os.path.join(work, name + "-bench.log"), "w+")
-    r1 = subprocess.Popen([bench, "-t", "barrier", "-w", "1", "-n", "1"], env=env,
-                          stdout=out, stderr=subprocess.STDOUT)
+    r1 = bench_rank1(bench, name, other.addr, out)
     try:
         P.check(r0.wait("ready", 30) is not None, r0.describe())
         # The first barrier waits at the hub for rank 0: wait until the hub has it.
-        end = time.monotonic() + 15
-        while not waiting_at(hub, name):
-            P.check(time.monotonic() < end and r1.poll() is None,
-                    "%s: rank 1's barrier never reached the hub (paramsync-bench: %s)"
-                    % (name, r1.poll()))
-            time.sleep(0.1)
+        wait_at_hub(hub, name, r1)
         t = time.monotonic()
         rc = other.stop(timeout=EXIT_S + 3)
         dt = time.monotonic() - t
@@ -267,17 +283,13 @@ def doorbell_forwarded(cl, binary, work):
         P.expect(brc == 1 and ("shutting down" in text or "it is stopping" in text),
                  "%s: rank 1's barrier on the doorbell should fail saying the agent is "
                  "stopping; paramsync-bench exited %s and said:\n%s" % (name, brc, text))
-        # Rank 0 hears why rank 1 is gone, and the coordinator lists the agent no more.
+        # Rank 0 hears why rank 1 is gone, and the coordinator lists the agent as stopping.
         lost = r0.wait("lost", 10)
         want = "its agent at %s is stopping: paramsyncd is shutting down" % other.addr
         P.expect(lost is not None and want in lost["message"],
                  "%s: rank 0 should hear that rank 1 was lost because its agent is stopping "
                  "('%s'): %s" % (name, want, r0.describe()))
-        # Counted as stopped with its agent, which the rank-lost alert leaves out.
-        counts = dict(re.findall(r"^paramsync_ranks_(lost|stopped)_total (\d+)$",
-                                 coord.metrics(), re.M))
-        P.expect(counts == {"lost": "0", "stopped": "1"},
-                 "%s: the coordinator counts ranks lost/stopped %s, want 0/1" % (name, counts))
+        expect_stopped_counts(name, coord)
         st = P.Conn(coord.addr).status()
         agents, stopping = list(st.agents), list(st.stopping_agents)
         P.expect(agents == [hub.addr] and stopping == [other.addr],
