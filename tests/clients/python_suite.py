@@ -4,7 +4,7 @@
     python_suite.py --python VENV_PY --paramsyncd BIN [--transport grpc|shm] SCENARIO
 
 Scenarios (each its own ctest test): collectives, groups, async, p2p, torch, registered, doorbell,
-local_errors, daemon_errors, timeout, member_lost, init_methods, launcher,
+local_errors, daemon_errors, objects, timeout, member_lost, init_methods, launcher,
 shm_reuse, shm_paths, peer, peer_unreadable, peer_registered. With --transport the workers run with PARAMSYNC_SHM=0 (grpc) or
 shared memory on (shm) and check, from the daemon's /metrics, that their big
 payloads went that way; the driver checks that no segment name of theirs is
@@ -649,6 +649,93 @@ def w_torch():
         assert "contiguous" in str(e)
     dist.destroy_process_group()
     print("rank %d: torch ok" % r)
+
+
+def w_objects():
+    import pickle
+    import warnings
+    import numpy as np
+    dist = _w_init()
+    r, n = dist.get_rank(), dist.get_world_size()
+    assert n == 4
+
+    def raises(exc, fn, *a, **kw):
+        try:
+            fn(*a, **kw)
+        except exc as e:
+            return str(e)
+        raise AssertionError("%s(%s) did not raise %s" % (fn.__name__, a, exc.__name__))
+
+    # Objects of different sizes, one of them large (a segment's worth under shm).
+    def obj(k):
+        return {"rank": k, "blob": bytes([k]) * (300_000 if k == 1 else k), "arr": np.arange(k)}
+
+    got = [None] * n
+    assert dist.all_gather_object(got, obj(r)) is None
+    for k in range(n):
+        assert got[k]["rank"] == k and got[k]["blob"] == obj(k)["blob"], k
+        expect_eq(got[k]["arr"], np.arange(k), "all_gather_object arr %d" % k)
+    # src and dst are global ranks; lists are in group rank order.
+    g_rev = dist.new_group([3, 2, 1, 0])
+    g02 = dist.new_group([0, 2])
+    lst = [None] * n if r == 2 else None
+    dist.gather_object(("from", r), lst, dst=2, group=g_rev)
+    if r == 2:
+        assert lst == [("from", 3), ("from", 2), ("from", 1), ("from", 0)], lst
+    bl = [None, "x", 3.5, {"k": [1, 2]}] if r == 3 else [0, 0, 0, 0]
+    dist.broadcast_object_list(bl, src=3)
+    assert bl == [None, "x", 3.5, {"k": [1, 2]}], bl
+    empty = []
+    dist.broadcast_object_list(empty, src=0)
+    assert empty == []
+    out = ["unset"]
+    ins = ["to group rank %d" % i for i in range(n)] if r == 1 else ["ignored"]
+    dist.scatter_object_list(out, ins, src=1, group=g_rev)
+    assert out == ["to group rank %d" % (3 - r)], out
+    # A rank outside the group: warned, nothing done, the list untouched.
+    mine = ["two"] if r == 2 else ["mine"]
+    if r in (0, 2):
+        dist.broadcast_object_list(mine, src=2, group=g02)
+        assert mine == ["two"], mine
+        g2 = [None, None]
+        dist.all_gather_object(g2, r * 10, group=g02)
+        assert g2 == [0, 20], g2
+    else:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert dist.all_gather_object(mine, r, group=g02) is None
+        assert caught and "does not belong" in str(caught[0].message), caught
+        assert mine == ["mine"], mine
+    # Local errors, raised on every rank before anything is sent.
+    assert "has 1 elements; the group has 4" in raises(ValueError, dist.all_gather_object,
+                                                       [None], r)
+    assert "must be a list" in raises(TypeError, dist.all_gather_object, (None,) * n, r)
+    assert "at least one" in raises(ValueError, dist.scatter_object_list, [], None, src=0)
+    assert "not part of the group" in raises(ValueError, dist.broadcast_object_list, [1],
+                                             src=n)
+    if r == 0:
+        assert "must be specified" in raises(ValueError, dist.gather_object, r, None, dst=0)
+        assert "must be specified" in raises(ValueError, dist.scatter_object_list, [None],
+                                             None, src=0)
+    else:
+        assert "must NOT" in raises(ValueError, dist.gather_object, r, [None] * n, dst=0)
+    raises((pickle.PicklingError, AttributeError), dist.all_gather_object, [None] * n,
+           lambda: r)
+    # Bytes that are not a pickle (a Node.js rank's objects, say) say whose they were.
+    assert "from rank 3 could not be unpickled" in raises(
+        ValueError, dist._unpickled, np.frombuffer(b"\x80\x04junk", np.uint8), 6, "x", 3)
+    # The daemon's check: lists of different lengths fail alike on every rank.
+    try:
+        dist.broadcast_object_list([r] * (1 + r % 2), src=0)
+        raise AssertionError("broadcast_object_list of different lengths succeeded")
+    except dist.ParamsyncError as e:
+        assert "count" in e.details, e.details
+    # None of the local errors reached the daemon, and the job goes on.
+    got = [None] * n
+    dist.all_gather_object(got, "after %d" % r)
+    assert got == ["after %d" % k for k in range(n)], got
+    dist.destroy_process_group()
+    print("rank %d: objects ok" % r)
 
 
 def w_local_errors():
@@ -1652,13 +1739,14 @@ WORKERS = {
     "torch": w_torch, "local_errors": w_local_errors, "daemon_errors": w_daemon_errors,
     "timeout": w_timeout, "member_lost": w_member_lost, "init_methods": w_init_methods,
     "shm_reuse": w_shm_reuse, "shm_paths": w_shm_paths, "peer": w_peer,
-    "relay_lost": w_relay_lost,
+    "relay_lost": w_relay_lost, "objects": w_objects,
     "peer_unreadable": w_peer, "peer_registered": w_peer_registered,
 }
 
 # ---------------------------------------------------------------------------------- driver
 
 NPROC = {"barrier_direct": 3, "doorbell": 3, "registered": 3, "collectives": 3, "groups": 4, "async": 3, "p2p": 3, "torch": 3, "local_errors": 2,
+         "objects": 4,
          "daemon_errors": 3, "timeout": 2, "member_lost": 2, "shm_reuse": 3, "peer": 3,
          "peer_unreadable": 3, "peer_registered": 3}
 

@@ -33,6 +33,7 @@ import collections
 import concurrent.futures
 import enum
 import os
+import pickle
 import queue
 import sys
 import threading
@@ -50,12 +51,14 @@ from ._proto import pb, pb_grpc
 
 __all__ = [
     "Backend", "GroupMember", "P2POp", "ParamsyncError", "ProcessGroup", "ReduceOp", "Work",
-    "all_gather", "all_gather_into_tensor", "all_reduce", "all_to_all", "all_to_all_single",
-    "barrier", "batch_isend_irecv", "broadcast", "destroy_process_group", "gather",
+    "all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce", "all_to_all",
+    "all_to_all_single", "barrier", "batch_isend_irecv", "broadcast", "broadcast_object_list",
+    "destroy_process_group", "gather", "gather_object",
     "get_backend", "get_global_rank", "get_group_rank", "get_process_group_ranks", "get_rank",
     "get_world_size", "group", "init_process_group", "irecv", "is_available", "is_initialized",
     "isend", "new_group", "recv", "reduce", "reduce_op", "reduce_scatter",
-    "reduce_scatter_tensor", "scatter", "send", "empty", "free", "is_shared",
+    "reduce_scatter_tensor", "scatter", "scatter_object_list", "send", "empty", "free",
+    "is_shared",
 ]
 
 default_pg_timeout = timedelta(minutes=30)
@@ -1490,6 +1493,149 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     send = _snapshot([i], [o])
     return _start(g, "all_to_all_single", _K.ALL_TO_ALL, send=send, recv=[o], dtype=i.dtype,
                   count=i.numel // n, async_op=async_op, outputs=[output])
+
+
+# ------------------------------------------------------- Python objects, pickled as torch does
+# torch's object collectives: each object is pickled into a uint8 tensor and moved by
+# the collectives above, sizes first. The same warning as torch's applies: unpickling
+# runs code from the bytes, so only use them among ranks you trust.
+
+
+def _pickled(obj):
+    return np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
+
+
+def _unpickled(buf, size, name, rank):
+    try:
+        return pickle.loads(buf[:int(size)].tobytes())
+    except Exception as e:
+        raise ValueError("%s: the object from rank %d could not be unpickled (%s: %s); every "
+                         "rank must pass objects pickled by Python" % (name, rank,
+                                                                       type(e).__name__, e)) \
+            from None
+
+
+def _object_list(obj, name, what, n):
+    if not isinstance(obj, list):
+        raise TypeError("%s: %s must be a list, not %s" % (name, what, type(obj).__name__))
+    if n is not None and len(obj) != n:
+        raise ValueError("%s: %s has %d elements; the group has %d ranks"
+                         % (name, what, len(obj), n))
+
+
+def _gathered_sizes(g, data, group):
+    """Every rank's pickle size, in group rank order (one all_gather of int64s)."""
+    sizes = np.zeros(g.size(), np.int64)
+    all_gather_into_tensor(sizes, np.array([data.size], np.int64), group=group)
+    return sizes
+
+
+def _padded(data, m):
+    buf = np.zeros(m, np.uint8)
+    buf[:data.size] = data
+    return buf
+
+
+def all_gather_object(object_list, obj, group=None):
+    """object_list[i] gets rank i's obj (pickled), on every rank; object_list must have one
+    element per rank of the group."""
+    g = _member(group, "all_gather_object")
+    if g is None:
+        return None
+    n = g.size()
+    _object_list(object_list, "all_gather_object", "object_list", n)
+    data = _pickled(obj)
+    sizes = _gathered_sizes(g, data, group)
+    m = int(sizes.max())
+    out = np.empty(n * m, np.uint8)
+    all_gather_into_tensor(out, _padded(data, m), group=group)
+    for i in range(n):
+        object_list[i] = _unpickled(out[i * m:], sizes[i], "all_gather_object", g.ranks[i])
+    return None
+
+
+def gather_object(obj, object_gather_list=None, dst=0, group=None):
+    """On dst (a global rank), object_gather_list[i] gets rank i's obj (pickled); the other
+    ranks pass no list."""
+    g = _member(group, "gather_object")
+    if g is None:
+        return None
+    n = g.size()
+    root = _group_rank(g, dst, "gather_object: dst")
+    if g.rank() == root:
+        if object_gather_list is None:
+            raise ValueError("gather_object: Argument ``object_gather_list`` must be specified "
+                             "on destination rank.")
+        _object_list(object_gather_list, "gather_object", "object_gather_list", n)
+    elif object_gather_list:
+        raise ValueError("gather_object: Argument ``object_gather_list`` must NOT be specified "
+                         "on non-destination ranks.")
+    data = _pickled(obj)
+    sizes = _gathered_sizes(g, data, group)
+    m = int(sizes.max())
+    outs = [np.empty(m, np.uint8) for _ in range(n)] if g.rank() == root else None
+    gather(_padded(data, m), outs, dst=dst, group=group)
+    if outs is not None:
+        for i in range(n):
+            object_gather_list[i] = _unpickled(outs[i], sizes[i], "gather_object", g.ranks[i])
+    return None
+
+
+def broadcast_object_list(object_list, src=0, group=None, device=None):
+    """Every rank's object_list gets src's objects (pickled), in place; every rank passes a
+    list of the same length. device is accepted for torch's signature and not used."""
+    g = _member(group, "broadcast_object_list")
+    if g is None:
+        return None
+    root = _group_rank(g, src, "broadcast_object_list: src")
+    _object_list(object_list, "broadcast_object_list", "object_list", None)
+    mine = g.rank() == root
+    datas = [_pickled(o) for o in object_list] if mine else []
+    sizes = np.array([d.size for d in datas] if mine else [0] * len(object_list), np.int64)
+    # The sizes go even for an empty list: the daemon compares the ranks' lengths.
+    broadcast(sizes, src, group=group)
+    if not sizes.size:
+        return None
+    buf = np.concatenate(datas) if mine else np.empty(int(sizes.sum()), np.uint8)
+    broadcast(buf, src, group=group)
+    if not mine:
+        at = 0
+        for i, size in enumerate(sizes):
+            object_list[i] = _unpickled(buf[at:], size, "broadcast_object_list", src)
+            at += int(size)
+    return None
+
+
+def scatter_object_list(scatter_object_output_list, scatter_object_input_list=None, src=0,
+                        group=None):
+    """scatter_object_output_list[0] of rank i gets src's scatter_object_input_list[i]
+    (pickled); src is a global rank, and the other ranks' input lists are not read."""
+    g = _member(group, "scatter_object_list")
+    if g is None:
+        return None
+    n = g.size()
+    if not isinstance(scatter_object_output_list, list) or not scatter_object_output_list:
+        raise ValueError("scatter_object_list: scatter_object_output_list must be a list of "
+                         "at least one element")
+    root = _group_rank(g, src, "scatter_object_list: src")
+    mine = g.rank() == root
+    if mine:
+        if scatter_object_input_list is None:
+            raise ValueError("scatter_object_list: Argument ``scatter_object_input_list`` "
+                             "must be specified on the source rank.")
+        _object_list(scatter_object_input_list, "scatter_object_list",
+                     "scatter_object_input_list", n)
+        datas = [_pickled(o) for o in scatter_object_input_list]
+        m = max(d.size for d in datas)
+        # Each rank gets its size and the largest: one scatter of int64 pairs.
+        heads = [np.array([d.size, m], np.int64) for d in datas]
+    head = np.zeros(2, np.int64)
+    scatter(head, heads if mine else None, src=src, group=group)
+    m = int(head[1])
+    out = np.empty(m, np.uint8)
+    scatter(out, [_padded(d, m) for d in datas] if mine else None, src=src, group=group)
+    scatter_object_output_list[0] = _unpickled(out, head[0], "scatter_object_list", src)
+    return None
 
 
 def _p2p_peer(g, rank, what):
