@@ -57,6 +57,15 @@ export declare class World {
   reduceScatterTensor<T extends Tensor>(output: T, input: Tensor, opts?: ReduceOpts): Promise<T>;
   allToAll(outputList: Tensor[], inputList: Tensor[], opts?: Opts): Promise<Tensor[]>;
   allToAllSingle<T extends Tensor>(output: T, input: Tensor, opts?: Opts): Promise<T>;
+  /** torch's object collectives: objects go serialized by v8.serialize (structured
+   * clone); each resolves to the list it filled in place (gatherObject: null on ranks
+   * other than dst). Another collective on the group may start once it resolves. */
+  allGatherObject(objectList: unknown[], obj: unknown, opts?: Opts): Promise<unknown[]>;
+  gatherObject(obj: unknown, objectGatherList?: unknown[] | null, dst?: number,
+    opts?: Opts): Promise<unknown[] | null>;
+  broadcastObjectList(objectList: unknown[], src?: number, opts?: Opts): Promise<unknown[]>;
+  scatterObjectList(outputList: unknown[], inputList?: unknown[] | null, src?: number,
+    opts?: Opts): Promise<unknown[]>;
   send(tensor: Tensor, dst: number, opts?: P2POpts): Promise<void>;
   recv(tensor: Tensor, src?: number | null, opts?: P2POpts): Promise<number>;
   isend(tensor: Tensor, dst: number, opts?: P2POpts): Promise<void>;
@@ -85,6 +94,10 @@ export declare const reduceScatter: World['reduceScatter'];
 export declare const reduceScatterTensor: World['reduceScatterTensor'];
 export declare const allToAll: World['allToAll'];
 export declare const allToAllSingle: World['allToAllSingle'];
+export declare const allGatherObject: World['allGatherObject'];
+export declare const gatherObject: World['gatherObject'];
+export declare const broadcastObjectList: World['broadcastObjectList'];
+export declare const scatterObjectList: World['scatterObjectList'];
 export declare const send: World['send'];
 export declare const recv: World['recv'];
 export declare const isend: World['isend'];

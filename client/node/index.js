@@ -15,7 +15,9 @@
  * the optional ones (op, group, tag, dtype) go in a trailing options object.
  * src/dst are global ranks, as in torch. Every collective is started (its
  * sequence number taken) when it is called, so promises may be awaited in
- * any order: that is torch's async_op=True.
+ * any order: that is torch's async_op=True. The object collectives
+ * (allGatherObject, ...) are the exception: they take two collectives, so
+ * the next collective on their group starts after they resolve.
  *
  * Typed arrays map to dtypes: Float32Array float32, Float64Array float64,
  * Int8Array int8, Uint8Array (and Buffer) uint8, Int16Array int16,
@@ -27,6 +29,7 @@ const crypto = require('crypto');
 const fs = require('fs');
 const os = require('os');
 const path = require('path');
+const v8 = require('v8');
 const grpc = require('@grpc/grpc-js');
 const protoLoader = require('@grpc/proto-loader');
 const protobuf = require('protobufjs');
@@ -2031,6 +2034,7 @@ class World {
   _start(g, name, kind, { send = [], recv = [], op = 0, dtype = 0, count = 0, root = 0,
     peer = 0, tag = 0, source = false, outputs } = {}) {
     this._check();
+    if (g._objectsBusy && !g._objectStep) throw objectsBusy(name, g._objectsBusy);
     // Peer copies hold three sequence numbers. Decided from what every rank of the group
     // has alike: the kind, the block's bytes, the coordinator's sets.
     const peerCopies = peerTakes(kind, count * ELEMENT_BYTES[dtype], this.peerSets, g.ranks,
@@ -2291,6 +2295,152 @@ class World {
 
   irecv(tensor, src, opts) { return this.recv(tensor, src, opts); }
 
+  // -------------------------------------------------------------- objects
+
+  // torch's object collectives: each object is serialized (v8.serialize, Node's structured
+  // clone: what Python pickles there) into a Uint8Array and moved by the collectives
+  // above, its size first. They take two collectives, the second numbered when the first
+  // ends, so another collective on the same group must wait until they resolve (starting
+  // one earlier is an error, before anything is sent).
+
+  async _objectSteps(g, name, body) {
+    if (g._objectsBusy) throw objectsBusy(name, g._objectsBusy);
+    g._objectsBusy = name;
+    let open = true;
+    const step = (start, last = false) => {
+      g._objectStep = true;
+      try {
+        return start();
+      } finally {
+        g._objectStep = false;
+        if (last) {
+          g._objectsBusy = null;
+          open = false;
+        }
+      }
+    };
+    try {
+      return await body(step);
+    } finally {
+      if (open) g._objectsBusy = null;
+    }
+  }
+
+  async allGatherObject(objectList, obj, opts = {}) {
+    const g = this._group(opts.group, 'allGatherObject');
+    if (!g) return undefined;
+    const n = g.size();
+    objectArray(objectList, 'allGatherObject', 'objectList', n);
+    const data = v8.serialize(obj);
+    const group = { group: opts.group };
+    return this._objectSteps(g, 'allGatherObject', async (step) => {
+      const sizes = new BigInt64Array(n);
+      await step(() => this.allGatherIntoTensor(sizes, BigInt64Array.of(BigInt(data.length)),
+        group));
+      const m = largest(sizes);
+      const out = new Uint8Array(n * m);
+      await step(() => this.allGatherIntoTensor(out, padded(data, m), group), true);
+      for (let i = 0; i < n; i++) {
+        objectList[i] = deserialized(out.subarray(i * m), sizes[i], 'allGatherObject',
+          g.ranks[i]);
+      }
+      return objectList;
+    });
+  }
+
+  async gatherObject(obj, objectGatherList = null, dst = 0, opts = {}) {
+    const g = this._group(opts.group, 'gatherObject');
+    if (!g) return undefined;
+    const n = g.size();
+    const root = groupRank(g, dst, 'gatherObject: dst');
+    const mine = g.rank() === root;
+    if (mine) {
+      if (!objectGatherList) {
+        throw new RangeError('gatherObject: objectGatherList must be given on the destination rank');
+      }
+      objectArray(objectGatherList, 'gatherObject', 'objectGatherList', n);
+    } else if (objectGatherList && objectGatherList.length) {
+      throw new RangeError('gatherObject: objectGatherList must NOT be given on non-destination ranks');
+    }
+    const data = v8.serialize(obj);
+    const group = { group: opts.group };
+    return this._objectSteps(g, 'gatherObject', async (step) => {
+      const sizes = new BigInt64Array(n);
+      await step(() => this.allGatherIntoTensor(sizes, BigInt64Array.of(BigInt(data.length)),
+        group));
+      const m = largest(sizes);
+      const outs = mine ? Array.from({ length: n }, () => new Uint8Array(m)) : null;
+      await step(() => this.gather(padded(data, m), outs, dst, group), true);
+      if (!mine) return null;
+      for (let i = 0; i < n; i++) {
+        objectGatherList[i] = deserialized(outs[i], sizes[i], 'gatherObject', g.ranks[i]);
+      }
+      return objectGatherList;
+    });
+  }
+
+  async broadcastObjectList(objectList, src = 0, opts = {}) {
+    const g = this._group(opts.group, 'broadcastObjectList');
+    if (!g) return undefined;
+    const root = groupRank(g, src, 'broadcastObjectList: src');
+    objectArray(objectList, 'broadcastObjectList', 'objectList', null);
+    const mine = g.rank() === root;
+    const datas = mine ? objectList.map((o) => v8.serialize(o)) : [];
+    const sizes = BigInt64Array.from(mine ? datas.map((d) => BigInt(d.length))
+      : objectList.map(() => 0n));
+    const group = { group: opts.group };
+    return this._objectSteps(g, 'broadcastObjectList', async (step) => {
+      // The sizes go even for an empty list: the daemon compares the ranks' lengths.
+      await step(() => this.broadcast(sizes, src, group), sizes.length === 0);
+      if (!sizes.length) return objectList;
+      const buf = mine ? Buffer.concat(datas)
+        : new Uint8Array(Number(sizes.reduce((a, b) => a + b, 0n)));
+      await step(() => this.broadcast(buf, src, group), true);
+      if (!mine) {
+        let at = 0;
+        for (let i = 0; i < sizes.length; i++) {
+          objectList[i] = deserialized(buf.subarray(at), sizes[i], 'broadcastObjectList', src);
+          at += Number(sizes[i]);
+        }
+      }
+      return objectList;
+    });
+  }
+
+  async scatterObjectList(outputList, inputList = null, src = 0, opts = {}) {
+    const g = this._group(opts.group, 'scatterObjectList');
+    if (!g) return undefined;
+    const n = g.size();
+    if (!Array.isArray(outputList) || outputList.length < 1) {
+      throw new RangeError('scatterObjectList: outputList must be an array of at least one element');
+    }
+    const root = groupRank(g, src, 'scatterObjectList: src');
+    const mine = g.rank() === root;
+    let datas = null;
+    let heads = null;
+    if (mine) {
+      if (!inputList) {
+        throw new RangeError('scatterObjectList: inputList must be given on the source rank');
+      }
+      objectArray(inputList, 'scatterObjectList', 'inputList', n);
+      datas = inputList.map((o) => v8.serialize(o));
+      const m = datas.reduce((a, d) => Math.max(a, d.length), 0);
+      // Each rank gets its size and the largest: one scatter of int64 pairs.
+      heads = datas.map((d) => BigInt64Array.of(BigInt(d.length), BigInt(m)));
+    }
+    const group = { group: opts.group };
+    return this._objectSteps(g, 'scatterObjectList', async (step) => {
+      const head = new BigInt64Array(2);
+      await step(() => this.scatter(head, heads, src, group));
+      const m = Number(head[1]);
+      const out = new Uint8Array(m);
+      await step(() => this.scatter(out, mine ? datas.map((d) => padded(d, m)) : null, src,
+        group), true);
+      outputList[0] = deserialized(out, head[0], 'scatterObjectList', src);
+      return outputList;
+    });
+  }
+
   getProcessGroupRanks(group) {
     const g = this._group(group);
     if (!g) throw new RangeError('not a member of the group');
@@ -2303,6 +2453,9 @@ class World {
 const COLLECTIVES = ['barrier', 'broadcast', 'allReduce', 'reduce', 'allGather',
   'allGatherIntoTensor', 'gather', 'scatter', 'reduceScatter', 'reduceScatterTensor',
   'allToAll', 'allToAllSingle', 'send', 'recv'];
+// async methods: their argument errors reject too.
+const OBJECT_COLLECTIVES = ['allGatherObject', 'gatherObject', 'broadcastObjectList',
+  'scatterObjectList'];
 for (const m of COLLECTIVES) {
   const impl = World.prototype[m];
   World.prototype[m] = function collective(...args) {
@@ -2312,6 +2465,36 @@ for (const m of COLLECTIVES) {
       return Promise.reject(e);
     }
   };
+}
+
+function objectsBusy(name, busy) {
+  return new Error(`${name}: ${busy} on this group has not resolved yet; await it before ` +
+    'starting another collective on the group (its second step is numbered when its first ' +
+    'ends)');
+}
+
+function objectArray(list, name, what, n) {
+  if (!Array.isArray(list)) throw new TypeError(`${name}: ${what} must be an array`);
+  if (n !== null && list.length !== n) {
+    throw new RangeError(`${name}: ${what} has ${list.length} elements; the group has ${n} ranks`);
+  }
+}
+
+function largest(sizes) { return Number(sizes.reduce((a, b) => (b > a ? b : a), 0n)); }
+
+function padded(data, m) {
+  const buf = new Uint8Array(m);
+  buf.set(data);
+  return buf;
+}
+
+function deserialized(bytes, size, name, rank) {
+  try {
+    return v8.deserialize(bytes.subarray(0, Number(size)));
+  } catch (e) {
+    throw new TypeError(`${name}: the object from rank ${rank} could not be deserialized ` +
+      `(${e.message}); every rank must pass objects serialized by Node.js`);
+  }
 }
 
 function groupRank(g, globalRank, what) {
@@ -2425,8 +2608,8 @@ const api = {
 const METHODS = ['getRank', 'getWorldSize', 'newGroup', 'barrier', 'broadcast', 'allReduce',
   'reduce', 'allGather', 'allGatherIntoTensor', 'gather', 'scatter', 'reduceScatter',
   'reduceScatterTensor', 'allToAll', 'allToAllSingle', 'send', 'recv', 'isend', 'irecv',
-  'getProcessGroupRanks', 'empty', 'free'];
-const ASYNC = new Set([...COLLECTIVES, 'newGroup', 'empty', 'free']);
+  'getProcessGroupRanks', 'empty', 'free', ...OBJECT_COLLECTIVES];
+const ASYNC = new Set([...COLLECTIVES, ...OBJECT_COLLECTIVES, 'newGroup', 'empty', 'free']);
 for (const m of METHODS) {
   api[m] = ASYNC.has(m) ? (...args) => {
     try {

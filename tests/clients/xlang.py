@@ -8,7 +8,9 @@ Python and Node.js ranks of one agent take a large all_to_all and all_gather
 together by peer copies (peer_jobs), and a gather and scatter; and an all_to_all from
 ps_mem_alloc/empty() memory over the agent's --shm-resident-bytes, where the ranks read
 each other's segments through mappings they keep (mem_peer_jobs); and barriers that
-C, Python and Node.js ranks of one agent meet on a page they share (barrier_jobs).
+C, Python and Node.js ranks of one agent meet on a page they share (barrier_jobs); and
+Python and Node.js ranks whose object collectives fail, naming the rank they cannot read
+(object_jobs).
 
     xlang.py --paramsyncd BIN --c-worker BIN --python VENV_PY [--node NODE]
 """
@@ -66,7 +68,8 @@ def main():
                     print(out.rstrip())
                     print(err.rstrip()[-3000:])
                 ok = ok and good
-        ok = ok and peer_jobs(d, workers) and barrier_jobs(d, workers)
+        ok = (ok and peer_jobs(d, workers) and barrier_jobs(d, workers)
+              and object_jobs(d, workers))
         if not ok:
             print("--- daemon log (tail)\n" + "\n".join(d.read_log().splitlines()[-30:]))
     ok = ok and mem_peer_jobs(a.paramsyncd, workers)
@@ -98,6 +101,17 @@ def barrier_jobs(d, workers):
     none lets a rank go before the last arrived, and where rank 2 calls an all_reduce
     instead every rank is told at once."""
     return jobs_without_agent(d, workers, 3, "direct barriers", ("barrier",), 3)
+
+
+def object_jobs(d, workers):
+    """Python and Node.js ranks (C has no object collectives) call all_gather_object
+    together (XLANG_PEER=4): each side fails with an error naming the first rank of the
+    other language, whose bytes it cannot read, and an all_reduce after it succeeds."""
+    ok = True
+    for k, order in enumerate([["Python", "Node", "Python"], ["Node", "Python", "Node"]]):
+        ok = run_peer_job(workers, order, d.addr, "xlang-objects-%d" % k, 4,
+                          "object collectives", {"Python": 2, "Node": 2}) and ok
+    return ok
 
 
 def jobs_without_agent(d, workers, steps, what, kinds, checks):
@@ -132,7 +146,8 @@ def run_peer_job(workers, order, addr, job, steps, what, want):
     steps XLANG_PEER=steps (2: each counting its mappings of the others' segments):
     whether every rank exited 0 with want[its language] checks passed."""
     envs = [H.clean_env(PARAMSYNC_ADDR=addr, PARAMSYNC_JOB=job, WORLD_SIZE=3, RANK=r,
-                        XLANG_PEER=steps, XLANG_MAPS=len(order) - 1) for r in range(3)]
+                        XLANG_PEER=steps, XLANG_MAPS=len(order) - 1,
+                        XLANG_ORDER=",".join(order)) for r in range(3)]
     res = H.run_workers([workers[lang] for lang in order], envs, timeout=120)
     print("=== job %s (%s): ranks %s" % (job, what, ", ".join(
         "%d=%s" % (r, lang) for r, lang in enumerate(order))))

@@ -106,6 +106,23 @@ async function barrierSteps() {
   await dist.destroyProcessGroup();
 }
 
+/** Object collectives between Python and Node.js ranks (XLANG_PEER=4, no C rank): each
+ * side fails naming the first rank of the other language (XLANG_ORDER); the job goes on. */
+async function objectSteps() {
+  const other = process.env.XLANG_ORDER.split(',').findIndex((lang) => lang !== 'Node');
+  let said = '';
+  await dist.allGatherObject([0, 0, 0], { rank: r }).catch((e) => {
+    said = e.message;
+    console.log(`Node rank ${r}: ${e.message}`);
+  });
+  expect([said.includes(`the object from rank ${other} could not be deserialized`)], [true],
+    'allGatherObject with a Python rank fails naming it');
+  const x = BigInt64Array.of(BigInt(r));
+  await dist.allReduce(x);
+  expect(x, BigInt64Array.of(3n), 'all_reduce after the object error');
+  await dist.destroyProcessGroup();
+}
+
 (async () => {
   await dist.initProcessGroup('paramsync');
   r = dist.getRank();
@@ -120,6 +137,10 @@ async function barrierSteps() {
   }
   if (process.env.XLANG_PEER === '3') {
     await barrierSteps();
+    return;
+  }
+  if (process.env.XLANG_PEER === '4') {
+    await objectSteps();
     return;
   }
   const R = dist.ReduceOp;

@@ -56,6 +56,26 @@ if os.environ.get("XLANG_PEER") == "3":
     dist.destroy_process_group()
     sys.exit(0)
 
+if os.environ.get("XLANG_PEER") == "4":
+    # Object collectives between Python and Node.js ranks (no C rank): pickles and v8's
+    # serialization do not read each other, so each side fails naming the first rank of the
+    # other language (XLANG_ORDER), and the job goes on.
+    order = os.environ["XLANG_ORDER"].split(",")
+    other = next(k for k, lang in enumerate(order) if lang != "Python")
+    said = ""
+    try:
+        dist.all_gather_object([None] * 3, {"rank": r})
+    except ValueError as e:
+        said = str(e)
+        print("Python rank %d: %s" % (r, e), flush=True)
+    expect(np.bool_("the object from rank %d could not be unpickled" % other in said),
+           np.bool_(True), "all_gather_object with a Node.js rank fails naming it")
+    x = np.array([r], np.int64)
+    dist.all_reduce(x)
+    expect(x, np.array([3], np.int64), "all_reduce after the object error")
+    dist.destroy_process_group()
+    sys.exit(0)
+
 if os.environ.get("XLANG_PEER") == "2":
     # xlang_worker.c's mem_steps: an all_to_all from empty() memory by peer copies, the
     # other ranks' segments read through mappings this rank keeps.

@@ -1,0 +1,123 @@
+'use strict';
+// torch's object collectives (allGatherObject, gatherObject, broadcastObjectList,
+// scatterObjectList) with 3 ranks of one job in this process: results in group rank
+// order, the argument errors before anything is sent, the daemon's count check, and
+// another collective on the group refused until one of them resolves.
+const test = require('node:test');
+const assert = require('node:assert');
+const dist = require('..');
+const { startDaemon, haveDaemon, worlds } = require('./helpers');
+
+const N = 3;
+let daemon;
+let ws;
+
+test.before(async () => {
+  daemon = await startDaemon();
+  if (daemon) ws = await worlds(dist, daemon.addr, 'node-objects', N);
+});
+test.after(async () => {
+  if (ws) await Promise.all(ws.map((w) => w.destroy()));
+  if (daemon) await daemon.stop();
+});
+
+const needDaemon = (t) => haveDaemon(t, daemon);
+const all = (fn) => Promise.all(ws.map((w, r) => fn(w, r)));
+
+// Rank k's object: structured-clone types, and 300 KB at rank 1 (the payload segment).
+function obj(k) {
+  return { rank: k, text: 'x'.repeat(k === 1 ? 300000 : k), big: BigInt(k) << 40n,
+    map: new Map([[k, [k, k + 1]]]), arr: Int32Array.of(k, -k) };
+}
+
+test('allGatherObject: every rank gets every object in rank order', async (t) => {
+  if (!needDaemon(t)) return;
+  const lists = ws.map(() => new Array(N).fill(null));
+  const got = await all((w, r) => w.allGatherObject(lists[r], obj(r)));
+  for (let r = 0; r < N; r++) {
+    assert.strictEqual(got[r], lists[r]);
+    assert.deepStrictEqual(lists[r], [0, 1, 2].map(obj));
+  }
+});
+
+test('gatherObject, broadcastObjectList, scatterObjectList; src and dst global', async (t) => {
+  if (!needDaemon(t)) return;
+  const rev = await Promise.all(ws.map((w) => w.newGroup([2, 1, 0])));
+  const at = [null, new Array(N).fill(0), null];
+  await all((w, r) => w.gatherObject(['from', r], at[r], 1, { group: rev[r] }));
+  assert.deepStrictEqual(at[1], [['from', 2], ['from', 1], ['from', 0]]);
+  const lists = ws.map((w, r) => (r === 2 ? [null, 'x', 3.5, { k: [1, 2] }] : [0, 0, 0, 0]));
+  await all((w, r) => w.broadcastObjectList(lists[r], 2));
+  for (const l of lists) assert.deepStrictEqual(l, [null, 'x', 3.5, { k: [1, 2] }]);
+  const empty = ws.map(() => []);
+  await all((w, r) => w.broadcastObjectList(empty[r], 0));
+  assert.deepStrictEqual(empty, [[], [], []]);
+  const outs = ws.map(() => ['unset']);
+  await all((w, r) => w.scatterObjectList(outs[r],
+    r === 0 ? ['to group rank 0', 'to group rank 1', { two: 2 }] : null, 0, { group: rev[r] }));
+  assert.deepStrictEqual(outs, [[{ two: 2 }], ['to group rank 1'], ['to group rank 0']]);
+  // Through the default group's functions too.
+  assert.strictEqual(typeof dist.allGatherObject, 'function');
+  assert.strictEqual(dist.all_gather_object, dist.allGatherObject);
+});
+
+test('a rank outside the group is warned and its list untouched', async (t) => {
+  if (!needDaemon(t)) return;
+  const g02 = await Promise.all(ws.map((w) => w.newGroup([0, 2])));
+  const warned = [];
+  const onWarning = (w) => warned.push(String(w.message));
+  process.on('warning', onWarning);
+  const lists = [[null, null], ['mine'], [null, null]];
+  const res = await all((w, r) => w.allGatherObject(lists[r], r * 10, { group: g02[r] }));
+  await new Promise((r) => setImmediate(r));
+  process.off('warning', onWarning);
+  assert.strictEqual(res[1], undefined);
+  assert.deepStrictEqual(lists, [[0, 20], ['mine'], [0, 20]]);
+  assert.ok(warned.some((m) => /does not belong/.test(m)), warned);
+});
+
+test('argument errors reject before anything is sent', async (t) => {
+  if (!needDaemon(t)) return;
+  await all(async (w, r) => {
+    await assert.rejects(w.allGatherObject([null], r), /has 1 elements; the group has 3/);
+    await assert.rejects(w.allGatherObject('abc', r), TypeError);
+    await assert.rejects(w.allGatherObject([0, 0, 0], () => r), /could not be cloned/);
+    await assert.rejects(w.scatterObjectList([], null, 0), /at least one/);
+    await assert.rejects(w.broadcastObjectList([1], 3), /not part of the group/);
+    if (r === 0) {
+      await assert.rejects(w.gatherObject(r, null, 0), /must be given/);
+      await assert.rejects(w.scatterObjectList([null], null, 0), /must be given/);
+    } else {
+      await assert.rejects(w.gatherObject(r, [0, 0, 0], 0), /must NOT/);
+    }
+  });
+  // Nothing reached the daemon: the next collective lines up on every rank.
+  const lists = ws.map(() => [0, 0, 0]);
+  await all((w, r) => w.allGatherObject(lists[r], `after ${r}`));
+  assert.deepStrictEqual(lists[2], ['after 0', 'after 1', 'after 2']);
+});
+
+test('lists of different lengths fail on every rank with the daemon\'s count error', async (t) => {
+  if (!needDaemon(t)) return;
+  const res = await all((w, r) => w.broadcastObjectList(new Array(1 + (r % 2)).fill(r), 0)
+    .then(() => null, (e) => e));
+  for (const e of res) {
+    assert.ok(e instanceof dist.ParamsyncError, String(e));
+    assert.match(e.details, /count/);
+  }
+});
+
+test('another collective on the group is refused until the objects resolve', async (t) => {
+  if (!needDaemon(t)) return;
+  const lists = ws.map(() => [0, 0, 0]);
+  const objs = ws.map((w, r) => w.allGatherObject(lists[r], r));
+  // Started while the object collective has not resolved: refused, on every rank alike.
+  const early = await Promise.all(ws.map((w) => w.allReduce(Int32Array.of(1))
+    .then(() => null, (e) => e)));
+  for (const e of early) assert.match(String(e), /allGatherObject on this group has not resolved/);
+  await Promise.all(objs);
+  assert.deepStrictEqual(lists[0], [0, 1, 2]);
+  const x = ws.map(() => Int32Array.of(1));
+  await all((w, r) => w.allReduce(x[r]));
+  assert.deepStrictEqual(x[0], Int32Array.of(3));
+});
