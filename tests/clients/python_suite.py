@@ -4,7 +4,7 @@
     python_suite.py --python VENV_PY --paramsyncd BIN [--transport grpc|shm] SCENARIO
 
 Scenarios (each its own ctest test): collectives, groups, async, p2p, torch, registered, doorbell,
-local_errors, daemon_errors, objects, timeout, member_lost, init_methods, launcher,
+local_errors, daemon_errors, objects, uneven, timeout, member_lost, init_methods, launcher,
 shm_reuse, shm_paths, peer, peer_unreadable, peer_registered. With --transport the workers run with PARAMSYNC_SHM=0 (grpc) or
 shared memory on (shm) and check, from the daemon's /metrics, that their big
 payloads went that way; the driver checks that no segment name of theirs is
@@ -736,6 +736,67 @@ def w_objects():
     assert got == ["after %d" % k for k in range(n)], got
     dist.destroy_process_group()
     print("rank %d: objects ok" % r)
+
+
+def w_uneven():
+    """all_to_all_single with uneven splits (torch's form): small and large, torch and
+    numpy, async; splits the ranks disagree on fail on every rank alike."""
+    import numpy as np
+    dist = _w_init()
+    r, n = dist.get_rank(), dist.get_world_size()
+    assert n == 3
+
+    def rows_of(sender, receiver, k, width):
+        """The k rows sender sends receiver, each width int32 values naming them."""
+        base = (sender * 10 + receiver) * 1_000_000
+        return (base + np.arange(k * width, dtype=np.int32)).reshape(k, width)
+
+    for scale, width in ((1, 3), (20_000, 4)):  # the second: up to ~2 MB a rank
+        ins = [scale * (r + 2 * j) for j in range(n)]     # rows r sends to j
+        outs = [scale * (j + 2 * r) for j in range(n)]    # rows j sends to r
+        x = np.concatenate([rows_of(r, j, ins[j], width) for j in range(n)])
+        o = np.full((sum(outs), width), -1, np.int32)
+        dist.all_to_all_single(o, x, outs, ins)
+        expect_eq(o, np.concatenate([rows_of(j, r, outs[j], width) for j in range(n)]),
+                  "uneven all_to_all_single x%d" % scale)
+        o2 = np.full((sum(outs), width), -1, np.int32)
+        w = dist.all_to_all_single(o2, x, outs, ins, async_op=True)
+        w.wait()
+        assert w.is_success()
+        expect_eq(o2, o, "async uneven all_to_all_single x%d" % scale)
+    # Only input splits: the output splits equal (rows / n); every rank sends j 2 rows.
+    x = np.arange(6, dtype=np.float64) + 10 * r
+    o = np.zeros(6)
+    dist.all_to_all_single(o, x, None, [2, 2, 2])
+    expect_eq(o, np.array([2 * r, 2 * r + 1, 10 + 2 * r, 11 + 2 * r, 20 + 2 * r, 21 + 2 * r],
+                          np.float64), "all_to_all_single with input splits only")
+    # Rank 0 expects 2 rows from rank 1, which sends it 1: every rank fails alike, naming
+    # the pair, before any data moves.
+    ins = [1, 1, 1]
+    outs = [1, 2 if r == 0 else 1, 1]
+    try:
+        dist.all_to_all_single(np.zeros(sum(outs), np.int32), np.zeros(3, np.int32), outs, ins)
+        raise AssertionError("all_to_all_single of disagreeing splits succeeded")
+    except ValueError as e:
+        assert "group rank 1 sends 1 rows to group rank 0, whose output_split_sizes expect 2" \
+            in str(e), str(e)
+    # Local errors: sizes that do not add up, a count that is not the group's.
+    try:
+        dist.all_to_all_single(np.zeros(3), np.zeros(3), [1, 1, 2], [1, 1, 1])
+        raise AssertionError("splits not adding up accepted")
+    except ValueError as e:
+        assert "adding up" in str(e), str(e)
+    try:
+        dist.all_to_all_single(np.zeros(3), np.zeros(3), [3], [3])
+        raise AssertionError("one split for 3 ranks accepted")
+    except ValueError as e:
+        assert "has 1 sizes; the group has 3" in str(e), str(e)
+    # The job goes on.
+    y = np.array([r], np.int64)
+    dist.all_reduce(y)
+    expect_eq(y, np.array([3], np.int64), "all_reduce after uneven all_to_all errors")
+    dist.destroy_process_group()
+    print("rank %d: uneven all_to_all ok" % r)
 
 
 def w_local_errors():
@@ -1739,14 +1800,14 @@ WORKERS = {
     "torch": w_torch, "local_errors": w_local_errors, "daemon_errors": w_daemon_errors,
     "timeout": w_timeout, "member_lost": w_member_lost, "init_methods": w_init_methods,
     "shm_reuse": w_shm_reuse, "shm_paths": w_shm_paths, "peer": w_peer,
-    "relay_lost": w_relay_lost, "objects": w_objects,
+    "relay_lost": w_relay_lost, "objects": w_objects, "uneven": w_uneven,
     "peer_unreadable": w_peer, "peer_registered": w_peer_registered,
 }
 
 # ---------------------------------------------------------------------------------- driver
 
 NPROC = {"barrier_direct": 3, "doorbell": 3, "registered": 3, "collectives": 3, "groups": 4, "async": 3, "p2p": 3, "torch": 3, "local_errors": 2,
-         "objects": 4,
+         "objects": 4, "uneven": 3,
          "daemon_errors": 3, "timeout": 2, "member_lost": 2, "shm_reuse": 3, "peer": 3,
          "peer_unreadable": 3, "peer_registered": 3}
 

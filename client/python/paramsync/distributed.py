@@ -1471,8 +1471,10 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False
 
 def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None,
                       group=None, async_op=False):
-    """Block j of output (split along the first dimension) gets rank j's block `rank` of input.
-    paramsync needs equal blocks: split sizes, when given, must all be equal."""
+    """Block j of output (split along the first dimension) gets rank j's block `rank` of
+    input. Without split sizes the blocks are equal; with them (rows of the first
+    dimension, torch's uneven form; every rank gives them, or none does) each rank's
+    input_split_sizes[j] must be what rank j expects in its output_split_sizes[rank]."""
     g = _member(group, "all_to_all_single")
     if g is None:
         return None
@@ -1482,17 +1484,104 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     if o.dtype != i.dtype:
         raise TypeError("all_to_all_single: output is %s, input %s (one dtype per collective)"
                         % (T.NAMES[o.dtype], T.NAMES[i.dtype]))
-    for name, sizes in (("output_split_sizes", output_split_sizes),
-                        ("input_split_sizes", input_split_sizes)):
-        if sizes is not None and len(sizes) and len(set(int(s) for s in sizes)) > 1:
-            raise ValueError("all_to_all_single: paramsync moves equal blocks; %s %s differ"
-                             % (name, list(sizes)))
+    if _given(output_split_sizes) or _given(input_split_sizes):
+        # Decided by whether sizes are given, never by their values: splits that look
+        # equal on one rank can be uneven on another, and all must take the same steps.
+        row = _row_elements(input, output)
+        ins = _splits(input_split_sizes, input, row, n, "input")
+        outs = _splits(output_split_sizes, output, row, n, "output")
+        return _uneven_all_to_all(g, o, i, ins, outs, row, async_op, output)
     if i.numel != o.numel or i.numel % n:
         raise ValueError("all_to_all_single: input (%d elements) and output (%d) must be the "
-                         "same size, a multiple of the group size %d" % (i.numel, o.numel, n))
+                         "same size, a multiple of the group size %d (or give split sizes)"
+                         % (i.numel, o.numel, n))
     send = _snapshot([i], [o])
     return _start(g, "all_to_all_single", _K.ALL_TO_ALL, send=send, recv=[o], dtype=i.dtype,
                   count=i.numel // n, async_op=async_op, outputs=[output])
+
+
+def _given(sizes):
+    return sizes is not None and len(sizes) > 0
+
+
+def _rows(tensor):
+    shape = tuple(tensor.shape)
+    if not shape:
+        raise ValueError("all_to_all_single: split sizes need tensors of one dimension or more")
+    return shape
+
+
+def _row_elements(input, output):
+    """Elements of one row (one index of the first dimension), alike in input and output."""
+    ri, ro = _rows(input)[1:], _rows(output)[1:]
+    if ri != ro:
+        raise ValueError("all_to_all_single: input rows are %s and output rows %s; they must "
+                         "be alike" % (ri, ro))
+    return int(np.prod(ri, dtype=np.int64))
+
+
+def _splits(sizes, tensor, row, n, what):
+    """Rows per rank: sizes as ints, checked against the tensor, or equal rows."""
+    rows = _rows(tensor)[0]
+    if not _given(sizes):
+        if rows % n:
+            raise ValueError("all_to_all_single: %s has %d rows, not a multiple of the group "
+                             "size %d (give %s_split_sizes)" % (what, rows, n, what))
+        return [rows // n] * n
+    sizes = [int(k) for k in sizes]
+    if len(sizes) != n:
+        raise ValueError("all_to_all_single: %s_split_sizes has %d sizes; the group has %d "
+                         "ranks" % (what, len(sizes), n))
+    if min(sizes) < 0 or sum(sizes) != rows:
+        raise ValueError("all_to_all_single: %s_split_sizes %s must be rows >= 0 adding up to "
+                         "the %s's %d" % (what, sizes, what, rows))
+    return sizes
+
+
+def _uneven_all_to_all(g, o, i, ins, outs, row, async_op, output):
+    """torch's all_to_all_single with uneven splits, on the daemon's equal blocks: every
+    rank's split sizes first (one all_gather, so that every rank checks every pair alike
+    and all fail together), then each block padded to the largest. The data's call is
+    started (its sequence number taken) before this returns, as any collective's."""
+    n = g.size()
+    table = np.zeros(2 * n * n, np.int64)
+    _step(g, "all_to_all_single", _K.ALL_GATHER, send=[np.array(ins + outs, np.int64)],
+          recv=[table], dtype=T.INT64, count=2 * n)
+    sent, expected = table.reshape(n, 2, n)[:, 0, :], table.reshape(n, 2, n)[:, 1, :]
+    bad = np.argwhere(sent != expected.T)
+    if bad.size:
+        a, b = (int(k) for k in bad[0])
+        raise ValueError("all_to_all_single: group rank %d sends %d rows to group rank %d, "
+                         "whose output_split_sizes expect %d" % (a, sent[a, b], b,
+                                                                 expected[b, a]))
+    esize = T.SIZES[i.dtype]
+    m = int(sent.max()) * row * esize  # a padded block's bytes
+    src = np.zeros(n * m, np.uint8)
+    at = 0
+    for j, k in enumerate(ins):
+        src[j * m:j * m + k * row * esize] = i.arr[at:at + k * row * esize]
+        at += k * row * esize
+    dst = np.empty(n * m, np.uint8)
+
+    def unpack():
+        at = 0
+        for j, k in enumerate(outs):
+            o.arr[at:at + k * row * esize] = dst[j * m:j * m + k * row * esize]
+            at += k * row * esize
+        return None
+
+    w = _step(g, "all_to_all_single", _K.ALL_TO_ALL, send=[src], recv=[dst], dtype=T.UINT8,
+              count=m, async_op=async_op, outputs=[output])
+    if not async_op:
+        return unpack()
+    return Work(lambda: (w.wait(), unpack())[1], outputs=[output])
+
+
+def _step(g, name, kind, send=(), recv=(), **kw):
+    """One collective of numpy arrays made here (the sizes and padded bytes of the object
+    collectives and of an uneven all_to_all_single), named in errors by the call it serves."""
+    return _start(g, name, kind, send=[T.view(a, name) for a in send],
+                  recv=[T.view(a, name, writable=True) for a in recv], **kw)
 
 
 # ------------------------------------------------------- Python objects, pickled as torch does
@@ -1523,10 +1612,11 @@ def _object_list(obj, name, what, n):
                          % (name, what, len(obj), n))
 
 
-def _gathered_sizes(g, data, group):
+def _gathered_sizes(g, data, name):
     """Every rank's pickle size, in group rank order (one all_gather of int64s)."""
     sizes = np.zeros(g.size(), np.int64)
-    all_gather_into_tensor(sizes, np.array([data.size], np.int64), group=group)
+    _step(g, name, _K.ALL_GATHER, send=[np.array([data.size], np.int64)], recv=[sizes],
+          dtype=T.INT64, count=1)
     return sizes
 
 
@@ -1545,10 +1635,11 @@ def all_gather_object(object_list, obj, group=None):
     n = g.size()
     _object_list(object_list, "all_gather_object", "object_list", n)
     data = _pickled(obj)
-    sizes = _gathered_sizes(g, data, group)
+    sizes = _gathered_sizes(g, data, "all_gather_object")
     m = int(sizes.max())
     out = np.empty(n * m, np.uint8)
-    all_gather_into_tensor(out, _padded(data, m), group=group)
+    _step(g, "all_gather_object", _K.ALL_GATHER, send=[_padded(data, m)], recv=[out],
+          dtype=T.UINT8, count=m)
     for i in range(n):
         object_list[i] = _unpickled(out[i * m:], sizes[i], "all_gather_object", g.ranks[i])
     return None
@@ -1571,10 +1662,11 @@ def gather_object(obj, object_gather_list=None, dst=0, group=None):
         raise ValueError("gather_object: Argument ``object_gather_list`` must NOT be specified "
                          "on non-destination ranks.")
     data = _pickled(obj)
-    sizes = _gathered_sizes(g, data, group)
+    sizes = _gathered_sizes(g, data, "gather_object")
     m = int(sizes.max())
     outs = [np.empty(m, np.uint8) for _ in range(n)] if g.rank() == root else None
-    gather(_padded(data, m), outs, dst=dst, group=group)
+    _step(g, "gather_object", _K.GATHER, send=[_padded(data, m)], recv=outs or (),
+          dtype=T.UINT8, count=m, root=root)
     if outs is not None:
         for i in range(n):
             object_gather_list[i] = _unpickled(outs[i], sizes[i], "gather_object", g.ranks[i])
@@ -1593,11 +1685,13 @@ def broadcast_object_list(object_list, src=0, group=None, device=None):
     datas = [_pickled(o) for o in object_list] if mine else []
     sizes = np.array([d.size for d in datas] if mine else [0] * len(object_list), np.int64)
     # The sizes go even for an empty list: the daemon compares the ranks' lengths.
-    broadcast(sizes, src, group=group)
+    _step(g, "broadcast_object_list", _K.BROADCAST, send=[sizes] if mine else (),
+          recv=() if mine else [sizes], dtype=T.INT64, count=sizes.size, root=root)
     if not sizes.size:
         return None
     buf = np.concatenate(datas) if mine else np.empty(int(sizes.sum()), np.uint8)
-    broadcast(buf, src, group=group)
+    _step(g, "broadcast_object_list", _K.BROADCAST, send=[buf] if mine else (),
+          recv=() if mine else [buf], dtype=T.UINT8, count=buf.size, root=root)
     if not mine:
         at = 0
         for i, size in enumerate(sizes):
@@ -1630,10 +1724,13 @@ def scatter_object_list(scatter_object_output_list, scatter_object_input_list=No
         # Each rank gets its size and the largest: one scatter of int64 pairs.
         heads = [np.array([d.size, m], np.int64) for d in datas]
     head = np.zeros(2, np.int64)
-    scatter(head, heads if mine else None, src=src, group=group)
+    _step(g, "scatter_object_list", _K.SCATTER, send=heads if mine else (), recv=[head],
+          dtype=T.INT64, count=2, root=root)
     m = int(head[1])
     out = np.empty(m, np.uint8)
-    scatter(out, [_padded(d, m) for d in datas] if mine else None, src=src, group=group)
+    _step(g, "scatter_object_list", _K.SCATTER,
+          send=[_padded(d, m) for d in datas] if mine else (), recv=[out], dtype=T.UINT8,
+          count=m, root=root)
     scatter_object_output_list[0] = _unpickled(out, head[0], "scatter_object_list", src)
     return None
 
