@@ -19,6 +19,8 @@ export interface InitOptions { backend?: 'paramsync'; initMethod?: string; world
 export interface Opts { group?: Group; dtype?: DType }
 export interface ReduceOpts extends Opts { op?: number }
 export interface P2POpts extends Opts { tag?: number }
+export interface AllToAllOpts extends Opts { outputSplitSizes?: number[];
+  inputSplitSizes?: number[] }
 
 export declare class World {
   static init(opts?: InitOptions): Promise<World>;
@@ -56,7 +58,9 @@ export declare class World {
   reduceScatter<T extends Tensor>(output: T, inputList: Tensor[], opts?: ReduceOpts): Promise<T>;
   reduceScatterTensor<T extends Tensor>(output: T, input: Tensor, opts?: ReduceOpts): Promise<T>;
   allToAll(outputList: Tensor[], inputList: Tensor[], opts?: Opts): Promise<Tensor[]>;
-  allToAllSingle<T extends Tensor>(output: T, input: Tensor, opts?: Opts): Promise<T>;
+  /** Uneven with split sizes (elements per rank; every rank gives them or none does): two
+   * collectives, so another on the group may start once it resolves. */
+  allToAllSingle<T extends Tensor>(output: T, input: Tensor, opts?: AllToAllOpts): Promise<T>;
   /** torch's object collectives: objects go serialized by v8.serialize (structured
    * clone); each resolves to the list it filled in place (gatherObject: null on ranks
    * other than dst). Another collective on the group may start once it resolves. */

@@ -2034,7 +2034,7 @@ class World {
   _start(g, name, kind, { send = [], recv = [], op = 0, dtype = 0, count = 0, root = 0,
     peer = 0, tag = 0, source = false, outputs } = {}) {
     this._check();
-    if (g._objectsBusy && !g._objectStep) throw objectsBusy(name, g._objectsBusy);
+    if (g._stepsBusy && !g._inStep) throw stepsBusy(name, g._stepsBusy);
     // Peer copies hold three sequence numbers. Decided from what every rank of the group
     // has alike: the kind, the block's bytes, the coordinator's sets.
     const peerCopies = peerTakes(kind, count * ELEMENT_BYTES[dtype], this.peerSets, g.ranks,
@@ -2263,9 +2263,15 @@ class World {
     const i = view(input, 'input', opts.dtype);
     const n = g.size();
     if (o.dtype !== i.dtype) throw new TypeError('allToAllSingle: output and input dtypes differ');
+    // Split sizes take two steps; decided by whether they are given, never by their
+    // values (splits that look even on one rank can be uneven on another).
+    const given = (x) => x !== undefined && x !== null && x.length > 0;
+    if (given(opts.outputSplitSizes) || given(opts.inputSplitSizes)) {
+      return this._allToAllUneven(g, o, i, output, opts);
+    }
     if (i.numel !== o.numel || i.numel % n) {
       throw new RangeError(`allToAllSingle: input (${i.numel}) and output (${o.numel}) must ` +
-        `be the same size, a multiple of the group size ${n}`);
+        `be the same size, a multiple of the group size ${n} (or give split sizes)`);
     }
     return this._start(g, 'all_to_all_single', KIND.ALL_TO_ALL, { send: snapshot([i], [o]),
       recv: [o], dtype: i.dtype, count: i.numel / n, outputs: output });
@@ -2295,26 +2301,24 @@ class World {
 
   irecv(tensor, src, opts) { return this.recv(tensor, src, opts); }
 
-  // -------------------------------------------------------------- objects
+  // -------------------------------------------------------------- in steps
 
-  // torch's object collectives: each object is serialized (v8.serialize, Node's structured
-  // clone: what Python pickles there) into a Uint8Array and moved by the collectives
-  // above, its size first. They take two collectives, the second numbered when the first
-  // ends, so another collective on the same group must wait until they resolve (starting
-  // one earlier is an error, before anything is sent).
-
-  async _objectSteps(g, name, body) {
-    if (g._objectsBusy) throw objectsBusy(name, g._objectsBusy);
-    g._objectsBusy = name;
+  // The object collectives and an uneven allToAllSingle take two collectives, the second
+  // numbered when the first ends, so another collective on the same group may not start
+  // in between (starting one is an error, before anything is sent). body(step) runs them:
+  // step(start, last) starts one, last when no other follows.
+  async _steps(g, name, body) {
+    if (g._stepsBusy) throw stepsBusy(name, g._stepsBusy);
+    g._stepsBusy = name;
     let open = true;
     const step = (start, last = false) => {
-      g._objectStep = true;
+      g._inStep = true;
       try {
         return start();
       } finally {
-        g._objectStep = false;
+        g._inStep = false;
         if (last) {
-          g._objectsBusy = null;
+          g._stepsBusy = null;
           open = false;
         }
       }
@@ -2322,34 +2326,55 @@ class World {
     try {
       return await body(step);
     } finally {
-      if (open) g._objectsBusy = null;
+      if (open) g._stepsBusy = null;
     }
   }
 
+  /** One collective of arrays made here, named in errors by the call it serves. */
+  _inner(g, name, kind, { send = [], recv = [], count, root = 0 }) {
+    const s = send.map((a) => view(a, name));
+    const r = recv.map((a) => view(a, name));
+    return this._start(g, name, kind, { send: s, recv: r, dtype: (s[0] || r[0]).dtype, count,
+      root, outputs: null });
+  }
+
+  // -------------------------------------------------------------- objects
+
+  // torch's object collectives: each object is serialized (v8.serialize, Node's structured
+  // clone: what Python pickles there) into a Uint8Array and moved by collectives of its
+  // own, its size first.
+
+  /** Every rank's serialized size, in group rank order (one all_gather of int64s). */
+  _objectSizes(g, name, data) {
+    const sizes = new BigInt64Array(g.size());
+    return this._inner(g, name, KIND.ALL_GATHER, {
+      send: [BigInt64Array.of(BigInt(data.length))], recv: [sizes], count: 1 })
+      .then(() => sizes);
+  }
+
   async allGatherObject(objectList, obj, opts = {}) {
-    const g = this._group(opts.group, 'allGatherObject');
+    const name = 'allGatherObject';
+    const g = this._group(opts.group, name);
     if (!g) return undefined;
     const n = g.size();
-    objectArray(objectList, 'allGatherObject', 'objectList', n);
+    objectArray(objectList, name, 'objectList', n);
     const data = v8.serialize(obj);
-    const group = { group: opts.group };
-    return this._objectSteps(g, 'allGatherObject', async (step) => {
-      const sizes = new BigInt64Array(n);
-      await step(() => this.allGatherIntoTensor(sizes, BigInt64Array.of(BigInt(data.length)),
-        group));
+    return this._steps(g, name, async (step) => {
+      const sizes = await step(() => this._objectSizes(g, name, data));
       const m = largest(sizes);
       const out = new Uint8Array(n * m);
-      await step(() => this.allGatherIntoTensor(out, padded(data, m), group), true);
+      await step(() => this._inner(g, name, KIND.ALL_GATHER, { send: [padded(data, m)],
+        recv: [out], count: m }), true);
       for (let i = 0; i < n; i++) {
-        objectList[i] = deserialized(out.subarray(i * m), sizes[i], 'allGatherObject',
-          g.ranks[i]);
+        objectList[i] = deserialized(out.subarray(i * m), sizes[i], name, g.ranks[i]);
       }
       return objectList;
     });
   }
 
   async gatherObject(obj, objectGatherList = null, dst = 0, opts = {}) {
-    const g = this._group(opts.group, 'gatherObject');
+    const name = 'gatherObject';
+    const g = this._group(opts.group, name);
     if (!g) return undefined;
     const n = g.size();
     const root = groupRank(g, dst, 'gatherObject: dst');
@@ -2358,48 +2383,49 @@ class World {
       if (!objectGatherList) {
         throw new RangeError('gatherObject: objectGatherList must be given on the destination rank');
       }
-      objectArray(objectGatherList, 'gatherObject', 'objectGatherList', n);
+      objectArray(objectGatherList, name, 'objectGatherList', n);
     } else if (objectGatherList && objectGatherList.length) {
       throw new RangeError('gatherObject: objectGatherList must NOT be given on non-destination ranks');
     }
     const data = v8.serialize(obj);
-    const group = { group: opts.group };
-    return this._objectSteps(g, 'gatherObject', async (step) => {
-      const sizes = new BigInt64Array(n);
-      await step(() => this.allGatherIntoTensor(sizes, BigInt64Array.of(BigInt(data.length)),
-        group));
+    return this._steps(g, name, async (step) => {
+      const sizes = await step(() => this._objectSizes(g, name, data));
       const m = largest(sizes);
-      const outs = mine ? Array.from({ length: n }, () => new Uint8Array(m)) : null;
-      await step(() => this.gather(padded(data, m), outs, dst, group), true);
+      const outs = mine ? Array.from({ length: n }, () => new Uint8Array(m)) : [];
+      await step(() => this._inner(g, name, KIND.GATHER, { send: [padded(data, m)],
+        recv: outs, count: m, root }), true);
       if (!mine) return null;
       for (let i = 0; i < n; i++) {
-        objectGatherList[i] = deserialized(outs[i], sizes[i], 'gatherObject', g.ranks[i]);
+        objectGatherList[i] = deserialized(outs[i], sizes[i], name, g.ranks[i]);
       }
       return objectGatherList;
     });
   }
 
   async broadcastObjectList(objectList, src = 0, opts = {}) {
-    const g = this._group(opts.group, 'broadcastObjectList');
+    const name = 'broadcastObjectList';
+    const g = this._group(opts.group, name);
     if (!g) return undefined;
     const root = groupRank(g, src, 'broadcastObjectList: src');
-    objectArray(objectList, 'broadcastObjectList', 'objectList', null);
+    objectArray(objectList, name, 'objectList', null);
     const mine = g.rank() === root;
     const datas = mine ? objectList.map((o) => v8.serialize(o)) : [];
     const sizes = BigInt64Array.from(mine ? datas.map((d) => BigInt(d.length))
       : objectList.map(() => 0n));
-    const group = { group: opts.group };
-    return this._objectSteps(g, 'broadcastObjectList', async (step) => {
+    const one = (a) => (mine ? { send: [a] } : { recv: [a] });
+    return this._steps(g, name, async (step) => {
       // The sizes go even for an empty list: the daemon compares the ranks' lengths.
-      await step(() => this.broadcast(sizes, src, group), sizes.length === 0);
+      await step(() => this._inner(g, name, KIND.BROADCAST, { ...one(sizes),
+        count: sizes.length, root }), sizes.length === 0);
       if (!sizes.length) return objectList;
       const buf = mine ? Buffer.concat(datas)
         : new Uint8Array(Number(sizes.reduce((a, b) => a + b, 0n)));
-      await step(() => this.broadcast(buf, src, group), true);
+      await step(() => this._inner(g, name, KIND.BROADCAST, { ...one(buf), count: buf.length,
+        root }), true);
       if (!mine) {
         let at = 0;
         for (let i = 0; i < sizes.length; i++) {
-          objectList[i] = deserialized(buf.subarray(at), sizes[i], 'broadcastObjectList', src);
+          objectList[i] = deserialized(buf.subarray(at), sizes[i], name, src);
           at += Number(sizes[i]);
         }
       }
@@ -2408,7 +2434,8 @@ class World {
   }
 
   async scatterObjectList(outputList, inputList = null, src = 0, opts = {}) {
-    const g = this._group(opts.group, 'scatterObjectList');
+    const name = 'scatterObjectList';
+    const g = this._group(opts.group, name);
     if (!g) return undefined;
     const n = g.size();
     if (!Array.isArray(outputList) || outputList.length < 1) {
@@ -2416,28 +2443,76 @@ class World {
     }
     const root = groupRank(g, src, 'scatterObjectList: src');
     const mine = g.rank() === root;
-    let datas = null;
-    let heads = null;
+    let datas = [];
+    let heads = [];
     if (mine) {
       if (!inputList) {
         throw new RangeError('scatterObjectList: inputList must be given on the source rank');
       }
-      objectArray(inputList, 'scatterObjectList', 'inputList', n);
+      objectArray(inputList, name, 'inputList', n);
       datas = inputList.map((o) => v8.serialize(o));
       const m = datas.reduce((a, d) => Math.max(a, d.length), 0);
       // Each rank gets its size and the largest: one scatter of int64 pairs.
       heads = datas.map((d) => BigInt64Array.of(BigInt(d.length), BigInt(m)));
     }
-    const group = { group: opts.group };
-    return this._objectSteps(g, 'scatterObjectList', async (step) => {
+    return this._steps(g, name, async (step) => {
       const head = new BigInt64Array(2);
-      await step(() => this.scatter(head, heads, src, group));
+      await step(() => this._inner(g, name, KIND.SCATTER, { send: heads, recv: [head],
+        count: 2, root }));
       const m = Number(head[1]);
       const out = new Uint8Array(m);
-      await step(() => this.scatter(out, mine ? datas.map((d) => padded(d, m)) : null, src,
-        group), true);
-      outputList[0] = deserialized(out, head[0], 'scatterObjectList', src);
+      await step(() => this._inner(g, name, KIND.SCATTER, {
+        send: datas.map((d) => padded(d, m)), recv: [out], count: m, root }), true);
+      outputList[0] = deserialized(out, head[0], name, src);
       return outputList;
+    });
+  }
+
+  // -------------------------------------------------------------- uneven all_to_all
+
+  /** torch's all_to_all_single with split sizes (elements here: typed arrays have one
+   * dimension), on the daemon's equal blocks: every rank's sizes gathered first, so that
+   * every rank checks every pair alike and all fail together, then blocks padded to the
+   * largest. */
+  async _allToAllUneven(g, o, i, output, opts) {
+    const name = 'allToAllSingle';
+    const n = g.size();
+    const ins = splitSizes(opts.inputSplitSizes, i.numel, n, 'input');
+    const outs = splitSizes(opts.outputSplitSizes, o.numel, n, 'output');
+    const esize = ELEMENT_BYTES[i.dtype];
+    return this._steps(g, name, async (step) => {
+      const table = new BigInt64Array(2 * n * n);
+      await step(() => this._inner(g, name, KIND.ALL_GATHER, {
+        send: [BigInt64Array.from([...ins, ...outs], BigInt)], recv: [table], count: 2 * n }));
+      let m = 0;
+      for (let a = 0; a < n; a++) {
+        for (let b = 0; b < n; b++) {
+          const sent = Number(table[a * 2 * n + b]);
+          const expected = Number(table[b * 2 * n + n + a]);
+          if (sent !== expected) {
+            // Before the data step, which is then never numbered: the gate opens below.
+            throw new RangeError(`${name}: group rank ${a} sends ${sent} elements to group ` +
+              `rank ${b}, whose outputSplitSizes expect ${expected}`);
+          }
+          m = Math.max(m, sent);
+        }
+      }
+      const mb = m * esize;
+      const src = new Uint8Array(n * mb);
+      const dst = new Uint8Array(n * mb);
+      let at = 0;
+      ins.forEach((k, j) => {
+        src.set(i.buf.subarray(at, at + k * esize), j * mb);
+        at += k * esize;
+      });
+      await step(() => this._inner(g, name, KIND.ALL_TO_ALL, { send: [src], recv: [dst],
+        count: mb }), true);
+      at = 0;
+      outs.forEach((k, j) => {
+        o.buf.set(dst.subarray(j * mb, j * mb + k * esize), at);
+        at += k * esize;
+      });
+      return output;
     });
   }
 
@@ -2467,10 +2542,30 @@ for (const m of COLLECTIVES) {
   };
 }
 
-function objectsBusy(name, busy) {
+function stepsBusy(name, busy) {
   return new Error(`${name}: ${busy} on this group has not resolved yet; await it before ` +
     'starting another collective on the group (its second step is numbered when its first ' +
     'ends)');
+}
+
+function splitSizes(sizes, numel, n, what) {
+  if (sizes === undefined || sizes === null || sizes.length === 0) {
+    if (numel % n) {
+      throw new RangeError(`allToAllSingle: ${what} has ${numel} elements, not a multiple of ` +
+        `the group size ${n} (give ${what}SplitSizes)`);
+    }
+    return new Array(n).fill(numel / n);
+  }
+  const out = Array.from(sizes, Number);
+  if (out.length !== n) {
+    throw new RangeError(`allToAllSingle: ${what}SplitSizes has ${out.length} sizes; the ` +
+      `group has ${n} ranks`);
+  }
+  if (out.some((k) => !Number.isInteger(k) || k < 0) || out.reduce((a, b) => a + b, 0) !== numel) {
+    throw new RangeError(`allToAllSingle: ${what}SplitSizes ${out} must be counts >= 0 ` +
+      `adding up to the ${what}'s ${numel} elements`);
+  }
+  return out;
 }
 
 function objectArray(list, name, what, n) {

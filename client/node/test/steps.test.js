@@ -1,8 +1,9 @@
 'use strict';
-// torch's object collectives (allGatherObject, gatherObject, broadcastObjectList,
-// scatterObjectList) with 3 ranks of one job in this process: results in group rank
-// order, the argument errors before anything is sent, the daemon's count check, and
-// another collective on the group refused until one of them resolves.
+// The collectives that take two steps, with 3 ranks of one job in this process: torch's
+// object collectives (allGatherObject, gatherObject, broadcastObjectList,
+// scatterObjectList) and allToAllSingle with uneven split sizes. Results in group rank
+// order, the argument errors before anything is sent, the daemon's count check, splits
+// the ranks disagree on, and another collective on the group refused until one resolves.
 const test = require('node:test');
 const assert = require('node:assert');
 const dist = require('..');
@@ -14,7 +15,7 @@ let ws;
 
 test.before(async () => {
   daemon = await startDaemon();
-  if (daemon) ws = await worlds(dist, daemon.addr, 'node-objects', N);
+  if (daemon) ws = await worlds(dist, daemon.addr, 'node-steps', N);
 });
 test.after(async () => {
   if (ws) await Promise.all(ws.map((w) => w.destroy()));
@@ -120,4 +121,55 @@ test('another collective on the group is refused until the objects resolve', asy
   const x = ws.map(() => Int32Array.of(1));
   await all((w, r) => w.allReduce(x[r]));
   assert.deepStrictEqual(x[0], Int32Array.of(3));
+});
+
+// Rank s sends rank d `s + 2 d` (times scale) elements naming both.
+function unevenInput(r, scale) {
+  const parts = [0, 1, 2].map((d) => Int32Array.from({ length: scale * (r + 2 * d) },
+    (_, k) => (r * 10 + d) * 1000000 + k));
+  return Int32Array.from(parts.flatMap((p) => Array.from(p)));
+}
+
+test('allToAllSingle with uneven split sizes', async (t) => {
+  if (!needDaemon(t)) return;
+  for (const scale of [1, 30000]) { // the second: up to about 1 MB a rank
+    const ins = (r) => [0, 1, 2].map((d) => scale * (r + 2 * d));
+    const outs = (r) => [0, 1, 2].map((s) => scale * (s + 2 * r));
+    const o = ws.map((w, r) => new Int32Array(outs(r).reduce((a, b) => a + b)).fill(-1));
+    const res = await all((w, r) => w.allToAllSingle(o[r], unevenInput(r, scale),
+      { outputSplitSizes: outs(r), inputSplitSizes: ins(r) }));
+    for (let r = 0; r < N; r++) {
+      assert.strictEqual(res[r], o[r]);
+      const want = [0, 1, 2].flatMap((s) => Array.from({ length: scale * (s + 2 * r) },
+        (_, k) => (s * 10 + r) * 1000000 + k));
+      assert.deepStrictEqual(Array.from(o[r]), want, `rank ${r}, scale ${scale}`);
+    }
+  }
+  // Input splits only: the outputs even (2 from each).
+  const o = ws.map(() => new Float64Array(6));
+  await all((w, r) => w.allToAllSingle(o[r], Float64Array.from({ length: 6 }, (_, k) => 10 * r + k),
+    { inputSplitSizes: [2, 2, 2] }));
+  assert.deepStrictEqual(Array.from(o[1]), [2, 3, 12, 13, 22, 23]);
+});
+
+test('uneven splits the ranks disagree on fail on every rank, naming the pair', async (t) => {
+  if (!needDaemon(t)) return;
+  const res = await all((w, r) => {
+    const outs = [1, r === 0 ? 2 : 1, 1];
+    return w.allToAllSingle(new Int32Array(outs[0] + outs[1] + outs[2]), new Int32Array(3),
+      { outputSplitSizes: outs, inputSplitSizes: [1, 1, 1] }).then(() => null, (e) => e);
+  });
+  for (const e of res) {
+    assert.match(String(e), /group rank 1 sends 1 elements to group rank 0, whose outputSplitSizes expect 2/);
+  }
+  await all(async (w) => {
+    await assert.rejects(w.allToAllSingle(new Int32Array(3), new Int32Array(3),
+      { outputSplitSizes: [1, 1, 2], inputSplitSizes: [1, 1, 1] }), /adding up/);
+    await assert.rejects(w.allToAllSingle(new Int32Array(3), new Int32Array(3),
+      { inputSplitSizes: [3] }), /has 1 sizes; the group has 3/);
+  });
+  // The job goes on.
+  const x = ws.map(() => Int32Array.of(1));
+  await all((w, r) => w.allReduce(x[r]));
+  assert.deepStrictEqual(x[2], Int32Array.of(3));
 });
