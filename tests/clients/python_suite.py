@@ -838,11 +838,23 @@ def w_local_errors():
                                     dst=1)
     raises(ValueError, dist.new_group, [0, 0])
     raises(ValueError, dist.new_group, [n])
+    assert "give group_size" in raises(ValueError, dist.new_subgroups)
+    assert "must not exceed" in raises(ValueError, dist.new_subgroups, n + 1)
+    raises(ValueError, dist.new_subgroups, 0)
+    assert "cannot be empty" in raises(ValueError, dist.new_subgroups_by_enumeration, [])
+    assert "Rank 1 has appeared in both subgroup [0, 1] and [1]" in raises(
+        ValueError, dist.new_subgroups_by_enumeration, [[0, 1], [1]])
     raises(RuntimeError, dist.init_process_group, "paramsync")  # twice
     # None of that reached the daemon: the next collective is still seq 0 everywhere.
     x = np.array([1], np.int32)
     dist.all_reduce(x)
     expect_eq(x, np.array([n], np.int32), "all_reduce after local errors")
+    # No group was made by the refused calls: the next ones line up on every rank.
+    mine, subs = dist.new_subgroups(1)
+    assert len(subs) == n and dist.get_world_size(mine) == 1 and subs[r] is mine, subs
+    x = np.array([r + 5], np.int32)
+    dist.all_reduce(x, group=mine)
+    expect_eq(x, np.array([r + 5], np.int32), "all_reduce in a subgroup of one")
     dist.destroy_process_group()
     assert "not been initialized" in raises(RuntimeError, dist.get_rank)
     assert "backend" in raises(ValueError, dist.init_process_group, "gloo")

@@ -56,7 +56,8 @@ __all__ = [
     "destroy_process_group", "gather", "gather_object",
     "get_backend", "get_global_rank", "get_group_rank", "get_process_group_ranks", "get_rank",
     "get_world_size", "group", "init_process_group", "irecv", "is_available", "is_initialized",
-    "isend", "new_group", "recv", "reduce", "reduce_op", "reduce_scatter",
+    "isend", "new_group", "new_subgroups", "new_subgroups_by_enumeration", "recv", "reduce",
+    "reduce_op", "reduce_scatter",
     "reduce_scatter_tensor", "scatter", "scatter_object_list", "send", "empty", "free",
     "is_shared",
 ]
@@ -1080,6 +1081,51 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None):
     if resp.group_rank < 0:
         return GroupMember.NON_GROUP_MEMBER
     return ProcessGroup(w, resp.group or gid, ranks, resp.group_rank)
+
+
+def new_subgroups(group_size=None, group=None, timeout=None, backend=None, pg_options=None):
+    """torch's new_subgroups: the world cut into groups of group_size consecutive ranks,
+    every rank calling it. Returns (this rank's group, all of them). group_size has no
+    default here (torch's is the CUDA device count)."""
+    w = _get_world()
+    if group_size is None:
+        raise ValueError("new_subgroups: give group_size (torch's default, the CUDA device "
+                         "count, has no meaning for paramsync)")
+    if group is not None and group is not GroupMember.WORLD:
+        raise ValueError("new_subgroups: only subgroups of the world are supported")
+    group_size = int(group_size)
+    if group_size <= 0:
+        raise ValueError("The arg 'group_size' must be greater than 0")
+    if group_size > w.size:
+        raise ValueError("The arg 'group_size' must not exceed the world size")
+    if w.size % group_size:
+        raise ValueError("The world size must be divisible by 'group_size'")
+    return new_subgroups_by_enumeration(
+        [list(range(k, k + group_size)) for k in range(0, w.size, group_size)],
+        timeout=timeout, backend=backend, pg_options=pg_options)
+
+
+def new_subgroups_by_enumeration(ranks_per_subgroup_list, timeout=None, backend=None,
+                                 pg_options=None):
+    """torch's new_subgroups_by_enumeration: a group for each list of ranks (a rank in one
+    at most), every rank calling it. Returns (this rank's group or None, all of them)."""
+    w = _get_world()
+    if not ranks_per_subgroup_list:
+        raise ValueError("The arg 'ranks_per_subgroup_list' cannot be empty")
+    first = {}
+    for ranks in ranks_per_subgroup_list:  # checked before any group is made
+        for r in ranks:
+            if r in first:
+                raise ValueError("Rank {} has appeared in both subgroup {} and {}".format(
+                    r, first[r], ranks))
+            first[r] = ranks
+    subgroups, mine = [], None
+    for ranks in ranks_per_subgroup_list:
+        g = new_group(ranks, timeout=timeout, backend=backend, pg_options=pg_options)
+        subgroups.append(g)
+        if w.rank in ranks:
+            mine = g
+    return mine, subgroups
 
 
 def get_rank(group=None):
