@@ -38,6 +38,10 @@ export declare class World {
   destroy(): Promise<void>;
   abort(): void;
   newGroup(ranks?: number[]): Promise<Group>;
+  /** [this rank's group, all of them]: the world in groups of groupSize consecutive ranks. */
+  newSubgroups(groupSize: number): Promise<[Group, Group[]]>;
+  /** [this rank's group or null, all of them]: a group for each array of ranks. */
+  newSubgroupsByEnumeration(rankLists: number[][]): Promise<[Group | null, Group[]]>;
   getRank(group?: Group): number;
   getWorldSize(group?: Group): number;
   getProcessGroupRanks(group?: Group): number[];
@@ -86,6 +90,8 @@ export declare const hasDoorbell: boolean;
 export declare const getRank: World['getRank'];
 export declare const getWorldSize: World['getWorldSize'];
 export declare const newGroup: World['newGroup'];
+export declare const newSubgroups: World['newSubgroups'];
+export declare const newSubgroupsByEnumeration: World['newSubgroupsByEnumeration'];
 export declare const barrier: World['barrier'];
 export declare const broadcast: World['broadcast'];
 export declare const allReduce: World['allReduce'];

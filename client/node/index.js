@@ -2116,6 +2116,50 @@ class World {
     return new ProcessGroup(this, resp.group || gid, list, resp.group_rank);
   }
 
+  /** torch's new_subgroups: the world cut into groups of groupSize consecutive ranks,
+   * every rank calling it; resolves to [this rank's group, all of them]. */
+  async newSubgroups(groupSize) {
+    if (!Number.isInteger(groupSize) || groupSize <= 0) {
+      throw new RangeError(`newSubgroups: groupSize must be a positive integer, not ${groupSize}`);
+    }
+    if (groupSize > this.size || this.size % groupSize) {
+      throw new RangeError(`newSubgroups: the world size ${this.size} must be a multiple of ` +
+        `groupSize ${groupSize}`);
+    }
+    const lists = [];
+    for (let k = 0; k < this.size; k += groupSize) {
+      lists.push(Array.from({ length: groupSize }, (_, i) => k + i));
+    }
+    return this.newSubgroupsByEnumeration(lists);
+  }
+
+  /** torch's new_subgroups_by_enumeration: a group for each array of ranks (a rank in one
+   * at most, checked before any group is made); resolves to [this rank's group or null,
+   * all of them]. */
+  async newSubgroupsByEnumeration(rankLists) {
+    if (!Array.isArray(rankLists) || rankLists.length === 0) {
+      throw new RangeError('newSubgroupsByEnumeration: rankLists cannot be empty');
+    }
+    const first = new Map();
+    for (const ranks of rankLists) {
+      for (const r of ranks) {
+        if (first.has(r)) {
+          throw new RangeError(`newSubgroupsByEnumeration: rank ${r} has appeared in both ` +
+            `subgroup ${first.get(r)} and ${ranks}`);
+        }
+        first.set(r, ranks);
+      }
+    }
+    const groups = [];
+    let mine = null;
+    for (const ranks of rankLists) {
+      const g = await this.newGroup(ranks);
+      groups.push(g);
+      if (Array.from(ranks, Number).includes(this.rank)) mine = g;
+    }
+    return [mine, groups];
+  }
+
   getRank(group) { const g = this._group(group); return g ? g.rank() : -1; }
 
   getWorldSize(group) { const g = this._group(group); return g ? g.size() : -1; }
@@ -2700,11 +2744,13 @@ const api = {
   hasDoorbell: !!native,
   _native: native, // for the tests
 };
-const METHODS = ['getRank', 'getWorldSize', 'newGroup', 'barrier', 'broadcast', 'allReduce',
+const METHODS = ['getRank', 'getWorldSize', 'newGroup', 'newSubgroups',
+  'newSubgroupsByEnumeration', 'barrier', 'broadcast', 'allReduce',
   'reduce', 'allGather', 'allGatherIntoTensor', 'gather', 'scatter', 'reduceScatter',
   'reduceScatterTensor', 'allToAll', 'allToAllSingle', 'send', 'recv', 'isend', 'irecv',
   'getProcessGroupRanks', 'empty', 'free', ...OBJECT_COLLECTIVES];
-const ASYNC = new Set([...COLLECTIVES, ...OBJECT_COLLECTIVES, 'newGroup', 'empty', 'free']);
+const ASYNC = new Set([...COLLECTIVES, ...OBJECT_COLLECTIVES, 'newGroup', 'newSubgroups',
+  'newSubgroupsByEnumeration', 'empty', 'free']);
 for (const m of METHODS) {
   api[m] = ASYNC.has(m) ? (...args) => {
     try {

@@ -234,6 +234,28 @@ test('groups: members, non-members, global src, reversed order', async (t) => {
   assert.deepStrictEqual(ws[0].getProcessGroupRanks(rev[0]), [2, 1, 0]);
 });
 
+test('newSubgroups and newSubgroupsByEnumeration', async (t) => {
+  if (!needDaemon(t)) return;
+  await assert.rejects(ws[0].newSubgroups(2), /multiple of groupSize 2/);
+  await assert.rejects(ws[0].newSubgroups(0), /positive integer/);
+  await assert.rejects(ws[0].newSubgroupsByEnumeration([]), /cannot be empty/);
+  await assert.rejects(ws[0].newSubgroupsByEnumeration([[0, 1], [1]]),
+    /rank 1 has appeared in both subgroup 0,1 and 1/);
+  // Nothing was made by those: the next groups line up on every rank.
+  const ones = await Promise.all(ws.map((w) => w.newSubgroups(1)));
+  ones.forEach(([mine, all], r) => {
+    assert.strictEqual(all.length, 3);
+    assert.strictEqual(all[r], mine);
+    assert.deepStrictEqual(mine.ranks, [r]);
+  });
+  const en = await Promise.all(ws.map((w) => w.newSubgroupsByEnumeration([[2, 0], [1]])));
+  const xs = ws.map((_, r) => Int32Array.of(10 * (r + 1)));
+  await Promise.all(ws.map((w, r) => w.allReduce(xs[r], { group: en[r][0] })));
+  assert.deepStrictEqual(xs.map((x) => x[0]), [40, 20, 40]);
+  assert.strictEqual(ws[0].getRank(en[0][0]), 1);
+  assert.strictEqual(typeof dist.new_subgroups, 'function');
+});
+
 test('local argument errors: TypeError or RangeError, nothing sent', async (t) => {
   if (!needDaemon(t)) return;
   const w = ws[0];
