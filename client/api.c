@@ -1,6 +1,7 @@
 /* The public collectives: argument checks, payload sizes per kind, sequence numbers, dispatch. */
 #include "internal.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -471,6 +472,131 @@ int ps_recv(ps_comm_t *comm, void *buf, size_t count, ps_dtype_t dtype, int src,
 {
     request_t r = req_recv(buf, count, dtype, src, tag, group);
     return submit(comm, &r, NULL, source);
+}
+
+/* ---------------------------------------------------------------- uneven all_to_all */
+
+/* The pair a sends b, of the counts table (n rows of 2n: a rank's in_counts, then its
+ * out_counts), where they differ: 0, or -1 with *a and *b set. */
+static int counts_disagree(const int64_t *t, int n, int *a, int *b)
+{
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++)
+            if (t[(size_t)i * 2 * n + j] != t[(size_t)j * 2 * n + n + i]) {
+                *a = i;
+                *b = j;
+                return -1;
+            }
+    return 0;
+}
+
+/* Argument checks of ps_all_to_all_v that need no call: 0, or reported. */
+static int a2av_check(ps_comm_t *comm, ps_group_t *g, const void *out, const size_t *out_counts,
+                      const void *in, const size_t *in_counts, ps_dtype_t dtype)
+{
+    const char *why = NULL;
+    int n = g->size, dev = 0;
+    size_t esz = ps_dtype_size(dtype), in_all = 0, out_all = 0;
+    if (g->comm != comm)
+        why = "the group belongs to another communicator";
+    else if (g->rank < 0)
+        why = "this process is not a member of the group";
+    else if (!esz)
+        why = "not a dtype";
+    else if (!out_counts || !in_counts)
+        why = "out_counts and in_counts must each hold one count per rank of the group";
+    for (int j = 0; !why && j < n; j++) {
+        in_all += in_counts[j];
+        out_all += out_counts[j];
+        if (in_all < in_counts[j] || out_all < out_counts[j] || in_counts[j] > INT64_MAX / esz ||
+            out_counts[j] > INT64_MAX / esz)
+            why = "the counts are too large";
+    }
+    if (!why && ((in_all && !in) || (out_all && !out)))
+        why = "a NULL buffer for a nonzero count";
+    if (!why && ((in_all && ps__is_device(in, &dev) == 0 && dev) ||
+                 (out_all && ps__is_device(out, &dev) == 0 && dev)))
+        why = "device memory is not supported here: copy it to host memory first";
+    if (why) {
+        ps__report(comm, PS_EINVAL, "all_to_all_v", "%s", why);
+        return PS_EINVAL;
+    }
+    return 0;
+}
+
+int ps_all_to_all_v(ps_comm_t *comm, void *out, const size_t *out_counts, const void *in,
+                    const size_t *in_counts, ps_dtype_t dtype, ps_group_t *group)
+{
+    if (!comm) {
+        ps__report(NULL, PS_EPRECOND, "all_to_all_v",
+                   "paramsync is not initialised (comm is NULL)");
+        return PS_EPRECOND;
+    }
+    ps_group_t *g = group ? group : &comm->world;
+    int rc = a2av_check(comm, g, out, out_counts, in, in_counts, dtype);
+    if (rc < 0)
+        return rc;
+    int n = g->size, a, b;
+    size_t esz = ps_dtype_size(dtype), most = 0;
+    int64_t *mine = malloc((size_t)2 * n * sizeof(int64_t));
+    int64_t *table = malloc((size_t)2 * n * n * sizeof(int64_t));
+    if (!mine || !table) {
+        free(mine);
+        free(table);
+        ps__report(comm, PS_ENOMEM, "all_to_all_v", "no memory for the counts");
+        return PS_ENOMEM;
+    }
+    for (int j = 0; j < n; j++) {
+        mine[j] = (int64_t)in_counts[j];
+        mine[n + j] = (int64_t)out_counts[j];
+    }
+    /* Every rank's counts, so that every rank checks every pair alike. */
+    request_t r =
+        req_io("all_to_all_v", K(ALL_GATHER), table, mine, (size_t)2 * n, PS_INT64, 0, group);
+    rc = submit(comm, &r, NULL, NULL);
+    if (rc == 0 && counts_disagree(table, n, &a, &b) < 0) {
+        ps__report(comm, PS_EPRECOND, "all_to_all_v",
+                   "group rank %d sends %lld elements to group rank %d, whose out_counts expect "
+                   "%lld",
+                   a, (long long)table[(size_t)a * 2 * n + b], b,
+                   (long long)table[(size_t)b * 2 * n + n + a]);
+        rc = PS_EPRECOND;
+    }
+    for (size_t k = 0; rc == 0 && k < (size_t)n * n; k++)
+        if ((size_t)table[(k / n) * 2 * n + k % n] > most)
+            most = (size_t)table[(k / n) * 2 * n + k % n];
+    free(mine);
+    free(table);
+    if (rc < 0)
+        return rc;
+    /* The daemon moves equal blocks: each padded to the largest. */
+    size_t block = most * esz;
+    unsigned char *src = block ? calloc((size_t)n, block) : NULL;
+    unsigned char *dst = block ? malloc((size_t)n * block) : NULL;
+    if (block && (!src || !dst)) {
+        free(src);
+        free(dst);
+        ps__report(comm, PS_ENOMEM, "all_to_all_v", "no memory for %d padded blocks of %zu bytes",
+                   n, block);
+        return PS_ENOMEM;
+    }
+    size_t at = 0;
+    for (int j = 0; j < n; j++) {
+        if (in_counts[j])
+            memcpy(src + (size_t)j * block, (const unsigned char *)in + at, in_counts[j] * esz);
+        at += in_counts[j] * esz;
+    }
+    r = req_io("all_to_all_v", K(ALL_TO_ALL), dst, src, block, PS_UINT8, 0, group);
+    rc = submit(comm, &r, NULL, NULL);
+    at = 0;
+    for (int j = 0; rc == 0 && j < n; j++) {
+        if (out_counts[j])
+            memcpy((unsigned char *)out + at, dst + (size_t)j * block, out_counts[j] * esz);
+        at += out_counts[j] * esz;
+    }
+    free(src);
+    free(dst);
+    return rc;
 }
 
 /* ---------------------------------------------------------------- non-blocking */

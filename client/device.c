@@ -82,6 +82,12 @@ static int cuda_usable(void)
     return state > 0;
 }
 
+int ps__is_device(const void *p, int *dev)
+{
+    *dev = 0;
+    return cuda_usable() ? ps_gpu_is_device_pointer(p, dev) : 0;
+}
+
 int ps__stage_classify(const ps__coll_t *c, int *in_dev, int *out_dev)
 {
     int in = 0, out = 0, rc = 0;

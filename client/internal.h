@@ -203,6 +203,10 @@ struct ps_comm {
  * PS_E* code from cudaPointerGetAttributes after reporting it. */
 int ps__stage_classify(const ps__coll_t *c, int *in_dev, int *out_dev);
 
+/** Whether p is CUDA device (or managed) memory: 0 with *dev set (0 where CUDA
+ * cannot be in use), or a negative PS_E* when CUDA cannot tell. */
+int ps__is_device(const void *p, int *dev);
+
 /** Stages the buffers flagged as device memory: takes a pinned buffer,
  * copies a device input into it (synchronously) and points c->in / c->out
  * into it, remembering the device output for ps__stage_end. Returns 0 (also

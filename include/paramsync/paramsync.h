@@ -185,6 +185,16 @@ PS_EXPORT int ps_reduce_scatter(ps_comm_t *comm, void *out, const void *in, size
 /* in and out hold n*count; out's block j comes from rank j's block `rank`. */
 PS_EXPORT int ps_all_to_all(ps_comm_t *comm, void *out, const void *in, size_t count,
                             ps_dtype_t dtype, ps_group_t *group);
+/* MPI_Alltoallv's form (torch's all_to_all_single with split sizes): in holds
+ * in_counts[j] elements for rank j, one block after another; out gets
+ * out_counts[j] from rank j, likewise; n counts each. Every rank's in_counts[j]
+ * must be rank j's out_counts[rank]: the ranks first gather every rank's counts
+ * (one all_gather), so all check every pair alike, and all fail with PS_EPRECOND
+ * naming a pair that differs. The daemon moves equal blocks, so each block is
+ * padded to the largest (up to n times the bytes of an even split). Host memory
+ * only (PS_EINVAL for device buffers); blocking only. */
+PS_EXPORT int ps_all_to_all_v(ps_comm_t *comm, void *out, const size_t *out_counts, const void *in,
+                              const size_t *in_counts, ps_dtype_t dtype, ps_group_t *group);
 PS_EXPORT int ps_send(ps_comm_t *comm, const void *buf, size_t count, ps_dtype_t dtype, int dst,
                       int tag, ps_group_t *group);
 /* src may be PS_ANY_SOURCE; *source (may be NULL) gets the sender's rank. */
