@@ -49,6 +49,15 @@ def expect_eq(got, want, what):
                                                               want.dtype))
 
 
+def raises(exc, fn, *a, **kw):
+    """fn's error message when it raises exc; AssertionError when it does not."""
+    try:
+        fn(*a, **kw)
+    except exc as e:
+        return str(e)
+    raise AssertionError("%s(%s) did not raise %s" % (fn.__name__, a, exc.__name__))
+
+
 def inputs(dtype, r, n=5):
     """Rank r's input: small values, so sums, products and float16 are exact."""
     import numpy as np
@@ -659,13 +668,6 @@ def w_objects():
     r, n = dist.get_rank(), dist.get_world_size()
     assert n == 4
 
-    def raises(exc, fn, *a, **kw):
-        try:
-            fn(*a, **kw)
-        except exc as e:
-            return str(e)
-        raise AssertionError("%s(%s) did not raise %s" % (fn.__name__, a, exc.__name__))
-
     # Objects of different sizes, one of them large (a segment's worth under shm).
     def obj(k):
         return {"rank": k, "blob": bytes([k]) * (300_000 if k == 1 else k), "arr": np.arange(k)}
@@ -803,13 +805,6 @@ def w_local_errors():
     import numpy as np
     dist = _w_init()
     r, n = dist.get_rank(), dist.get_world_size()
-
-    def raises(exc, fn, *a, **kw):
-        try:
-            fn(*a, **kw)
-        except exc as e:
-            return str(e)
-        raise AssertionError("%s(%s) did not raise %s" % (fn.__name__, a, exc.__name__))
 
     assert "numpy.ndarray or a torch" in raises(TypeError, dist.all_reduce, [1, 2, 3])
     assert "uint16" in raises(TypeError, dist.all_reduce, np.zeros(3, np.uint16))

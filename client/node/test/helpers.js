@@ -89,6 +89,25 @@ async function worlds(dist, addr, job, n, extra = {}) {
     initMethod: `tcp://${addr}?job=${job}`, worldSize: n, rank, ...extra })));
 }
 
+/** For a test file whose tests share one job: a daemon and n ranks of job `job` (Worlds
+ * in this process), made before its tests and stopped after. Returns { ws, daemon } (set
+ * once made), need(t) (false, the test skipped, without a daemon) and all(fn): fn(world,
+ * rank) for every rank at once. */
+function sharedJob(test, dist, job, n) {
+  const s = { ws: null, daemon: null };
+  test.before(async () => {
+    s.daemon = await startDaemon();
+    if (s.daemon) s.ws = await worlds(dist, s.daemon.addr, job, n);
+  });
+  test.after(async () => {
+    if (s.ws) await Promise.all(s.ws.map((w) => w.destroy()));
+    if (s.daemon) await s.daemon.stop();
+  });
+  s.need = (t) => haveDaemon(t, s.daemon);
+  s.all = (fn) => Promise.all(s.ws.map((w, r) => fn(w, r)));
+  return s;
+}
+
 /** Runs `node -e code` in a child process with env; resolves to { code, stdout, stderr }. */
 function runNode(code, env) {
   return new Promise((res) => {
@@ -162,5 +181,6 @@ async function loseRank1(ws, start, ms) {
   }
 }
 
-module.exports = { startDaemon, daemonWithMetrics, scrapeMetrics, haveDaemon, worlds, runNode,
+module.exports = { startDaemon, daemonWithMetrics, scrapeMetrics, haveDaemon, worlds, sharedJob,
+  runNode,
   daemonBinary, REPO, filled, sumOf, fixture, loseRank1 };

@@ -7,23 +7,12 @@
 const test = require('node:test');
 const assert = require('node:assert');
 const dist = require('..');
-const { startDaemon, haveDaemon, worlds } = require('./helpers');
+const { sharedJob } = require('./helpers');
 
 const N = 3;
-let daemon;
-let ws;
-
-test.before(async () => {
-  daemon = await startDaemon();
-  if (daemon) ws = await worlds(dist, daemon.addr, 'node-steps', N);
-});
-test.after(async () => {
-  if (ws) await Promise.all(ws.map((w) => w.destroy()));
-  if (daemon) await daemon.stop();
-});
-
-const needDaemon = (t) => haveDaemon(t, daemon);
-const all = (fn) => Promise.all(ws.map((w, r) => fn(w, r)));
+const job = sharedJob(test, dist, 'node-steps', N);
+const needDaemon = job.need;
+const all = job.all;
 
 // Rank k's object: structured-clone types, and 300 KB at rank 1 (the payload segment).
 function obj(k) {
@@ -33,7 +22,7 @@ function obj(k) {
 
 test('allGatherObject: every rank gets every object in rank order', async (t) => {
   if (!needDaemon(t)) return;
-  const lists = ws.map(() => new Array(N).fill(null));
+  const lists = job.ws.map(() => new Array(N).fill(null));
   const got = await all((w, r) => w.allGatherObject(lists[r], obj(r)));
   for (let r = 0; r < N; r++) {
     assert.strictEqual(got[r], lists[r]);
@@ -43,17 +32,17 @@ test('allGatherObject: every rank gets every object in rank order', async (t) =>
 
 test('gatherObject, broadcastObjectList, scatterObjectList; src and dst global', async (t) => {
   if (!needDaemon(t)) return;
-  const rev = await Promise.all(ws.map((w) => w.newGroup([2, 1, 0])));
+  const rev = await Promise.all(job.ws.map((w) => w.newGroup([2, 1, 0])));
   const at = [null, new Array(N).fill(0), null];
   await all((w, r) => w.gatherObject(['from', r], at[r], 1, { group: rev[r] }));
   assert.deepStrictEqual(at[1], [['from', 2], ['from', 1], ['from', 0]]);
-  const lists = ws.map((w, r) => (r === 2 ? [null, 'x', 3.5, { k: [1, 2] }] : [0, 0, 0, 0]));
+  const lists = job.ws.map((w, r) => (r === 2 ? [null, 'x', 3.5, { k: [1, 2] }] : [0, 0, 0, 0]));
   await all((w, r) => w.broadcastObjectList(lists[r], 2));
   for (const l of lists) assert.deepStrictEqual(l, [null, 'x', 3.5, { k: [1, 2] }]);
-  const empty = ws.map(() => []);
+  const empty = job.ws.map(() => []);
   await all((w, r) => w.broadcastObjectList(empty[r], 0));
   assert.deepStrictEqual(empty, [[], [], []]);
-  const outs = ws.map(() => ['unset']);
+  const outs = job.ws.map(() => ['unset']);
   await all((w, r) => w.scatterObjectList(outs[r],
     r === 0 ? ['to group rank 0', 'to group rank 1', { two: 2 }] : null, 0, { group: rev[r] }));
   assert.deepStrictEqual(outs, [[{ two: 2 }], ['to group rank 1'], ['to group rank 0']]);
@@ -64,7 +53,7 @@ test('gatherObject, broadcastObjectList, scatterObjectList; src and dst global',
 
 test('a rank outside the group is warned and its list untouched', async (t) => {
   if (!needDaemon(t)) return;
-  const g02 = await Promise.all(ws.map((w) => w.newGroup([0, 2])));
+  const g02 = await Promise.all(job.ws.map((w) => w.newGroup([0, 2])));
   const warned = [];
   const onWarning = (w) => warned.push(String(w.message));
   process.on('warning', onWarning);
@@ -93,7 +82,7 @@ test('argument errors reject before anything is sent', async (t) => {
     }
   });
   // Nothing reached the daemon: the next collective lines up on every rank.
-  const lists = ws.map(() => [0, 0, 0]);
+  const lists = job.ws.map(() => [0, 0, 0]);
   await all((w, r) => w.allGatherObject(lists[r], `after ${r}`));
   assert.deepStrictEqual(lists[2], ['after 0', 'after 1', 'after 2']);
 });
@@ -110,15 +99,15 @@ test('lists of different lengths fail on every rank with the daemon\'s count err
 
 test('another collective on the group is refused until the objects resolve', async (t) => {
   if (!needDaemon(t)) return;
-  const lists = ws.map(() => [0, 0, 0]);
-  const objs = ws.map((w, r) => w.allGatherObject(lists[r], r));
+  const lists = job.ws.map(() => [0, 0, 0]);
+  const objs = job.ws.map((w, r) => w.allGatherObject(lists[r], r));
   // Started while the object collective has not resolved: refused, on every rank alike.
-  const early = await Promise.all(ws.map((w) => w.allReduce(Int32Array.of(1))
+  const early = await Promise.all(job.ws.map((w) => w.allReduce(Int32Array.of(1))
     .then(() => null, (e) => e)));
   for (const e of early) assert.match(String(e), /allGatherObject on this group has not resolved/);
   await Promise.all(objs);
   assert.deepStrictEqual(lists[0], [0, 1, 2]);
-  const x = ws.map(() => Int32Array.of(1));
+  const x = job.ws.map(() => Int32Array.of(1));
   await all((w, r) => w.allReduce(x[r]));
   assert.deepStrictEqual(x[0], Int32Array.of(3));
 });
@@ -135,7 +124,7 @@ test('allToAllSingle with uneven split sizes', async (t) => {
   for (const scale of [1, 30000]) { // the second: up to about 1 MB a rank
     const ins = (r) => [0, 1, 2].map((d) => scale * (r + 2 * d));
     const outs = (r) => [0, 1, 2].map((s) => scale * (s + 2 * r));
-    const o = ws.map((w, r) => new Int32Array(outs(r).reduce((a, b) => a + b)).fill(-1));
+    const o = job.ws.map((w, r) => new Int32Array(outs(r).reduce((a, b) => a + b)).fill(-1));
     const res = await all((w, r) => w.allToAllSingle(o[r], unevenInput(r, scale),
       { outputSplitSizes: outs(r), inputSplitSizes: ins(r) }));
     for (let r = 0; r < N; r++) {
@@ -146,7 +135,7 @@ test('allToAllSingle with uneven split sizes', async (t) => {
     }
   }
   // Input splits only: the outputs even (2 from each).
-  const o = ws.map(() => new Float64Array(6));
+  const o = job.ws.map(() => new Float64Array(6));
   await all((w, r) => w.allToAllSingle(o[r], Float64Array.from({ length: 6 }, (_, k) => 10 * r + k),
     { inputSplitSizes: [2, 2, 2] }));
   assert.deepStrictEqual(Array.from(o[1]), [2, 3, 12, 13, 22, 23]);
@@ -169,7 +158,7 @@ test('uneven splits the ranks disagree on fail on every rank, naming the pair', 
       { inputSplitSizes: [3] }), /has 1 sizes; the group has 3/);
   });
   // The job goes on.
-  const x = ws.map(() => Int32Array.of(1));
+  const x = job.ws.map(() => Int32Array.of(1));
   await all((w, r) => w.allReduce(x[r]));
   assert.deepStrictEqual(x[2], Int32Array.of(3));
 });
