@@ -922,6 +922,17 @@ def w_timeout():
         dist.destroy_process_group()
         print("rank 1: stayed away")
         return
+    # monitored_barrier's own deadline, shorter than the World's 2 s.
+    t0 = time.monotonic()
+    try:
+        dist.monitored_barrier(timeout=timedelta(milliseconds=400), wait_all_ranks=True)
+        raise AssertionError("monitored_barrier without rank 1 succeeded")
+    except dist.ParamsyncError as e:
+        took = time.monotonic() - t0
+        assert e.code == grpc.StatusCode.DEADLINE_EXCEEDED, e
+        assert "rank 1 did not arrive within 400 ms" in e.details, e.details
+        assert took < 1.5, took
+    assert "positive" in raises(ValueError, dist.monitored_barrier, timeout=0)
     t0 = time.monotonic()
     try:
         dist.all_reduce(np.ones(3))
@@ -931,7 +942,7 @@ def w_timeout():
         assert e.code == grpc.StatusCode.DEADLINE_EXCEEDED, e
         assert "rank 1" in e.details, e.details
         assert 1.5 < took < 10, took
-    print("rank 0: timed out as asked, naming rank 1")
+    print("rank 0: timed out as asked, naming rank 1, at monitored_barrier's deadline too")
 
 
 def w_member_lost():

@@ -56,7 +56,7 @@ __all__ = [
     "destroy_process_group", "gather", "gather_object",
     "get_backend", "get_global_rank", "get_group_rank", "get_process_group_ranks", "get_rank",
     "get_world_size", "group", "init_process_group", "irecv", "is_available", "is_initialized",
-    "isend", "new_group", "new_subgroups", "new_subgroups_by_enumeration", "recv", "reduce",
+    "isend", "monitored_barrier", "new_group", "new_subgroups", "new_subgroups_by_enumeration", "recv", "reduce",
     "reduce_op", "reduce_scatter",
     "reduce_scatter_tensor", "scatter", "scatter_object_list", "send", "empty", "free",
     "is_shared",
@@ -1281,8 +1281,9 @@ def _list(obj, name, what, n):
 
 
 def _start(g, name, kind, *, send=(), recv=(), op=0, dtype=0, count=0, root=0, peer=0, tag=0,
-           async_op=False, outputs=None, source=False):
-    """Assigns the sequence number now (program order) and runs the call, or starts it."""
+           async_op=False, outputs=None, source=False, timeout_ms=None):
+    """Assigns the sequence number now (program order) and runs the call, or starts it.
+    timeout_ms: this call's deadline instead of the World's."""
     w = g._world
     w.check()
     send_segs = T.Segments(send) if send else None
@@ -1312,7 +1313,8 @@ def _start(g, name, kind, *, send=(), recv=(), op=0, dtype=0, count=0, root=0, p
                 g._bar.started(g.rank(), seq)
     header = pb.CollectiveHeader(job=w.job, group=g.id, seq=seq, kind=kind, op=int(op),
                                  dtype=dtype, count=count, root=root, peer=peer, rank=g.rank(),
-                                 tag=tag, timeout_ms=w.timeout_ms, incarnation=w.incarnation)
+                                 tag=tag, timeout_ms=timeout_ms or w.timeout_ms,
+                                 incarnation=w.incarnation)
 
     def run():
         if peer_copies and w.peer_run(g, header, send_segs, recv_segs, name, copy_send):
@@ -1855,7 +1857,18 @@ def batch_isend_irecv(p2p_op_list):
     return [p.op(p.tensor, p.peer, p.group, p.tag) for p in p2p_op_list]
 
 
-# torch's helpers that have no meaning here, kept so that ported code runs.
 def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
-    return barrier(group)
+    """A barrier with a deadline of its own (timeout: a timedelta or seconds; default the
+    process group's): a rank missing by then fails it on every rank that came, with a
+    ParamsyncError (DEADLINE_EXCEEDED) naming every missing rank, which is torch's
+    wait_all_ranks=True report; so wait_all_ranks changes nothing here."""
+    g = _member(group, "monitored_barrier")
+    if g is None:
+        return None
+    timeout_ms = None
+    if timeout is not None:
+        timeout_ms = _ms(timeout)
+        if not 0 < timeout_ms <= 0xFFFFFFFF:
+            raise ValueError("monitored_barrier: timeout must be positive")
+    return _start(g, "monitored_barrier", _K.BARRIER, timeout_ms=timeout_ms)
 
