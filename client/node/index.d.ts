@@ -50,6 +50,9 @@ export declare class World {
   /** Gives an array from empty() back to the agent. */
   free(tensor: Tensor): Promise<void>;
   barrier(opts?: Opts): Promise<void>;
+  /** A barrier with a deadline of its own (timeout, ms): a rank missing by then fails it on
+   * every rank that came, DEADLINE_EXCEEDED naming every missing rank. */
+  monitoredBarrier(opts?: { group?: Group; timeout?: number }): Promise<void>;
   broadcast<T extends Tensor>(tensor: T, src: number, opts?: Opts): Promise<T>;
   allReduce<T extends Tensor>(tensor: T, opts?: ReduceOpts): Promise<T>;
   reduce<T extends Tensor>(tensor: T, dst: number, opts?: ReduceOpts): Promise<T>;
@@ -93,6 +96,7 @@ export declare const newGroup: World['newGroup'];
 export declare const newSubgroups: World['newSubgroups'];
 export declare const newSubgroupsByEnumeration: World['newSubgroupsByEnumeration'];
 export declare const barrier: World['barrier'];
+export declare const monitoredBarrier: World['monitoredBarrier'];
 export declare const broadcast: World['broadcast'];
 export declare const allReduce: World['allReduce'];
 export declare const reduce: World['reduce'];

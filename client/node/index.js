@@ -1746,8 +1746,8 @@ class World {
 
   /** A small collective of its own for a step of another call, with sequence number seq:
    * send and recv typed arrays (recv may be send). */
-  _small(g, seq, kind, dtype, send, recv, name, op = 0) {
-    const h = this._header(g, seq, { kind, op, dtype, count: send.length });
+  _small(g, seq, kind, dtype, send, recv, name, op = 0, timeoutMs = 0) {
+    const h = this._header(g, seq, { kind, op, dtype, count: send.length, timeoutMs });
     return this._run(g, h, new Segments([view(send, 'send')]),
       new Segments([view(recv, 'recv')]), name);
   }
@@ -1758,7 +1758,10 @@ class World {
     const b = g._bar;
     const seq = Number(header.seq);
     if (k <= 2) {
-      const step = k === 1 ? this._barMap(g, b, seq, name) : this._barAgree(g, b, seq, name);
+      // The setup calls keep the barrier's deadline (monitoredBarrier's own).
+      const ms = Number(header.timeout_ms);
+      const step = k === 1 ? this._barMap(g, b, seq, name, ms)
+        : this._barAgree(g, b, seq, name, ms);
       b.steps[k - 1] = step.then(() => undefined, () => undefined);
       return step.then(() => true);
     }
@@ -1789,21 +1792,23 @@ class World {
 
   /** Direct barriers' setup step 1: rank 0 makes the page, its name goes round as the
    * barrier's call (an all_gather), the others map it. */
-  async _barMap(g, b, seq, name) {
+  async _barMap(g, b, seq, name, timeoutMs) {
     const mine = g.rank() === 0 ? b.make() : Buffer.alloc(BAR.NAME);
     const got = new Uint8Array(g.size() * BAR.NAME);
-    await this._small(g, seq, KIND.ALL_GATHER, DTYPES.uint8, new Uint8Array(mine), got, name);
+    await this._small(g, seq, KIND.ALL_GATHER, DTYPES.uint8, new Uint8Array(mine), got, name, 0,
+      timeoutMs);
     if (g.rank() !== 0) b.open(Buffer.from(got.buffer, 0, BAR.NAME));
   }
 
   /** Step 2, once step 1 ended here: whether every rank mapped it, agreed (an all_reduce
    * MIN as the barrier's call); rank 0 unlinks the name either way. */
-  async _barAgree(g, b, seq, name) {
+  async _barAgree(g, b, seq, name, timeoutMs) {
     await b.steps[0];
     const ok = new Int32Array([b.ab ? 1 : 0]);
     let agreed = false;
     try {
-      await this._small(g, seq, KIND.ALL_REDUCE, DTYPES.int32, ok, ok, name, ReduceOp.MIN);
+      await this._small(g, seq, KIND.ALL_REDUCE, DTYPES.int32, ok, ok, name, ReduceOp.MIN,
+        timeoutMs);
       agreed = ok[0] === 1;
     } finally {
       b.unlink(); // every rank tried to open it before it came here
@@ -2023,16 +2028,17 @@ class World {
   }
 
   /** A CollectiveHeader for this rank of group g with sequence number seq. */
-  _header(g, seq, { kind, op = 0, dtype = 0, count = 0, root = 0, peer = 0, tag = 0 }) {
+  _header(g, seq, { kind, op = 0, dtype = 0, count = 0, root = 0, peer = 0, tag = 0,
+    timeoutMs = 0 }) {
     // 64-bit fields as numbers (below 2^53) or a Long made once: protobufjs parses
     // strings digit by digit into a Long on every encode, a few percent of a small call.
     return { job: this.job, group: g.id, seq, kind, op, dtype,
-      count, root, peer, rank: g.rank(), tag, timeout_ms: this.timeoutMs,
+      count, root, peer, rank: g.rank(), tag, timeout_ms: timeoutMs || this.timeoutMs,
       incarnation: this.incarnation };
   }
 
   _start(g, name, kind, { send = [], recv = [], op = 0, dtype = 0, count = 0, root = 0,
-    peer = 0, tag = 0, source = false, outputs } = {}) {
+    peer = 0, tag = 0, source = false, outputs, timeoutMs = 0 } = {}) {
     this._check();
     if (g._stepsBusy && !g._inStep) throw stepsBusy(name, g._stepsBusy);
     // Peer copies hold three sequence numbers. Decided from what every rank of the group
@@ -2049,7 +2055,7 @@ class World {
       seq = g._seq;
       g._seq += peerCopies ? PEER.SEQS : 1;
     }
-    const header = this._header(g, seq, { kind, op, dtype, count, root, peer, tag });
+    const header = this._header(g, seq, { kind, op, dtype, count, root, peer, tag, timeoutMs });
     const sendSegs = send.length ? new Segments(send) : null;
     const recvSegs = recv.length ? new Segments(recv) : null;
     // Direct barriers, counted per group, alike on every rank.
@@ -2170,6 +2176,20 @@ class World {
     const g = this._group(opts.group, 'barrier');
     if (!g) return Promise.resolve(undefined);
     return this._start(g, 'barrier', KIND.BARRIER, { outputs: [] });
+  }
+
+  /** torch's monitored_barrier: a barrier with a deadline of its own (opts.timeout, ms;
+   * default the World's); a rank missing by then fails it on every rank that came, with
+   * DEADLINE_EXCEEDED naming every missing rank. */
+  monitoredBarrier(opts = {}) {
+    const g = this._group(opts.group, 'monitoredBarrier');
+    if (!g) return Promise.resolve(undefined);
+    const t = opts.timeout === undefined ? 0 : Number(opts.timeout);
+    if (opts.timeout !== undefined && !(t > 0 && t <= 0xFFFFFFFF)) {
+      throw new RangeError(`monitoredBarrier: timeout must be positive milliseconds, not ${opts.timeout}`);
+    }
+    return this._start(g, 'monitored_barrier', KIND.BARRIER, { outputs: [],
+      timeoutMs: Math.ceil(t) });
   }
 
   broadcast(tensor, src, opts = {}) {
@@ -2569,7 +2589,8 @@ class World {
 
 // Every collective returns a promise, also for argument errors (a rejected one); the
 // sequence number is still taken synchronously, when the method is called.
-const COLLECTIVES = ['barrier', 'broadcast', 'allReduce', 'reduce', 'allGather',
+const COLLECTIVES = ['barrier', 'monitoredBarrier', 'broadcast', 'allReduce', 'reduce',
+  'allGather',
   'allGatherIntoTensor', 'gather', 'scatter', 'reduceScatter', 'reduceScatterTensor',
   'allToAll', 'allToAllSingle', 'send', 'recv'];
 // async methods: their argument errors reject too.
@@ -2745,7 +2766,7 @@ const api = {
   _native: native, // for the tests
 };
 const METHODS = ['getRank', 'getWorldSize', 'newGroup', 'newSubgroups',
-  'newSubgroupsByEnumeration', 'barrier', 'broadcast', 'allReduce',
+  'newSubgroupsByEnumeration', 'barrier', 'monitoredBarrier', 'broadcast', 'allReduce',
   'reduce', 'allGather', 'allGatherIntoTensor', 'gather', 'scatter', 'reduceScatter',
   'reduceScatterTensor', 'allToAll', 'allToAllSingle', 'send', 'recv', 'isend', 'irecv',
   'getProcessGroupRanks', 'empty', 'free', ...OBJECT_COLLECTIVES];

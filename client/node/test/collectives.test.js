@@ -4,7 +4,7 @@
 const test = require('node:test');
 const assert = require('node:assert');
 const dist = require('..');
-const { sharedJob } = require('./helpers');
+const { sharedJob, worlds } = require('./helpers');
 
 const N = 3;
 const job = sharedJob(test, dist, 'node-collectives', N);
@@ -287,4 +287,20 @@ test('daemon errors reject with its code and message', async (t) => {
   const ok = job.ws.map(() => Int32Array.from([2]));
   await all((w, r) => w.allReduce(ok[r], { op: dist.ReduceOp.PRODUCT }));
   ok.forEach((x) => assert.strictEqual(x[0], 8));
+});
+
+test('monitoredBarrier: a deadline of its own, naming the missing ranks', async (t) => {
+  if (!needDaemon(t)) return;
+  const w2 = await worlds(dist, job.daemon.addr, 'node-monitored', N);
+  try {
+    const t0 = Date.now();
+    const e = await w2[0].monitoredBarrier({ timeout: 300 }).then(() => null, (x) => x);
+    assert.ok(e instanceof dist.ParamsyncError, String(e));
+    assert.strictEqual(e.codeName, 'DEADLINE_EXCEEDED');
+    assert.match(e.details, /ranks 1, 2 did not arrive within 300 ms/);
+    assert.ok(Date.now() - t0 < 1500, `took ${Date.now() - t0} ms`);
+    await assert.rejects(w2[1].monitoredBarrier({ timeout: -1 }), /positive/);
+  } finally {
+    await Promise.all(w2.map((w) => w.destroy()));
+  }
 });
