@@ -832,6 +832,9 @@ def w_local_errors():
     assert "Rank 1 has appeared in both subgroup [0, 1] and [1]" in raises(
         ValueError, dist.new_subgroups_by_enumeration, [[0, 1], [1]])
     raises(RuntimeError, dist.init_process_group, "paramsync")  # twice
+    assert not (dist.is_gloo_available() or dist.is_nccl_available() or
+                dist.is_mpi_available() or dist.is_ucc_available()) and dist.is_available()
+    assert dist.is_torchelastic_launched() == ("TORCHELASTIC_RUN_ID" in os.environ)
     # None of that reached the daemon: the next collective is still seq 0 everywhere.
     x = np.array([1], np.int32)
     dist.all_reduce(x)

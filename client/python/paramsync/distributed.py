@@ -53,13 +53,13 @@ __all__ = [
     "Backend", "GroupMember", "P2POp", "ParamsyncError", "ProcessGroup", "ReduceOp", "Work",
     "all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce", "all_to_all",
     "all_to_all_single", "barrier", "batch_isend_irecv", "broadcast", "broadcast_object_list",
-    "destroy_process_group", "gather", "gather_object",
-    "get_backend", "get_global_rank", "get_group_rank", "get_process_group_ranks", "get_rank",
-    "get_world_size", "group", "init_process_group", "irecv", "is_available", "is_initialized",
-    "isend", "monitored_barrier", "new_group", "new_subgroups", "new_subgroups_by_enumeration", "recv", "reduce",
-    "reduce_op", "reduce_scatter",
-    "reduce_scatter_tensor", "scatter", "scatter_object_list", "send", "empty", "free",
-    "is_shared",
+    "destroy_process_group", "empty", "free", "gather", "gather_object", "get_backend",
+    "get_global_rank", "get_group_rank", "get_process_group_ranks", "get_rank", "get_world_size",
+    "group", "init_process_group", "irecv", "is_available", "is_gloo_available", "is_initialized",
+    "is_mpi_available", "is_nccl_available", "is_shared", "is_torchelastic_launched",
+    "is_ucc_available", "isend", "monitored_barrier", "new_group", "new_subgroups",
+    "new_subgroups_by_enumeration", "recv", "reduce", "reduce_op", "reduce_scatter",
+    "reduce_scatter_tensor", "scatter", "scatter_object_list", "send",
 ]
 
 default_pg_timeout = timedelta(minutes=30)
@@ -862,6 +862,28 @@ _world_lock = threading.Lock()
 
 def is_available():
     return True
+
+
+# torch's other backends are not part of paramsync: ported code that asks gets False.
+def is_gloo_available():
+    return False
+
+
+def is_nccl_available():
+    return False
+
+
+def is_mpi_available():
+    return False
+
+
+def is_ucc_available():
+    return False
+
+
+def is_torchelastic_launched():
+    """torch's test: whether torchrun (torchelastic) started this process."""
+    return os.environ.get("TORCHELASTIC_RUN_ID") is not None
 
 
 def is_initialized():
