@@ -570,9 +570,12 @@ int ps_all_to_all_v(ps_comm_t *comm, void *out, const size_t *out_counts, const 
     if (rc < 0)
         return rc;
     /* The daemon moves equal blocks: each padded to the largest. */
-    size_t block = most * esz;
-    unsigned char *src = block ? calloc((size_t)n, block) : NULL;
-    unsigned char *dst = block ? malloc((size_t)n * block) : NULL;
+    size_t block = most * esz, all = 0;
+    unsigned char *src = NULL, *dst = NULL;
+    if (block && mul_size(block, (size_t)n, &all) == 0) {
+        src = calloc(1, all);
+        dst = malloc(all);
+    }
     if (block && (!src || !dst)) {
         free(src);
         free(dst);
