@@ -766,6 +766,15 @@ def w_uneven():
         w.wait()
         assert w.is_success()
         expect_eq(o2, o, "async uneven all_to_all_single x%d" % scale)
+    # Equal splits given: every block is of the largest size, so the call reads and writes
+    # the tensors themselves; in place, the output goes through a padded buffer.
+    for in_place in (False, True):
+        x = (np.arange(6, dtype=np.int16) + 10 * r).reshape(6, 1)
+        o = x if in_place else np.zeros((6, 1), np.int16)
+        dist.all_to_all_single(o, x, [2, 2, 2], [2, 2, 2])
+        expect_eq(o.ravel(), np.array([2 * r, 2 * r + 1, 10 + 2 * r, 11 + 2 * r, 20 + 2 * r,
+                                       21 + 2 * r], np.int16),
+                  "all_to_all_single with equal splits%s" % (" in place" if in_place else ""))
     # Only input splits: the output splits equal (rows / n); every rank sends j 2 rows.
     x = np.arange(6, dtype=np.float64) + 10 * r
     o = np.zeros(6)

@@ -336,6 +336,7 @@ class _World:
         self.incarnation = 0
         self.world_group = None
         self.peer_sets = None
+        self.scratch_free = []
         self.barrier_sets = None  # direct barriers (_barrier): the coordinator's sets
         self.bar_groups = []  # every group's _barrier.Group, closed at leave
         self.peer_self = _peer.Self()
@@ -444,6 +445,26 @@ class _World:
             calls = list(self.inflight)
         for c in calls:
             c.cancel()
+
+    # Scratch buffers for the collectives composed here (an uneven all_to_all's padded
+    # blocks): the largest SCRATCH_KEEP of at most SCRATCH_MAX bytes are kept for the next
+    # call, whose pages are then mapped (and collapsed into huge pages) already.
+    SCRATCH_KEEP, SCRATCH_MAX = 2, 256 << 20
+
+    def scratch(self, nbytes):
+        """A uint8 buffer of at least nbytes (give it back with scratch_give)."""
+        with self.lock:
+            for k, b in enumerate(self.scratch_free):
+                if b.size >= nbytes:
+                    return self.scratch_free.pop(k)
+        return np.empty(max(nbytes, 1), np.uint8)
+
+    def scratch_give(self, *bufs):
+        with self.lock:
+            self.scratch_free.extend(b for b in bufs if b is not None and
+                                     b.size <= self.SCRATCH_MAX)
+            self.scratch_free.sort(key=lambda b: -b.size)
+            del self.scratch_free[self.SCRATCH_KEEP:]
 
     def leave(self, graceful=True):
         if self.leaving:
@@ -1625,26 +1646,47 @@ def _uneven_all_to_all(g, o, i, ins, outs, row, async_op, output):
                          "whose output_split_sizes expect %d" % (a, sent[a, b], b,
                                                                  expected[b, a]))
     esize = T.SIZES[i.dtype]
-    m = int(sent.max()) * row * esize  # a padded block's bytes
-    src = np.zeros(n * m, np.uint8)
+    most = int(sent.max())
+    m = most * row * esize  # a padded block's bytes
+    # A side whose blocks are all of the largest size needs no padding: the call reads or
+    # writes the tensor itself (the call's shape is the same on every rank either way).
+    # Padding bytes are never read, so the padded buffers are not cleared.
+    world = g._world
+    own_in = ins == [most] * n
+    own_out = outs == [most] * n and not (own_in and np.shares_memory(i.arr, o.arr))
+    kept = [None if own_in else world.scratch(n * m), None if own_out else world.scratch(n * m)]
+    src = i.arr if own_in else kept[0][:n * m]
+    dst = o.arr if own_out else kept[1][:n * m]
     at = 0
-    for j, k in enumerate(ins):
+    for j, k in enumerate(() if own_in else ins):
         src[j * m:j * m + k * row * esize] = i.arr[at:at + k * row * esize]
         at += k * row * esize
-    dst = np.empty(n * m, np.uint8)
 
     def unpack():
         at = 0
-        for j, k in enumerate(outs):
+        for j, k in enumerate(() if own_out else outs):
             o.arr[at:at + k * row * esize] = dst[j * m:j * m + k * row * esize]
             at += k * row * esize
+
+    try:
+        w = _step(g, "all_to_all_single", _K.ALL_TO_ALL, send=[src], recv=[dst],
+                  dtype=T.UINT8, count=m, async_op=async_op, outputs=[output])
+    except BaseException:
+        world.scratch_give(*kept)
+        raise
+    if not async_op:
+        unpack()
+        world.scratch_give(*kept)
         return None
 
-    w = _step(g, "all_to_all_single", _K.ALL_TO_ALL, send=[src], recv=[dst], dtype=T.UINT8,
-              count=m, async_op=async_op, outputs=[output])
-    if not async_op:
-        return unpack()
-    return Work(lambda: (w.wait(), unpack())[1], outputs=[output])
+    def finish():
+        try:
+            w.wait()
+            unpack()
+        finally:
+            world.scratch_give(*kept)
+
+    return Work(finish, outputs=[output])
 
 
 def _step(g, name, kind, send=(), recv=(), **kw):

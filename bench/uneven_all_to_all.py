@@ -1,0 +1,128 @@
+#!/usr/bin/python3
+"""all_to_all_single with split sizes: torch's Gloo against paramsync, side by side.
+
+    /usr/bin/python3 bench/uneven_all_to_all.py --paramsyncd BUILD/server/paramsyncd \
+        --python VENV/bin/python [--np 4] [--mib 1] [--iters 10] [--rounds 2]
+
+Rank r sends rank j (r + j + 1) x --mib MiB of float32 rows ("uneven": the
+largest block is (2 np - 1) / np times the mean), then every block --np + 1
+times --mib MiB ("even", still with split sizes given), and the even case
+without split sizes ("no-splits", paramsync's single collective). Each case
+runs --rounds times alternately on Gloo (torch.distributed, MASTER_ADDR on
+loopback) and on paramsync (one paramsyncd per run), and prints the milliseconds a
+call of rank 0 (the mean of --iters after two untimed calls) and paramsync's
+time over Gloo's. Every run checks its result once. --python: an interpreter
+with paramsync and torch (the client tests' venv: build/tests/clients/venv).
+"""
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+CASES = ("uneven", "even", "no-splits")
+
+
+def worker(backend, case, np_, mib, iters):
+    import torch
+    if backend == "gloo":
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+    else:
+        import paramsync.distributed as dist
+        dist.init_process_group("paramsync")
+    r, n = dist.get_rank(), dist.get_world_size()
+    rows = mib * 256  # rows of 1024 float32: 4 KiB each
+    if case == "uneven":
+        ins = [(r + j + 1) * rows for j in range(n)]
+        outs = [(j + r + 1) * rows for j in range(n)]
+    else:
+        ins = outs = [(n + 1) * rows] * n
+    x = torch.full((sum(ins), 1024), float(r))
+    o = torch.empty(sum(outs), 1024)
+    splits = (None, None) if case == "no-splits" else (outs, ins)
+
+    def call():
+        dist.all_to_all_single(o, x, *splits)
+
+    call()
+    ok = all(bool((o[sum(outs[:j]):sum(outs[:j + 1])] == j).all()) for j in range(n))
+    call()
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        call()
+    dt = (time.perf_counter() - t0) / iters
+    if r == 0:
+        print("%.3f %d %.1f" % (dt * 1e3, ok, x.numel() * 4 / 2**20), flush=True)
+    dist.destroy_process_group()
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def run(a, backend, case):
+    """(ms a call, whether correct, MiB a rank sends) of one run."""
+    env = dict(os.environ, WORLD_SIZE=str(a.np), MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(free_port()), PARAMSYNC_JOB="uneven-%d" % os.getpid())
+    daemon = None
+    with tempfile.TemporaryDirectory() as tmp:
+        if backend == "paramsync":
+            ann = os.path.join(tmp, "addr")
+            daemon = subprocess.Popen([a.paramsyncd, "--listen", "127.0.0.1:0", "--announce-file",
+                                       ann, "--metrics-addr", "off"],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            end = time.monotonic() + 10
+            while not (os.path.exists(ann) and open(ann).read().endswith("\n")):
+                if time.monotonic() > end:
+                    sys.exit("paramsyncd did not start")
+                time.sleep(0.02)
+            env["PARAMSYNC_ADDR"] = open(ann).read().strip()
+        try:
+            procs = [subprocess.Popen([a.python, os.path.abspath(__file__), "--worker", backend,
+                                       case, str(a.np), str(a.mib), str(a.iters)],
+                                      env=dict(env, RANK=str(r)), stdout=subprocess.PIPE,
+                                      text=True) for r in range(a.np)]
+            outs = [p.communicate(timeout=300)[0] for p in procs]
+            if any(p.returncode for p in procs):
+                sys.exit("%s %s: a rank failed" % (backend, case))
+        finally:
+            if daemon:
+                daemon.terminate()
+                daemon.wait()
+    ms, ok, mib = outs[0].split()
+    return float(ms), ok == "1", float(mib)
+
+
+def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        return worker(sys.argv[2], sys.argv[3], *(int(v) for v in sys.argv[4:]))
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--paramsyncd", required=True)
+    p.add_argument("--python", required=True)
+    p.add_argument("--np", type=int, default=4)
+    p.add_argument("--mib", type=int, default=1)
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=2)
+    a = p.parse_args()
+    print("%-10s %9s %10s %12s %8s" % ("case", "MiB/rank", "gloo ms", "paramsync ms", "ratio"))
+    for case in CASES:
+        for k in range(a.rounds):
+            print("  %s, round %d of %d ..." % (case, k + 1, a.rounds), file=sys.stderr,
+                  flush=True)
+            g, gok, mib = run(a, "gloo", case)
+            q, qok, _ = run(a, "paramsync", case)
+            if not (gok and qok):
+                sys.exit("%s: a result was wrong (gloo %s, paramsync %s)" % (case, gok, qok))
+            print("%-10s %9.1f %10.2f %12.2f %7.2fx" % (case, mib, g, q, q / g), flush=True)
+
+
+if __name__ == "__main__":
+    main()
