@@ -490,6 +490,15 @@ static int counts_disagree(const int64_t *t, int n, int *a, int *b)
     return 0;
 }
 
+/* Whether every one of the n counts is c. */
+static int all_of(const size_t *counts, int n, size_t c)
+{
+    for (int j = 0; j < n; j++)
+        if (counts[j] != c)
+            return 0;
+    return 1;
+}
+
 /* Argument checks of ps_all_to_all_v that need no call: 0, or reported. */
 static int a2av_check(ps_comm_t *comm, ps_group_t *g, const void *out, const size_t *out_counts,
                       const void *in, const size_t *in_counts, ps_dtype_t dtype)
@@ -569,36 +578,49 @@ int ps_all_to_all_v(ps_comm_t *comm, void *out, const size_t *out_counts, const 
     free(table);
     if (rc < 0)
         return rc;
-    /* The daemon moves equal blocks: each padded to the largest. */
+    /* The daemon moves equal blocks: each padded to the largest. A side whose
+     * blocks are all of that size is read or written in place (not both in
+     * one buffer: a call's input and output may not overlap). */
     size_t block = most * esz, all = 0;
-    unsigned char *src = NULL, *dst = NULL;
-    if (block && mul_size(block, (size_t)n, &all) == 0) {
-        src = calloc(1, all);
-        dst = malloc(all);
+    if (block && mul_size(block, (size_t)n, &all) < 0) {
+        ps__report(comm, PS_EINVAL, "all_to_all_v", "%d blocks of %zu bytes are too large", n,
+                   block);
+        return PS_EINVAL;
     }
+    int own_in = all_of(in_counts, n, most), own_out = all_of(out_counts, n, most);
+    if (own_in && own_out && (const unsigned char *)in < (unsigned char *)out + all &&
+        (unsigned char *)out < (const unsigned char *)in + all)
+        own_out = 0;
+    unsigned char *src = own_in ? (unsigned char *)(uintptr_t)in : NULL;
+    unsigned char *dst = own_out ? out : NULL;
+    unsigned char *pad_in = NULL, *pad_out = NULL;
+    if (block && !own_in)
+        src = pad_in = malloc(all);
+    if (block && !own_out)
+        dst = pad_out = malloc(all);
     if (block && (!src || !dst)) {
-        free(src);
-        free(dst);
+        free(pad_in);
+        free(pad_out);
         ps__report(comm, PS_ENOMEM, "all_to_all_v", "no memory for %d padded blocks of %zu bytes",
                    n, block);
         return PS_ENOMEM;
     }
     size_t at = 0;
-    for (int j = 0; j < n; j++) {
-        if (in_counts[j])
-            memcpy(src + (size_t)j * block, (const unsigned char *)in + at, in_counts[j] * esz);
+    for (int j = 0; pad_in && j < n; j++) {
+        if (in_counts[j]) /* in may be NULL where this rank sends nothing */
+            memcpy(pad_in + (size_t)j * block, (const unsigned char *)in + at, in_counts[j] * esz);
         at += in_counts[j] * esz;
     }
     r = req_io("all_to_all_v", K(ALL_TO_ALL), dst, src, block, PS_UINT8, 0, group);
     rc = submit(comm, &r, NULL, NULL);
     at = 0;
-    for (int j = 0; rc == 0 && j < n; j++) {
+    for (int j = 0; rc == 0 && pad_out && j < n; j++) {
         if (out_counts[j])
-            memcpy((unsigned char *)out + at, dst + (size_t)j * block, out_counts[j] * esz);
+            memcpy((unsigned char *)out + at, pad_out + (size_t)j * block, out_counts[j] * esz);
         at += out_counts[j] * esz;
     }
-    free(src);
-    free(dst);
+    free(pad_in);
+    free(pad_out);
     return rc;
 }
 

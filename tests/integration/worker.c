@@ -777,6 +777,20 @@ static int sc_all_to_all_v(ctx_t *cx)
     int n = cx->size, me = cx->rank;
     TRY(a2av_case(cx, 1));
     TRY(a2av_case(cx, 100003));
+    /* Even counts: read and written in place; in one buffer, the output padded. */
+    for (int in_place = 0; in_place < 2; in_place++) {
+        size_t three[64];
+        int64_t a[192], b[192];
+        for (int j = 0; j < n; j++)
+            three[j] = 3;
+        for (int k = 0; k < 3 * n; k++)
+            a[k] = me * 1000 + k;
+        int64_t *o = in_place ? a : b;
+        CHECK_OK(ps_all_to_all_v(comm, o, three, a, three, PS_INT64, NULL));
+        for (int k = 0; k < 3 * n; k++)
+            CHECK(o[k] == (k / 3) * 1000 + me * 3 + k % 3, "even counts%s: element %d is %lld",
+                  in_place ? " in place" : "", k, (long long)o[k]);
+    }
     size_t zero[64] = {0}, one[64], two[64];
     for (int j = 0; j < n; j++)
         one[j] = two[j] = 1;
