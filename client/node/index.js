@@ -2562,20 +2562,28 @@ class World {
         }
       }
       const mb = m * esize;
-      const src = new Uint8Array(n * mb);
-      const dst = new Uint8Array(n * mb);
+      // A side whose blocks are all of the largest size is read or written in place
+      // (not both in one buffer: a call's input and output may not overlap).
+      const ownIn = ins.every((k) => k === m);
+      const ownOut = outs.every((k) => k === m) && !(ownIn && overlaps([i], [o]));
+      const src = ownIn ? i.buf : new Uint8Array(n * mb);
+      const dst = ownOut ? o.buf : new Uint8Array(n * mb);
       let at = 0;
-      ins.forEach((k, j) => {
-        src.set(i.buf.subarray(at, at + k * esize), j * mb);
-        at += k * esize;
-      });
+      if (!ownIn) {
+        ins.forEach((k, j) => {
+          src.set(i.buf.subarray(at, at + k * esize), j * mb);
+          at += k * esize;
+        });
+      }
       await step(() => this._inner(g, name, KIND.ALL_TO_ALL, { send: [src], recv: [dst],
         count: mb }), true);
       at = 0;
-      outs.forEach((k, j) => {
-        o.buf.set(dst.subarray(j * mb, j * mb + k * esize), at);
-        at += k * esize;
-      });
+      if (!ownOut) {
+        outs.forEach((k, j) => {
+          o.buf.set(dst.subarray(j * mb, j * mb + k * esize), at);
+          at += k * esize;
+        });
+      }
       return output;
     });
   }

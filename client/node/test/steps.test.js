@@ -134,6 +134,14 @@ test('allToAllSingle with uneven split sizes', async (t) => {
       assert.deepStrictEqual(Array.from(o[r]), want, `rank ${r}, scale ${scale}`);
     }
   }
+  // Even splits given: read and written in place; in one array, the output padded.
+  for (const inPlace of [false, true]) {
+    const x = job.ws.map((_, r) => Int16Array.from({ length: 6 }, (_, k) => 10 * r + k));
+    const out = inPlace ? x : job.ws.map(() => new Int16Array(6));
+    await all((w, r) => w.allToAllSingle(out[r], x[r], { outputSplitSizes: [2, 2, 2],
+      inputSplitSizes: [2, 2, 2] }));
+    assert.deepStrictEqual(Array.from(out[1]), [2, 3, 12, 13, 22, 23], `in place ${inPlace}`);
+  }
   // Input splits only: the outputs even (2 from each).
   const o = job.ws.map(() => new Float64Array(6));
   await all((w, r) => w.allToAllSingle(o[r], Float64Array.from({ length: 6 }, (_, k) => 10 * r + k),
