@@ -16,8 +16,9 @@
  * src/dst are global ranks, as in torch. Every collective is started (its
  * sequence number taken) when it is called, so promises may be awaited in
  * any order: that is torch's async_op=True. The object collectives
- * (allGatherObject, ...) are the exception: they take two collectives, so
- * the next collective on their group starts after they resolve.
+ * (allGatherObject, ...) and allToAllSingle with split sizes are the
+ * exception: they take two collectives, so the next collective on their
+ * group starts after they resolve.
  *
  * Typed arrays map to dtypes: Float32Array float32, Float64Array float64,
  * Int8Array int8, Uint8Array (and Buffer) uint8, Int16Array int16,
