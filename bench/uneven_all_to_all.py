@@ -8,15 +8,14 @@ Rank r sends rank j (r + j + 1) x --mib MiB of float32 rows ("uneven": the
 largest block is (2 np - 1) / np times the mean), then every block --np + 1
 times --mib MiB ("even", still with split sizes given), and the even case
 without split sizes ("no-splits", paramsync's single collective). Each case
-runs --rounds times alternately on Gloo (torch.distributed, MASTER_ADDR on
-loopback) and on paramsync (one paramsyncd per run), and prints the milliseconds a
+runs --rounds times alternately on Gloo (torch.distributed, init by a
+file://) and on paramsync (one paramsyncd per run), and prints the milliseconds a
 call of rank 0 (the mean of --iters after two untimed calls) and paramsync's
 time over Gloo's. Every run checks its result once. --python: an interpreter
 with paramsync and torch (the client tests' venv: build/tests/clients/venv).
 """
 import argparse
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,7 +28,8 @@ def worker(backend, case, np_, mib, iters):
     import torch
     if backend == "gloo":
         import torch.distributed as dist
-        dist.init_process_group("gloo")
+        dist.init_process_group("gloo", init_method="file://" + os.environ["GLOO_FILE"],
+                                world_size=np_, rank=int(os.environ["RANK"]))
     else:
         import paramsync.distributed as dist
         dist.init_process_group("paramsync")
@@ -60,20 +60,12 @@ def worker(backend, case, np_, mib, iters):
     dist.destroy_process_group()
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def run(a, backend, case):
     """(ms a call, whether correct, MiB a rank sends) of one run."""
-    env = dict(os.environ, WORLD_SIZE=str(a.np), MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(free_port()), PARAMSYNC_JOB="uneven-%d" % os.getpid())
     daemon = None
     with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ, WORLD_SIZE=str(a.np), GLOO_FILE=os.path.join(tmp, "gloo"),
+                   PARAMSYNC_JOB="uneven-%d" % os.getpid())
         if backend == "paramsync":
             ann = os.path.join(tmp, "addr")
             daemon = subprocess.Popen([a.paramsyncd, "--listen", "127.0.0.1:0", "--announce-file",
