@@ -476,17 +476,23 @@ int ps_recv(ps_comm_t *comm, void *buf, size_t count, ps_dtype_t dtype, int src,
 
 /* ---------------------------------------------------------------- uneven all_to_all */
 
-/* The pair a sends b, of the counts table (n rows of 2n: a rank's in_counts, then its
- * out_counts), where they differ: 0, or -1 with *a and *b set. */
-static int counts_disagree(const int64_t *t, int n, int *a, int *b)
+/* Checks the counts table (n rows of 2n: a rank's in_counts, then its
+ * out_counts): 0 with *most the largest count sent, or -1 with *a and *b a
+ * pair where what a sends b is not what b expects from a. */
+static int counts_check(const int64_t *t, int n, size_t *most, int *a, int *b)
 {
+    *most = 0;
     for (int i = 0; i < n; i++)
-        for (int j = 0; j < n; j++)
-            if (t[(size_t)i * 2 * n + j] != t[(size_t)j * 2 * n + n + i]) {
+        for (int j = 0; j < n; j++) {
+            int64_t sent = t[(size_t)i * 2 * n + j];
+            if (sent != t[(size_t)j * 2 * n + n + i]) {
                 *a = i;
                 *b = j;
                 return -1;
             }
+            if ((size_t)sent > *most)
+                *most = (size_t)sent;
+        }
     return 0;
 }
 
@@ -499,18 +505,16 @@ static int all_of(const size_t *counts, int n, size_t c)
     return 1;
 }
 
-/* Argument checks of ps_all_to_all_v that need no call: 0, or reported. */
-static int a2av_check(ps_comm_t *comm, ps_group_t *g, const void *out, const size_t *out_counts,
+/* Argument checks of ps_all_to_all_v that need no call: 0, or reported. The
+ * group's (another comm's, or one the caller is not in) are the first call's,
+ * made by prepare. */
+static int a2av_check(ps_comm_t *comm, int n, const void *out, const size_t *out_counts,
                       const void *in, const size_t *in_counts, ps_dtype_t dtype)
 {
     const char *why = NULL;
-    int n = g->size, dev = 0;
+    int dev = 0;
     size_t esz = ps_dtype_size(dtype), in_all = 0, out_all = 0;
-    if (g->comm != comm)
-        why = "the group belongs to another communicator";
-    else if (g->rank < 0)
-        why = "this process is not a member of the group";
-    else if (!esz)
+    if (!esz)
         why = "not a dtype";
     else if (!out_counts || !in_counts)
         why = "out_counts and in_counts must each hold one count per rank of the group";
@@ -541,17 +545,14 @@ int ps_all_to_all_v(ps_comm_t *comm, void *out, const size_t *out_counts, const 
                    "paramsync is not initialised (comm is NULL)");
         return PS_EPRECOND;
     }
-    ps_group_t *g = group ? group : &comm->world;
-    int rc = a2av_check(comm, g, out, out_counts, in, in_counts, dtype);
+    int n = (group ? group : &comm->world)->size, a, b;
+    int rc = a2av_check(comm, n, out, out_counts, in, in_counts, dtype);
     if (rc < 0)
         return rc;
-    int n = g->size, a, b;
     size_t esz = ps_dtype_size(dtype), most = 0;
-    int64_t *mine = malloc((size_t)2 * n * sizeof(int64_t));
-    int64_t *table = malloc((size_t)2 * n * n * sizeof(int64_t));
-    if (!mine || !table) {
-        free(mine);
-        free(table);
+    /* This rank's 2n counts, then every rank's (table). */
+    int64_t *mine = malloc((size_t)2 * n * (n + 1) * sizeof(int64_t)), *table = mine + 2 * n;
+    if (!mine) {
         ps__report(comm, PS_ENOMEM, "all_to_all_v", "no memory for the counts");
         return PS_ENOMEM;
     }
@@ -563,7 +564,7 @@ int ps_all_to_all_v(ps_comm_t *comm, void *out, const size_t *out_counts, const 
     request_t r =
         req_io("all_to_all_v", K(ALL_GATHER), table, mine, (size_t)2 * n, PS_INT64, 0, group);
     rc = submit(comm, &r, NULL, NULL);
-    if (rc == 0 && counts_disagree(table, n, &a, &b) < 0) {
+    if (rc == 0 && counts_check(table, n, &most, &a, &b) < 0) {
         ps__report(comm, PS_EPRECOND, "all_to_all_v",
                    "group rank %d sends %lld elements to group rank %d, whose out_counts expect "
                    "%lld",
@@ -571,11 +572,7 @@ int ps_all_to_all_v(ps_comm_t *comm, void *out, const size_t *out_counts, const 
                    (long long)table[(size_t)b * 2 * n + n + a]);
         rc = PS_EPRECOND;
     }
-    for (size_t k = 0; rc == 0 && k < (size_t)n * n; k++)
-        if ((size_t)table[(k / n) * 2 * n + k % n] > most)
-            most = (size_t)table[(k / n) * 2 * n + k % n];
     free(mine);
-    free(table);
     if (rc < 0)
         return rc;
     /* The daemon moves equal blocks: each padded to the largest. A side whose
