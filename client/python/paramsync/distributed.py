@@ -1579,8 +1579,8 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
         # Decided by whether sizes are given, never by their values: splits that look
         # equal on one rank can be uneven on another, and all must take the same steps.
         row = _row_elements(input, output)
-        ins = _splits(input_split_sizes, input, row, n, "input")
-        outs = _splits(output_split_sizes, output, row, n, "output")
+        ins = _splits(input_split_sizes, input, n, "input")
+        outs = _splits(output_split_sizes, output, n, "output")
         return _uneven_all_to_all(g, o, i, ins, outs, row, async_op, output)
     if i.numel != o.numel or i.numel % n:
         raise ValueError("all_to_all_single: input (%d elements) and output (%d) must be the "
@@ -1611,7 +1611,7 @@ def _row_elements(input, output):
     return int(np.prod(ri, dtype=np.int64))
 
 
-def _splits(sizes, tensor, row, n, what):
+def _splits(sizes, tensor, n, what):
     """Rows per rank: sizes as ints, checked against the tensor, or equal rows."""
     rows = _rows(tensor)[0]
     if not _given(sizes):
@@ -1638,7 +1638,8 @@ def _uneven_all_to_all(g, o, i, ins, outs, row, async_op, output):
     table = np.zeros(2 * n * n, np.int64)
     _step(g, "all_to_all_single", _K.ALL_GATHER, send=[np.array(ins + outs, np.int64)],
           recv=[table], dtype=T.INT64, count=2 * n)
-    sent, expected = table.reshape(n, 2, n)[:, 0, :], table.reshape(n, 2, n)[:, 1, :]
+    t = table.reshape(n, 2, n)  # per rank: its input_split_sizes, then its output's
+    sent, expected = t[:, 0, :], t[:, 1, :]
     bad = np.argwhere(sent != expected.T)
     if bad.size:
         a, b = (int(k) for k in bad[0])
