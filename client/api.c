@@ -22,6 +22,7 @@ typedef struct request {
     const void *in;
     void *out;
     ps_group_t *group;
+    ps__a2av_t *v; /* ps_all_to_all_v's layout, or NULL */
 } request_t;
 
 /* Rooted kinds name their root's rank; the others send 0. */
@@ -171,6 +172,7 @@ static int prepare(ps_comm_t *comm, const request_t *r, ps__coll_t *c)
     c->out = out;
     c->out_bytes = out_bytes;
     c->source = -1;
+    c->v = r->v;
     return 0;
 }
 
@@ -525,6 +527,8 @@ static int a2av_check(ps_comm_t *comm, int n, const void *out, const size_t *out
             out_counts[j] > INT64_MAX / esz)
             why = "the counts are too large";
     }
+    if (!why && (in_all > SIZE_MAX / esz || out_all > SIZE_MAX / esz))
+        why = "the counts are too large";
     if (!why && ((in_all && !in) || (out_all && !out)))
         why = "a NULL buffer for a nonzero count";
     if (!why && ((in_all && ps__is_device(in, &dev) == 0 && dev) ||
@@ -535,6 +539,28 @@ static int a2av_check(ps_comm_t *comm, int n, const void *out, const size_t *out
         return PS_EINVAL;
     }
     return 0;
+}
+
+void ps__a2av_pack(ps__coll_t *c)
+{
+    ps__a2av_t *v = c->v;
+    if (!v || v->via_agent)
+        return;
+    v->via_agent = 1;
+    int n = c->group->size;
+    for (int j = 0; v->pad_in && j < n; j++)
+        if (v->in_at[j + 1] > v->in_at[j]) /* in may be NULL where this rank sends nothing */
+            memcpy(v->pad_in + (size_t)j * v->block, v->in + v->in_at[j],
+                   v->in_at[j + 1] - v->in_at[j]);
+}
+
+/* Byte offsets of n blocks of counts[j] elements of esz bytes, end to end:
+ * at[0..n]. */
+static void offsets(size_t *at, const size_t *counts, int n, size_t esz)
+{
+    at[0] = 0;
+    for (int j = 0; j < n; j++)
+        at[j + 1] = at[j] + counts[j] * esz;
 }
 
 int ps_all_to_all_v(ps_comm_t *comm, void *out, const size_t *out_counts, const void *in,
@@ -550,8 +576,10 @@ int ps_all_to_all_v(ps_comm_t *comm, void *out, const size_t *out_counts, const 
     if (rc < 0)
         return rc;
     size_t esz = ps_dtype_size(dtype), most = 0;
-    /* This rank's 2n counts, then every rank's (table). */
-    int64_t *mine = malloc((size_t)2 * n * (n + 1) * sizeof(int64_t)), *table = mine + 2 * n;
+    /* This rank's 2n counts, then every rank's (table), then the byte
+     * offsets of its blocks (2 (n + 1)). */
+    size_t words = (size_t)2 * n * (n + 1) + (size_t)2 * (n + 1);
+    int64_t *mine = malloc(words * sizeof(int64_t)), *table = mine + 2 * n;
     if (!mine) {
         ps__report(comm, PS_ENOMEM, "all_to_all_v", "no memory for the counts");
         return PS_ENOMEM;
@@ -572,52 +600,48 @@ int ps_all_to_all_v(ps_comm_t *comm, void *out, const size_t *out_counts, const 
                    (long long)table[(size_t)b * 2 * n + n + a]);
         rc = PS_EPRECOND;
     }
-    free(mine);
-    if (rc < 0)
-        return rc;
     /* The daemon moves equal blocks: each padded to the largest. A side whose
      * blocks are all of that size is read or written in place (not both in
-     * one buffer: a call's input and output may not overlap). */
+     * one buffer: a call's input and output may not overlap). Peer copies
+     * read each pair's own bytes, and touch neither padded buffer: their
+     * pages are never faulted in then. */
     size_t block = most * esz, all = 0;
-    if (block && mul_size(block, (size_t)n, &all) < 0) {
+    if (rc == 0 && block && mul_size(block, (size_t)n, &all) < 0) {
         ps__report(comm, PS_EINVAL, "all_to_all_v", "%d blocks of %zu bytes are too large", n,
                    block);
-        return PS_EINVAL;
+        rc = PS_EINVAL;
     }
     int own_in = all_of(in_counts, n, most), own_out = all_of(out_counts, n, most);
     if (own_in && own_out && (const unsigned char *)in < (unsigned char *)out + all &&
         (unsigned char *)out < (const unsigned char *)in + all)
         own_out = 0;
+    size_t *at = (size_t *)(table + (size_t)2 * n * n);
+    ps__a2av_t v = {.in = in, .out = out, .in_at = at, .out_at = at + n + 1, .block = block};
+    offsets(at, in_counts, n, esz);
+    offsets(at + n + 1, out_counts, n, esz);
     unsigned char *src = own_in ? (unsigned char *)(uintptr_t)in : NULL;
-    unsigned char *dst = own_out ? out : NULL;
-    unsigned char *pad_in = NULL, *pad_out = NULL;
-    if (block && !own_in)
-        src = pad_in = malloc(all);
-    if (block && !own_out)
+    unsigned char *dst = own_out ? out : NULL, *pad_out = NULL;
+    if (rc == 0 && block && !own_in)
+        src = v.pad_in = malloc(all);
+    if (rc == 0 && block && !own_out)
         dst = pad_out = malloc(all);
-    if (block && (!src || !dst)) {
-        free(pad_in);
-        free(pad_out);
+    if (rc == 0 && block && (!src || !dst)) {
         ps__report(comm, PS_ENOMEM, "all_to_all_v", "no memory for %d padded blocks of %zu bytes",
                    n, block);
-        return PS_ENOMEM;
+        rc = PS_ENOMEM;
     }
-    size_t at = 0;
-    for (int j = 0; pad_in && j < n; j++) {
-        if (in_counts[j]) /* in may be NULL where this rank sends nothing */
-            memcpy(pad_in + (size_t)j * block, (const unsigned char *)in + at, in_counts[j] * esz);
-        at += in_counts[j] * esz;
+    if (rc == 0) {
+        r = req_io("all_to_all_v", K(ALL_TO_ALL), dst, src, block, PS_UINT8, 0, group);
+        r.v = &v;
+        rc = submit(comm, &r, NULL, NULL);
     }
-    r = req_io("all_to_all_v", K(ALL_TO_ALL), dst, src, block, PS_UINT8, 0, group);
-    rc = submit(comm, &r, NULL, NULL);
-    at = 0;
-    for (int j = 0; rc == 0 && pad_out && j < n; j++) {
+    for (int j = 0; rc == 0 && v.via_agent && pad_out && j < n; j++)
         if (out_counts[j])
-            memcpy((unsigned char *)out + at, pad_out + (size_t)j * block, out_counts[j] * esz);
-        at += out_counts[j] * esz;
-    }
-    free(pad_in);
+            memcpy((unsigned char *)out + v.out_at[j], pad_out + (size_t)j * block,
+                   out_counts[j] * esz);
+    free(v.pad_in);
     free(pad_out);
+    free(mine);
     return rc;
 }
 

@@ -220,6 +220,8 @@ int ps__coll_run(ps__coll_t *c)
         ps__inflight_remove(comm, c);
         return rc;
     }
+    /* Through the agent: an uneven all_to_all's blocks padded now. */
+    ps__a2av_pack(c);
     if (ps__doorbell_run(comm, c, &rc, &msg))
         goto done;
     rc = ps__rpc_call_start(comm->channel, PS__METHOD_COLLECTIVE,

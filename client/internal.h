@@ -53,6 +53,21 @@ struct ps_group {
     char bar_name[64];
 };
 
+/* An uneven all_to_all (ps_all_to_all_v, api.c). The daemon moves equal
+ * blocks, so through the agent the call's in and out are buffers of blocks
+ * padded to the largest, filled (ps__a2av_pack) only when it goes that way;
+ * peer copies (peer.c) read each pair's own bytes between the caller's
+ * buffers instead. Block j of the caller's input is in + in_at[j] up to
+ * in + in_at[j + 1]; of its output, out + out_at[j] up to out_at[j + 1]. */
+typedef struct ps__a2av {
+    const unsigned char *in;
+    unsigned char *out;
+    const size_t *in_at, *out_at; /* n + 1 byte offsets each */
+    size_t block;                 /* a padded block's bytes */
+    unsigned char *pad_in;        /* NULL where the caller's input is sent as it is */
+    int via_agent;                /* set by ps__a2av_pack: the output comes padded */
+} ps__a2av_t;
+
 /* One collective call of this rank, resolved to the bytes it sends and receives. */
 typedef struct ps__coll {
     ps_comm_t *comm;
@@ -87,6 +102,7 @@ typedef struct ps__coll {
      * call takes them and so holds seqs hdr.seq .. hdr.seq + 2 (NULL once
      * ps__peer_run has begun). */
     void *peer_descs;
+    ps__a2av_t *v; /* an uneven all_to_all's layout, or NULL */
     /* A barrier that may meet directly (barrier.c): its number among the
      * group's such barriers, from 1; 0 for any other call. */
     uint64_t bar_k;
@@ -267,9 +283,12 @@ int ps__mem_mapped_for(ps_comm_t *comm, const void *ptr, uint64_t touched);
 int ps__mem_file(ps_comm_t *comm, const void *ptr, size_t len, uint64_t *base, uint64_t *size);
 
 /** Asks for huge pages under c's buffers from the second time they come
- * (shm.c, collapse()): another process copies them faster, with
+ * (shm.c, ps__collapse()): another process copies them faster, with
  * process_vm_readv/writev, on huge pages. */
 void ps__collapse_buffers(const ps__coll_t *c);
+
+/** The same for len bytes at buf. */
+void ps__collapse(const void *buf, size_t len);
 
 /** Runs c through the doorbell segment when it can (the agent is on this host,
  * the doorbell is free, and input and output fit in it or in the payload
@@ -373,6 +392,11 @@ int ps__coll_run(ps__coll_t *coll);
 int ps__coll_sub(const ps__coll_t *parent, const char *name, Paramsync__V1__CollectiveKind kind,
                  ps_op_t op, ps_dtype_t dtype, size_t count, const void *in, void *out,
                  uint64_t seq);
+
+/** Fills an uneven all_to_all's padded input (api.c) and marks it gone
+ * through the agent, whose output the caller unpacks; no-op when c is not
+ * one. */
+void ps__a2av_pack(ps__coll_t *c);
 
 /* ---- peer copies (peer.c) ---- */
 

@@ -220,11 +220,28 @@ static int map_wanted(void)
     return !(env && strcmp(env, "0") == 0);
 }
 
+/* The buffers peer copies read and write, and their bytes: an uneven
+ * all_to_all's are the caller's own (ps__a2av_t), not the padded ones the
+ * agent would move. */
+static void peer_buffers(const ps__coll_t *c, const void **in, size_t *in_bytes, void **out,
+                         size_t *out_bytes)
+{
+    const ps__a2av_t *v = c->v;
+    int n = c->group->size;
+    *in = v ? (const void *)v->in : c->in;
+    *in_bytes = v ? v->in_at[n] : c->in_bytes;
+    *out = v ? (void *)v->out : c->out;
+    *out_bytes = v ? v->out_at[n] : c->out_bytes;
+}
+
 /* This rank's descriptor, into d (desc_words). */
 static void describe(const ps__coll_t *c, size_t block, uint64_t *d)
 {
     const ps_comm_t *comm = c->comm;
-    size_t nb = desc_words(c) - W_BLOCKS, me = (size_t)c->hdr.rank;
+    size_t nb = desc_words(c) - W_BLOCKS, me = (size_t)c->hdr.rank, in_bytes, out_bytes;
+    const void *in;
+    void *out;
+    peer_buffers(c, &in, &in_bytes, &out, &out_bytes);
     memset(d, 0, desc_words(c) * sizeof(*d));
     d[W_MAGIC] = PEER_MAGIC;
     d[W_PIDNS_DEV] = comm->peer_pidns_dev;
@@ -235,10 +252,10 @@ static void describe(const ps__coll_t *c, size_t block, uint64_t *d)
      * block of the output, a scatter root's output its own block of the
      * input. Any other overlap would have ranks read what another already
      * wrote. */
-    int in_place = blocks_per_rank(c) ? c->hdr.kind == K(SCATTER) && c->out &&
-                                            c->out == (const char *)c->in + me * block
-                                      : c->out && c->in == (const char *)c->out + me * block;
-    int fits = in_place || !ps__overlap(c->in, c->in_bytes, c->out, c->out_bytes);
+    int in_place = blocks_per_rank(c)
+                       ? c->hdr.kind == K(SCATTER) && out && out == (const char *)in + me * block
+                       : out && in == (const char *)out + me * block;
+    int fits = in_place || !ps__overlap(in, in_bytes, out, out_bytes);
     /* Memory from ps_mem_alloc the agent copies in place, between its
      * mappings: 1.1-2.2x faster at 16-64 MiB than reads that pin its shared
      * pages one by one (PERFORMANCE.md, "Peer copies"). Not where the call
@@ -247,8 +264,8 @@ static void describe(const ps__coll_t *c, size_t block, uint64_t *d)
      * segments (FITS_SEGMENT: 1.2-1.8x faster than process_vm_readv at
      * 64-256 MiB, PERFORMANCE.md). */
     uint64_t touched = agent_touches(c, block);
-    if ((c->in && ps__mem_mapped_for(c->comm, c->in, touched)) ||
-        (c->out && ps__mem_mapped_for(c->comm, c->out, touched)))
+    if ((in && ps__mem_mapped_for(c->comm, in, touched)) ||
+        (out && ps__mem_mapped_for(c->comm, out, touched)))
         fits = 0;
     /* PARAMSYNC_SHM=0 set since ps_init (it is read on every collective):
      * payloads over gRPC, as asked. */
@@ -265,8 +282,8 @@ static void describe(const ps__coll_t *c, size_t block, uint64_t *d)
         ps__ipc_put(&d[W_DEV], &c->peer_ipc);
     }
     uint64_t seg_base = 0, seg_size = 0;
-    int fd = fits && !device && c->in && map_wanted()
-                 ? ps__mem_file(c->comm, c->in, c->in_bytes, &seg_base, &seg_size)
+    int fd = fits && !device && in && map_wanted()
+                 ? ps__mem_file(c->comm, in, in_bytes, &seg_base, &seg_size)
                  : -1;
     if (fd >= 0) {
         d[W_PID_FITS] |= FITS_SEGMENT;
@@ -274,8 +291,9 @@ static void describe(const ps__coll_t *c, size_t block, uint64_t *d)
         d[W_SEG_SIZE] = seg_size;
         d[W_SEG_FD] = (uint64_t)fd;
     }
-    for (size_t j = 0; c->in && j < nb; j++)
-        d[W_BLOCKS + j] = (uint64_t)(uintptr_t)((const char *)c->in + j * block);
+    for (size_t j = 0; in && j < nb; j++)
+        d[W_BLOCKS + j] =
+            (uint64_t)(uintptr_t)((const char *)in + (c->v ? c->v->in_at[j] : j * block));
 }
 
 /* How c's n descriptors at d (w words each, blocks of `block` bytes) let
@@ -603,10 +621,12 @@ static int copy_own(const source_t *src, void *to, const void *from, size_t bloc
 /* Reads this rank's blocks from the others (all_to_all and all_gather:
  * every other rank's; a gather's root: every other rank's; a scatter's
  * other ranks: the root's) and copies its own: 0, or -1 if any could not
- * be read. */
+ * be read. An uneven all_to_all's blocks are each pair's own bytes, which
+ * every rank knows alike (ps__a2av_t). */
 static int pull_blocks(const ps__coll_t *c, source_t *src, const uint64_t *d, int n, size_t block)
 {
     Paramsync__V1__CollectiveKind k = c->hdr.kind;
+    const ps__a2av_t *v = c->v;
     int me = (int)c->hdr.rank, root = (int)c->hdr.root;
     size_t w = desc_words(c), which = blocks_per_rank(c) ? (size_t)me : 0;
     char *out = c->out;
@@ -616,8 +636,16 @@ static int pull_blocks(const ps__coll_t *c, source_t *src, const uint64_t *d, in
         return 0; /* it only lends its input */
     for (int j = 1; k != K(SCATTER) && j < n; j++) {
         int i = (me + j) % n; /* not every rank at rank 0 first */
-        if (read_from(src, d + (size_t)i * w, which, out + (size_t)i * block, block) < 0)
+        size_t len = v ? v->out_at[i + 1] - v->out_at[i] : block;
+        char *to = v ? (char *)v->out + v->out_at[i] : out + (size_t)i * block;
+        if (len && read_from(src, d + (size_t)i * w, which, to, len) < 0)
             return -1;
+    }
+    if (v) {
+        size_t len = v->in_at[me + 1] - v->in_at[me];
+        if (len)
+            memcpy(v->out + v->out_at[me], v->in + v->in_at[me], len);
+        return 0;
     }
     const char *from = (const char *)c->in + which * block;
     char *to = k == K(SCATTER) ? out : out + (size_t)me * block;
@@ -692,8 +720,12 @@ int ps__peer_run(ps__coll_t *c, int *rc)
     *rc = ps__coll_sub(c, step_name(c, 0), K(ALL_GATHER), PS_SUM, PS_UINT8, w * sizeof(*mine), mine,
                        all, seq);
     uint64_t how = *rc == 0 ? all_fit(c, all, n, w, block) : 0;
-    if (how == FITS_HOST)
+    if (how == FITS_HOST && c->v) {
+        ps__collapse(c->v->in, c->v->in_at[n]);
+        ps__collapse(c->v->out, c->v->out_at[n]);
+    } else if (how == FITS_HOST) {
         ps__collapse_buffers(c);
+    }
     int32_t failed = how && pull(c, all, n, block, how) < 0;
     free(all);
     if (*rc < 0)

@@ -54,7 +54,7 @@
  * not tell.
  */
 #define PS__DIRECT_MIN_BYTES      (32u << 20) /* on small pages */
-#define PS__DIRECT_HUGE_MIN_BYTES (8u << 20)  /* where collapse() gives huge pages */
+#define PS__DIRECT_HUGE_MIN_BYTES (8u << 20)  /* where ps__collapse() gives huge pages */
 
 struct ps__shm {
     char name[64];
@@ -576,7 +576,7 @@ static void range_note(ps__range_t *t, unsigned n, unsigned *next, uintptr_t at,
     ++*next;
 }
 
-/* PARAMSYNC_SHM_COLLAPSE=0: no collapse(), and direct_min() as on small pages. */
+/* PARAMSYNC_SHM_COLLAPSE=0: no ps__collapse(), and direct_min() as on small pages. */
 static int collapse_off(void)
 {
     const char *env = getenv("PARAMSYNC_SHM_COLLAPSE");
@@ -600,7 +600,7 @@ void *ps__huge_map(size_t size)
 
 /* Asks for huge pages under the 2 MiB pages wholly inside [buf, buf + len),
  * from the second time that range comes. */
-static void collapse(const void *buf, size_t len)
+void ps__collapse(const void *buf, size_t len)
 {
     uintptr_t at = ((uintptr_t)buf + PS__HUGE_PAGE - 1) & ~(PS__HUGE_PAGE - 1);
     uintptr_t end = ((uintptr_t)buf + len) & ~(PS__HUGE_PAGE - 1);
@@ -632,9 +632,9 @@ void ps__collapse_buffers(const ps__coll_t *c)
     /* device.c made that one of huge pages and pinned it, or it is a segment. */
     if (c->stage_pinned && c->stage_kind != PS__STAGE_DRIVER)
         return;
-    collapse(c->in, c->in_bytes);
+    ps__collapse(c->in, c->in_bytes);
     if (c->out != c->in || c->out_bytes != c->in_bytes) /* all_reduce's one buffer: once */
-        collapse(c->out, c->out_bytes);
+        ps__collapse(c->out, c->out_bytes);
 }
 
 /* Whether this kernel collapses memory on request (MADV_COLLAPSE, Linux
@@ -653,7 +653,7 @@ static int collapse_probe(void)
 /* The fewest bytes of buffers a doorbell request takes directly. Pinning
  * small pages costs so much that copying through the payload segment was
  * faster up to 32 MiB here; on huge pages direct went ahead from about
- * 8 MiB (docs/PERFORMANCE.md, "Huge pages"). So 8 MiB where collapse() can
+ * 8 MiB (docs/PERFORMANCE.md, "Huge pages"). So 8 MiB where ps__collapse() can
  * give them (collapse_probe, once), unless PARAMSYNC_SHM_COLLAPSE=0. */
 static size_t direct_min(void)
 {

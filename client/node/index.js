@@ -559,7 +559,7 @@ function remember(list, key, most) {
   if (list.length > most) list.shift();
 }
 
-/** client/shm.c's collapse(): when a buffer is taken directly for the second time, asks
+/** client/shm.c's ps__collapse(): when a buffer is taken directly for the second time, asks
  * the kernel for huge pages under its whole 2 MiB pages (the contents stay). */
 function collapse(b) {
   if (collapseOff()) return;

@@ -426,7 +426,7 @@ def direct_min():
 
 
 def collapse(addr, nbytes):
-    """client/shm.c's collapse(): when the agent takes a buffer directly for the second
+    """client/shm.c's ps__collapse(): when the agent takes a buffer directly for the second
     time (not for a buffer used once), asks the kernel for huge pages under its whole
     2 MiB pages (madvise MADV_COLLAPSE; the contents stay), which process_vm_readv/writev
     pin far faster. That costs a copy once (what could not be taken just then, one
