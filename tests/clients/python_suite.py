@@ -1569,8 +1569,10 @@ def w_peer():
     """Large all_to_all, all_gather, gather and scatter (client/peer.c, _peer): ranks on
     one agent copy rank to rank. Every form torch has, each element checked with the
     element past each output buffer: all_to_all_single, all_to_all of separate arrays,
-    all_gather into separate arrays and into a tensor (also in place), gather and scatter
-    of separate arrays (also in place), async, and in a group of the ranks in reverse; the calls taken by peer copies counted (World.peer_used: all of them with
+    all_to_all_single with split sizes (each pair's own bytes), all_gather into separate
+    arrays and into a tensor (also in place), gather and scatter of separate arrays (also
+    in place), async, and in a group of the ranks in reverse; the calls taken by peer
+    copies counted (World.peer_used: all of them with
     shared memory on, none with PARAMSYNC_SHM=0 or PARAMSYNC_PEER_COPY=0); one below the
     floor. SUITE_PEER_UNREADABLE=1: rank 1 first becomes a process the others may not
     read (another user as root, else not dumpable), so every call goes through the agent
@@ -1618,6 +1620,23 @@ def w_peer():
             expect_eq(v, np.full(b, 100 * q + gr + k, np.int32), "all_to_all lists [%d] %d"
                       % (q, k))
             assert a[-1] == -7, "all_to_all lists wrote past an output"
+        # all_to_all_single with split sizes: each pair's own elements, rank to rank (none
+        # where s + t + k is a multiple of 3).
+
+        def sent(s, t):
+            return 0 if (s + t + k) % 3 == 0 else ((s + 2 * t + k) % 4 + 1) * (b // 2) + 3
+
+        def values(s, t):
+            return np.arange(sent(s, t), dtype=np.int32) + (10 * s + t) * 1_000_000
+        x = np.concatenate([values(r, j) for j in range(n)])
+        whole, o = with_guard(sum(sent(j, r) for j in range(n)))
+        h = dist.all_to_all_single(o, x, [sent(j, r) for j in range(n)],
+                                   [sent(r, j) for j in range(n)], async_op=asy)
+        if h is not None:
+            h.wait()
+        expect_eq(o, np.concatenate([values(j, r) for j in range(n)]),
+                  "all_to_all_single with split sizes %d" % k)
+        assert whole[-1] == -7, "all_to_all_single with split sizes wrote past its output"
         # all_gather into separate arrays.
         guarded = [with_guard(b) for _ in range(n)]
         h = dist.all_gather([g[1] for g in guarded], np.full(b, 7 * r + k, np.int32),
@@ -1684,7 +1703,7 @@ def w_peer():
     expect_eq(o, np.repeat(np.arange(n, dtype=np.int32) * 1000 + r, b),
               "all_to_all_single with PARAMSYNC_SHM=0 on rank 0")
     went = w.peer_used - before
-    want = 0 if os.environ.get("SUITE_TRANSPORT") == "grpc" else 18
+    want = 0 if os.environ.get("SUITE_TRANSPORT") == "grpc" else 20
     if unreadable:
         # Another user (as root) may not read the others but is read by them, so the gathers
         # to rank 2 and scatters from rank 1 (8) still go rank to rank; not dumpable, it is
@@ -1692,7 +1711,7 @@ def w_peer():
         want = 8 if as_root else 0
     assert went == want, "%d of %d calls by peer copies" % (went, want)
     dist.destroy_process_group()
-    print("rank %d: 19 all_to_all, all_gather, gather and scatter checked, %d by peer copies"
+    print("rank %d: 21 all_to_all, all_gather, gather and scatter checked, %d by peer copies"
           % (r, went))
 
 

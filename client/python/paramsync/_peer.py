@@ -343,9 +343,12 @@ def pull(kind, n, rank, root, d, words, block, outs, ins, maps):
     rank's; a gather's root: every other rank's; a scatter's other ranks: the root's)
     into outs (its output's block addresses) and copies its own from ins (its input's):
     True, or False if any could not be read whole from the process that holds its rank's
-    nonce. maps: where the segments of ranks that offer them (FITS_SEGMENT) are mapped."""
+    nonce. block: the bytes of every block, or a list of the bytes this rank takes from
+    each rank (an uneven all_to_all's pairs, its own block's too). maps: where the
+    segments of ranks that offer them (FITS_SEGMENT) are mapped."""
     readv = _process_vm_readv()
     which = rank if blocks_per_rank(kind) else 0
+    sizes = block if isinstance(block, list) else [block] * n
     seen = ctypes.c_uint64(0)
     local = (_Iovec * 2)()
     remote = (_Iovec * 2)()
@@ -354,32 +357,34 @@ def pull(kind, n, rank, root, d, words, block, outs, ins, maps):
     def nonce_ok(x):
         return _read_block(readv, x, which, None, 0, seen, local, remote)
 
-    def read(x, to):
-        if x[W_PID_FITS] & FITS_SEGMENT and maps.read(x, which, to, block, nonce_ok):
+    def read(i, to):
+        x = d[i * words:(i + 1) * words]
+        size = sizes[i]
+        if not size:
             return True
-        return _read_block(readv, x, which, to, block, seen, local, remote)
+        if x[W_PID_FITS] & FITS_SEGMENT and maps.read(x, which, to, size, nonce_ok):
+            return True
+        return _read_block(readv, x, which, to, size, seen, local, remote)
 
-    def block_of(i):
-        return d[i * words:(i + 1) * words]
     since = maps.clock()
     try:
-        return _pull_blocks(kind, n, rank, root, block_of, which, read, outs, ins, block)
+        return _pull_blocks(kind, n, rank, root, which, read, outs, ins, sizes[rank])
     finally:
         # Segments another rank freed are let go at this rank's next peer copy.
         maps.sweep(since)
 
 
-def _pull_blocks(kind, n, rank, root, block_of, which, read, outs, ins, block):
-    """pull's reads (read(descriptor, address)) and own block."""
+def _pull_blocks(kind, n, rank, root, which, read, outs, ins, own):
+    """pull's reads (read(rank, address)) and own block (of `own` bytes)."""
     if kind == SCATTER and rank != root:
-        return read(block_of(root), outs[0])
+        return read(root, outs[0])
     if kind == GATHER and rank != root:
         return True  # it only lends its input
     for k in range(1, n if kind != SCATTER else 1):
         i = (rank + k) % n  # not every rank at rank 0 first
-        if not read(block_of(i), outs[i]):
+        if not read(i, outs[i]):
             return False
     to = outs[0] if kind == SCATTER else outs[rank]
-    if to != ins[which]:
-        ctypes.memmove(to, ins[which], block)
+    if to != ins[which] and own:
+        ctypes.memmove(to, ins[which], own)
     return True

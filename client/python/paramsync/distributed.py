@@ -702,16 +702,22 @@ class _World:
                                    ", ".join(map(str, missing)), timeout_ms)
             raise ParamsyncError(msg, grpc.StatusCode.DEADLINE_EXCEEDED) from None
 
-    def peer_run(self, g, header, send, recv, name, copy_send):
+    def peer_run(self, g, header, send, recv, name, copy_send, uneven=None):
         """Runs header's all_to_all, all_gather, gather or scatter by peer copies (_peer).
         True when done; False when it is to go through the agent, with header.seq the
-        number it now goes under."""
+        number it now goes under. uneven: an uneven all_to_all_single's blocks in the
+        caller's tensors (_Uneven), read pair by pair instead of the padded send and recv."""
         n, rank, root, seq, kind = g.size(), g.rank(), header.root, header.seq, header.kind
         block = header.count * T.SIZES[header.dtype]
         nb = n if _peer.blocks_per_rank(kind) else 1
-        ins = _peer.block_addresses(send, _shm.addresses(send), nb, block) if send else []
-        nout = 1 if kind == _K.SCATTER else n
-        outs = _peer.block_addresses(recv, _shm.addresses(recv), nout, block) if recv else []
+        if uneven is not None:
+            send, recv, ins, outs = uneven.send, uneven.recv, uneven.ins, uneven.outs
+            block = uneven.sizes
+        else:
+            ins = _peer.block_addresses(send, _shm.addresses(send), nb, block) if send else []
+            nout = 1 if kind == _K.SCATTER else n
+            outs = _peer.block_addresses(recv, _shm.addresses(recv), nout, block) if recv \
+                else []
         # torch's in-place forms: an all_gather's or gather root's input its own block of
         # the output, a scatter root's output its own block of the input. Any other
         # overlap would have ranks read what another already wrote.
@@ -722,7 +728,7 @@ class _World:
         # Memory from empty() the agent copies in place, between its mappings: faster than
         # reads that pin its shared pages one by one (client/peer.c). Not over the agent's
         # --shm-resident-bytes: it would copy through the segments' files.
-        touched = _peer.agent_touches(kind, n, block)
+        touched = _peer.agent_touches(kind, n, header.count * T.SIZES[header.dtype])
         fits = fits and not any(
             mem.mapped_for(touched) for x in (send, recv) if x
             for mem in (self.mem.find(at, len(mv)) for at, mv in zip(_shm.addresses(x), x.mvs))
@@ -1324,9 +1330,11 @@ def _list(obj, name, what, n):
 
 
 def _start(g, name, kind, *, send=(), recv=(), op=0, dtype=0, count=0, root=0, peer=0, tag=0,
-           async_op=False, outputs=None, source=False, timeout_ms=None):
+           async_op=False, outputs=None, source=False, timeout_ms=None, uneven=None):
     """Assigns the sequence number now (program order) and runs the call, or starts it.
-    timeout_ms: this call's deadline instead of the World's."""
+    timeout_ms: this call's deadline instead of the World's. uneven: the _Uneven of an
+    all_to_all_single with split sizes, whose padded send is filled only on the way to
+    the agent."""
     w = g._world
     w.check()
     send_segs = T.Segments(send) if send else None
@@ -1360,8 +1368,11 @@ def _start(g, name, kind, *, send=(), recv=(), op=0, dtype=0, count=0, root=0, p
                                  incarnation=w.incarnation)
 
     def run():
-        if peer_copies and w.peer_run(g, header, send_segs, recv_segs, name, copy_send):
+        if peer_copies and w.peer_run(g, header, send_segs, recv_segs, name, copy_send,
+                                      uneven):
             return None
+        if uneven is not None:
+            uneven.pack()
         if bar_k and w.bar_run(g, header, bar_k, name):
             return None
         result = w.run(g, header, send_segs, recv_segs, name, copy_send)
@@ -1651,27 +1662,25 @@ def _uneven_all_to_all(g, o, i, ins, outs, row, async_op, output):
     m = most * row * esize  # a padded block's bytes
     # A side whose blocks are all of the largest size needs no padding: the call reads or
     # writes the tensor itself (the call's shape is the same on every rank either way).
-    # Padding bytes are never read, so the padded buffers are not cleared.
+    # Padding bytes are never read, so the padded buffers are not cleared; where the
+    # ranks read each other (peer copies) they are never written either.
     world = g._world
     own_in = ins == [most] * n
     own_out = outs == [most] * n and not (own_in and np.shares_memory(i.arr, o.arr))
     kept = [None if own_in else world.scratch(n * m), None if own_out else world.scratch(n * m)]
     src = i.arr if own_in else kept[0][:n * m]
     dst = o.arr if own_out else kept[1][:n * m]
-    at = 0
-    for j, k in enumerate(() if own_in else ins):
-        src[j * m:j * m + k * row * esize] = i.arr[at:at + k * row * esize]
-        at += k * row * esize
+    u = _Uneven(i, o, ins, outs, row * esize, src if not own_in else None, m)
 
     def unpack():
         at = 0
-        for j, k in enumerate(() if own_out else outs):
+        for j, k in enumerate(outs if u.via_agent and not own_out else ()):
             o.arr[at:at + k * row * esize] = dst[j * m:j * m + k * row * esize]
             at += k * row * esize
 
     try:
         w = _step(g, "all_to_all_single", _K.ALL_TO_ALL, send=[src], recv=[dst],
-                  dtype=T.UINT8, count=m, async_op=async_op, outputs=[output])
+                  dtype=T.UINT8, count=m, async_op=async_op, outputs=[output], uneven=u)
     except BaseException:
         world.scratch_give(*kept)
         raise
@@ -1688,6 +1697,40 @@ def _uneven_all_to_all(g, o, i, ins, outs, row, async_op, output):
             world.scratch_give(*kept)
 
     return Work(finish, outputs=[output])
+
+
+class _Uneven:
+    """An uneven all_to_all_single's blocks where they lie in the caller's tensors, which
+    peer copies read and write pair by pair (World.peer_run: sizes, the bytes this rank
+    takes from each rank), and pack(), which fills the padded input (pad, blocks of m
+    bytes; None where the tensor itself is sent) when the call goes through the agent
+    instead: then via_agent, and the output comes padded."""
+    __slots__ = ("send", "recv", "ins", "outs", "sizes", "via_agent", "_i", "_ins", "_row",
+                 "_pad", "_m")
+
+    def __init__(self, i, o, ins, outs, row, pad, m):
+        self.send, self.recv = T.Segments([i]), T.Segments([o])
+        self.ins = self.outs = None  # input and output share memory: through the agent
+        if not np.shares_memory(i.arr, o.arr):
+            self.ins = self._at(self.send, ins, row)
+            self.outs = self._at(self.recv, outs, row)
+        self.sizes = [k * row for k in outs]
+        self.via_agent = False
+        self._i, self._ins, self._row, self._pad, self._m = i, ins, row, pad, m
+
+    @staticmethod
+    def _at(segs, rows, row):
+        base = _shm.addresses(segs)[0] if segs.mvs else 0
+        at = list(np.cumsum([0] + rows[:-1], dtype=np.int64) * row)
+        return [base + int(k) for k in at]
+
+    def pack(self):
+        self.via_agent = True
+        at = 0
+        for j, k in enumerate(self._ins if self._pad is not None else ()):
+            b = k * self._row
+            self._pad[j * self._m:j * self._m + b] = self._i.arr[at:at + b]
+            at += b
 
 
 def _step(g, name, kind, send=(), recv=(), **kw):
