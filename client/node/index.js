@@ -1234,14 +1234,18 @@ function peerAllFit(d, n, words) {
 
 /** Reads this rank's blocks from the others into outs ([buffer, offset] of its output's
  * blocks) and copies its own from ins: true, or false if any could not be read whole from
- * the process that holds its rank's nonce. mapped: through mappings of the segments that
- * ranks offer (peerMapWanted). */
+ * the process that holds its rank's nonce. block: the bytes of every block, or an array of
+ * the bytes this rank takes from each rank (an uneven allToAllSingle's pairs, its own
+ * block's too). mapped: through mappings of the segments that ranks offer
+ * (peerMapWanted). */
 function peerPull(kind, n, rank, root, d, words, block, outs, ins, mapped) {
   const which = blocksPerRank(kind) ? rank : 0;
+  const sizes = Array.isArray(block) ? block : new Array(n).fill(block);
   const read = (i, [buf, off]) => {
+    if (!sizes[i]) return true;
     const x = d.subarray(i * words, (i + 1) * words);
     const args = [Number(x[PEER.W_PID_FITS] & 0xFFFFFFFFn), Number(x[PEER.W_NONCE_ADDR]),
-      x[PEER.W_NONCE], Number(x[PEER.W_BLOCKS + which]), block, buf.buffer,
+      x[PEER.W_NONCE], Number(x[PEER.W_BLOCKS + which]), sizes[i], buf.buffer,
       buf.byteOffset + off];
     // Through a mapping of the owner's segment where it offers one, kept for later calls;
     // else (or failing that) process_vm_readv, which pins the pages one by one each call.
@@ -1257,8 +1261,8 @@ function peerPull(kind, n, rank, root, d, words, block, outs, ins, mapped) {
   }
   const [tb, to] = kind === KIND.SCATTER ? outs[0] : outs[rank];
   const [fb, from] = ins[which];
-  if (tb.buffer !== fb.buffer || tb.byteOffset + to !== fb.byteOffset + from) {
-    fb.copy(tb, to, from, from + block);
+  if (sizes[rank] && (tb.buffer !== fb.buffer || tb.byteOffset + to !== fb.byteOffset + from)) {
+    fb.copy(tb, to, from, from + sizes[rank]);
   }
   return true;
 }
@@ -1819,16 +1823,22 @@ class World {
 
   /** Runs header's all_to_all, all_gather, gather or scatter by peer copies. Resolves to
    * true when done; false when it is to go through the agent, with header.seq the number
-   * it now goes under. */
-  async _peerRun(g, header, send, recv, name) {
+   * it now goes under. uneven: an uneven allToAllSingle's blocks in the caller's arrays
+   * (Uneven), read pair by pair instead of the padded send and recv. */
+  async _peerRun(g, header, send, recv, name, uneven = null) {
     const n = g.size();
     const rank = g.rank();
     const seq = Number(header.seq);
     const kind = header.kind;
     const block = Number(header.count) * ELEMENT_BYTES[header.dtype];
     const nb = blocksPerRank(kind) ? n : 1;
-    const ins = send ? peerBlocks(send, nb, block) : [];
-    const outs = recv ? peerBlocks(recv, kind === KIND.SCATTER ? 1 : n, block) : [];
+    let ins; let outs;
+    if (uneven) {
+      ({ send, recv, ins, outs } = uneven);
+    } else {
+      ins = send ? peerBlocks(send, nb, block) : [];
+      outs = recv ? peerBlocks(recv, kind === KIND.SCATTER ? 1 : n, block) : [];
+    }
     // Memory from empty() the agent copies in place, between its mappings: faster than
     // reads that pin its shared pages one by one (client/peer.c), unless the call is over
     // its --shm-resident-bytes (it would copy through the files). PARAMSYNC_SHM=0 set
@@ -1838,8 +1848,8 @@ class World {
       ![send, recv].some((x) => x && x.bufs.some((b) => this.mem.mappedFor(b.buffer, touched)));
     // A rank with no input (a scatter's other ranks) describes nb blocks of 0, as every
     // rank's descriptor is one size.
-    const addrs = fits && ins.length ? ins.map(([b, off]) => native.address(b.buffer) +
-      b.byteOffset + off) : new Array(nb).fill(0);
+    const addrs = fits && ins.length ? ins.map(([b, off]) => (b.length
+      ? native.address(b.buffer) + b.byteOffset + off : 0)) : new Array(nb).fill(0);
     // Input in one empty() allocation whose file stays open: the others may map it.
     const mapped = peerMapWanted();
     const seg = fits && ins.length && mapped &&
@@ -1857,7 +1867,8 @@ class World {
     }
     for (const x of [send, recv]) for (const b of x ? x.bufs : []) collapse(b);
     const since = mapped ? native.peerMapClock() : 0;
-    const ok = peerPull(kind, n, rank, header.root, d, words, block, outs, ins, mapped);
+    const ok = peerPull(kind, n, rank, header.root, d, words, uneven ? uneven.sizes : block,
+      outs, ins, mapped);
     // Mappings this call did not use whose owner let the file go (freed, or left).
     if (mapped) native.peerMapSweep(since);
     const failed = new Int32Array([ok ? 0 : 1]);
@@ -2039,7 +2050,7 @@ class World {
   }
 
   _start(g, name, kind, { send = [], recv = [], op = 0, dtype = 0, count = 0, root = 0,
-    peer = 0, tag = 0, source = false, outputs, timeoutMs = 0 } = {}) {
+    peer = 0, tag = 0, source = false, outputs, timeoutMs = 0, uneven = null } = {}) {
     this._check();
     if (g._stepsBusy && !g._inStep) throw stepsBusy(name, g._stepsBusy);
     // Peer copies hold three sequence numbers. Decided from what every rank of the group
@@ -2065,11 +2076,15 @@ class World {
     if (!barK && kind !== KIND.SEND && kind !== KIND.RECV) {
       g._bar.started(g.rank(), seq);
     }
+    // Through the agent: an uneven allToAllSingle's padded input filled now.
+    const run = () => {
+      if (uneven) uneven.pack();
+      return this._run(g, header, sendSegs, recvSegs, name);
+    };
     const p = peerCopies || barK
-      ? (peerCopies ? this._peerRun(g, header, sendSegs, recvSegs, name)
-        : this._barRun(g, header, barK, name)).then((done) =>
-        (done ? null : this._run(g, header, sendSegs, recvSegs, name)))
-      : this._run(g, header, sendSegs, recvSegs, name);
+      ? (peerCopies ? this._peerRun(g, header, sendSegs, recvSegs, name, uneven)
+        : this._barRun(g, header, barK, name)).then((done) => (done ? null : run()))
+      : run();
     return p.then((result) => {
       if (source) {
         const s = result ? result.source : -1;
@@ -2396,11 +2411,11 @@ class World {
   }
 
   /** One collective of arrays made here, named in errors by the call it serves. */
-  _inner(g, name, kind, { send = [], recv = [], count, root = 0 }) {
+  _inner(g, name, kind, { send = [], recv = [], count, root = 0, uneven = null }) {
     const s = send.map((a) => view(a, name));
     const r = recv.map((a) => view(a, name));
     return this._start(g, name, kind, { send: s, recv: r, dtype: (s[0] || r[0]).dtype, count,
-      root, outputs: null });
+      root, outputs: null, uneven });
   }
 
   // -------------------------------------------------------------- objects
@@ -2567,19 +2582,15 @@ class World {
       // (not both in one buffer: a call's input and output may not overlap).
       const ownIn = ins.every((k) => k === m);
       const ownOut = outs.every((k) => k === m) && !(ownIn && overlaps([i], [o]));
+      // Where the ranks read each other (peer copies) the padded buffers are never
+      // written: the input is padded only on the way to the agent (Uneven.pack).
       const src = ownIn ? i.buf : new Uint8Array(n * mb);
       const dst = ownOut ? o.buf : new Uint8Array(n * mb);
-      let at = 0;
-      if (!ownIn) {
-        ins.forEach((k, j) => {
-          src.set(i.buf.subarray(at, at + k * esize), j * mb);
-          at += k * esize;
-        });
-      }
+      const u = new Uneven(i, o, ins, outs, esize, ownIn ? null : src, mb);
       await step(() => this._inner(g, name, KIND.ALL_TO_ALL, { send: [src], recv: [dst],
-        count: mb }), true);
-      at = 0;
-      if (!ownOut) {
+        count: mb, uneven: u }), true);
+      let at = 0;
+      if (!ownOut && u.viaAgent) {
         outs.forEach((k, j) => {
           o.buf.set(dst.subarray(j * mb, j * mb + k * esize), at);
           at += k * esize;
@@ -2593,6 +2604,41 @@ class World {
     const g = this._group(group);
     if (!g) throw new RangeError('not a member of the group');
     return g.ranks.slice();
+  }
+}
+
+/** An uneven allToAllSingle's blocks where they lie in the caller's arrays (views i and
+ * o; ins and outs the elements of each rank's block, esize bytes each), which peer copies
+ * read and write pair by pair (World._peerRun: sizes, the bytes this rank takes from
+ * each rank), and pack(), which fills the padded input (pad, blocks of mb bytes; null
+ * where the array itself is sent) when the call goes through the agent instead: then
+ * viaAgent, and the output comes padded. */
+class Uneven {
+  constructor(i, o, ins, outs, esize, pad, mb) {
+    this.send = new Segments([i]);
+    this.recv = new Segments([o]);
+    const at = (buf, counts) => {
+      let off = 0;
+      return counts.map((k) => { const b = [buf, off]; off += k * esize; return b; });
+    };
+    // Input and output in one buffer: through the agent.
+    const apart = !overlaps([i], [o]);
+    this.ins = apart ? at(i.buf, ins) : null;
+    this.outs = apart ? at(o.buf, outs) : null;
+    this.sizes = outs.map((k) => k * esize);
+    this.viaAgent = false;
+    this._pack = () => {
+      let off = 0;
+      ins.forEach((k, j) => {
+        if (pad) pad.set(i.buf.subarray(off, off + k * esize), j * mb);
+        off += k * esize;
+      });
+    };
+  }
+
+  pack() {
+    this.viaAgent = true;
+    this._pack();
   }
 }
 

@@ -5,9 +5,10 @@ gather, scatter and barrier together, each checking exact results
 (xlang_worker.c, xlang_worker.py, xlang_worker.js). Three runs rotate the
 languages over ranks 0, 1 and 2, so that each language is a root. Then C,
 Python and Node.js ranks of one agent take a large all_to_all and all_gather
-together by peer copies (peer_jobs), and a gather and scatter; and an all_to_all from
-ps_mem_alloc/empty() memory over the agent's --shm-resident-bytes, where the ranks read
-each other's segments through mappings they keep (mem_peer_jobs); and barriers that
+together by peer copies (peer_jobs), and a gather, a scatter and an uneven
+all_to_all (split sizes); and an all_to_all from ps_mem_alloc/empty() memory
+over the agent's --shm-resident-bytes, where the ranks read each other's
+segments through mappings they keep (mem_peer_jobs); and barriers that
 C, Python and Node.js ranks of one agent meet on a page they share (barrier_jobs); and
 Python and Node.js ranks whose object collectives fail, naming the rank they cannot read
 (object_jobs).
@@ -88,11 +89,11 @@ def no_node_helper():
 
 def peer_jobs(d, workers):
     """C, Python and Node.js ranks on one agent take a large all_to_all, all_gather,
-    gather and scatter by peer copies together (XLANG_PEER=1: the workers' peer_steps),
+    gather, scatter and uneven all_to_all (split sizes) by peer copies together (XLANG_PEER=1: the workers' peer_steps),
     in three rank orders, each language a root: every result checked, and none of those
     kinds reaches the agent but the exchanges of addresses (all_gather)."""
     return jobs_without_agent(d, workers, 1, "peer copies", ("all_to_all", "gather", "scatter"),
-                              4)
+                              5)
 
 
 def barrier_jobs(d, workers):

@@ -36,8 +36,8 @@ static void expect(bool ok, const char *what)
 #define EQ(a, b, n) (memcmp((a), (b), sizeof((a)[0]) * (n)) == 0)
 
 /* XLANG_PEER=1: an all_to_all, an all_gather, a gather and a scatter of 8 MiB
- * of blocks, which the C and Python ranks of one agent take by peer copies
- * together. */
+ * of blocks, and an uneven all_to_all, which the C, Python and Node.js ranks
+ * of one agent take by peer copies together. */
 enum { PEER_B = 700001 };
 
 /* An all_to_all of 3 blocks of PEER_B int32 from in into out, checked. */
@@ -50,6 +50,45 @@ static void all_to_all_step(ps_comm_t *comm, int r, int32_t *in, int32_t *out, c
     for (size_t k = 0; k < 3 * (size_t)PEER_B; k++)
         ok = ok && out[k] == 1000 * (int32_t)(k / PEER_B) + 10 * r + (int32_t)(k % PEER_B % 7);
     expect(ok, what);
+}
+
+/* An all_to_all with counts per pair (ps_all_to_all_v, all_to_all_single's
+ * split sizes): rank s sends rank d uneven_sent(s, d) int32 (none where s + d
+ * is 1 more than a multiple of 3), each naming both; the ranks read each
+ * pair's own bytes from each other, whatever their language. */
+static size_t uneven_sent(int s, int d)
+{
+    return (s + d) % 3 == 1 ? 0 : (size_t)(s + 2 * d + 1) * 200003;
+}
+
+static int32_t uneven_value(int s, int d, size_t k)
+{
+    return (10 * s + d) * 10000000 + (int32_t)k;
+}
+
+static void uneven_step(ps_comm_t *comm, int r)
+{
+    size_t in_counts[3], out_counts[3], in_all = 0, out_all = 0;
+    for (int j = 0; j < 3; j++) {
+        in_all += in_counts[j] = uneven_sent(r, j);
+        out_all += out_counts[j] = uneven_sent(j, r);
+    }
+    int32_t *in = malloc(in_all * sizeof(*in)), *out = malloc(out_all * sizeof(*out));
+    if (!in || !out)
+        exit(1);
+    size_t at = 0;
+    for (int j = 0; j < 3; j++)
+        for (size_t k = 0; k < in_counts[j]; k++)
+            in[at++] = uneven_value(r, j, k);
+    check_rc(ps_all_to_all_v(comm, out, out_counts, in, in_counts, PS_INT32, NULL), "all_to_all_v");
+    bool ok = true;
+    at = 0;
+    for (int j = 0; j < 3; j++)
+        for (size_t k = 0; k < out_counts[j]; k++)
+            ok = ok && out[at++] == uneven_value(j, r, k);
+    expect(ok, "uneven all_to_all int32");
+    free(in);
+    free(out);
 }
 
 static void peer_steps(ps_comm_t *comm, int r)
@@ -81,6 +120,7 @@ static void peer_steps(ps_comm_t *comm, int r)
     for (size_t k = 0; k < PEER_B; k++)
         ok = ok && out[k] == 9 * r + (int32_t)(k % 3);
     expect(ok, "scatter int32 of 8 MiB");
+    uneven_step(comm, r);
     free(in);
     free(out);
     free(fin);

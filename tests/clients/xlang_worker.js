@@ -26,9 +26,9 @@ function expectEach(got, want, what) {
   console.log(`Node rank ${r}: ${what} ok`);
 }
 
-/** xlang_worker.c's peer_steps (XLANG_PEER=1): an all_to_all, an all_gather, a gather and
- * a scatter of 8 MiB of blocks, which the ranks of one agent take by peer copies, C,
- * Python and Node.js ranks together. */
+/** xlang_worker.c's peer_steps (XLANG_PEER=1): an all_to_all, an all_gather, a gather
+ * and a scatter of 8 MiB of blocks, and an uneven all_to_all, which the ranks of one agent
+ * take by peer copies, C, Python and Node.js ranks together. */
 async function peerSteps() {
   const B = 700001;
   const mod = (k, m) => k % B % m;
@@ -51,6 +51,19 @@ async function peerSteps() {
   await dist.scatter(got, r === 2 ? [0, 1, 2].map((q) => Int32Array.from({ length: B },
     (_, j) => 9 * q + j % 3)) : null, 2);
   expectEach(got, (j) => 9 * r + j % 3, 'scatter int32 of 8 MiB');
+  // xlang_worker.c's uneven_step: rank s sends rank d sent(s, d) elements naming both.
+  const sent = (s, d) => ((s + d) % 3 === 1 ? 0 : (s + 2 * d + 1) * 200003);
+  const ins = [0, 1, 2].map((d) => sent(r, d));
+  const outs = [0, 1, 2].map((s) => sent(s, r));
+  const x = new Int32Array(ins.reduce((a, b) => a + b));
+  let at = 0;
+  ins.forEach((n, d) => { for (let k = 0; k < n; k++) x[at++] = (10 * r + d) * 10000000 + k; });
+  const o = new Int32Array(outs.reduce((a, b) => a + b));
+  await dist.allToAllSingle(o, x, { outputSplitSizes: outs, inputSplitSizes: ins });
+  const want = new Int32Array(o.length);
+  at = 0;
+  outs.forEach((n, s) => { for (let k = 0; k < n; k++) want[at++] = (10 * s + r) * 10000000 + k; });
+  expectEach(o, (k) => want[k], 'uneven all_to_all int32');
   await dist.destroyProcessGroup();
 }
 

@@ -120,6 +120,16 @@ if os.environ.get("XLANG_PEER") == "1":
     got = np.zeros(B, np.int32)
     dist.scatter(got, lst, src=2)
     expect(got, (9 * r + j % 3).astype(np.int32), "scatter int32 of 8 MiB")
+
+    def sent(s, d):  # xlang_worker.c's uneven_step: elements rank s sends rank d
+        return 0 if (s + d) % 3 == 1 else (s + 2 * d + 1) * 200003
+
+    def values(s, d):
+        return np.arange(sent(s, d), dtype=np.int32) + (10 * s + d) * 10_000_000
+    out = np.zeros(sum(sent(q, r) for q in range(3)), np.int32)
+    dist.all_to_all_single(out, np.concatenate([values(r, q) for q in range(3)]),
+                           [sent(q, r) for q in range(3)], [sent(r, q) for q in range(3)])
+    expect(out, np.concatenate([values(q, r) for q in range(3)]), "uneven all_to_all int32")
     dist.destroy_process_group()
     sys.exit(0)
 

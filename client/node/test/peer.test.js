@@ -83,6 +83,48 @@ test('the four kinds by peer copies: rank to rank, none at the agent', async (t)
   }
 });
 
+test('allToAllSingle with split sizes: each pair\'s own bytes rank to rank', async (t) => {
+  if (!f.ready(t)) return;
+  const ws = await worlds(dist, f.daemon.addr, 'node-peer-uneven', 3);
+  // Elements rank s sends rank d (none where s + d is a multiple of 3), naming both.
+  const sent = (s, d) => ((s + d) % 3 === 0 ? 0 : (s + 2 * d + 1) * (K / 4) + 3);
+  const fill = (a, at, s, d) => {
+    for (let k = 0; k < sent(s, d); k++) a[at + k] = (s * 10 + d) * 1000000 + k;
+    return at + sent(s, d);
+  };
+  const splits = (r) => ({ outputSplitSizes: [0, 1, 2].map((s) => sent(s, r)),
+    inputSplitSizes: [0, 1, 2].map((d) => sent(r, d)) });
+  const total = (sizes) => sizes.reduce((a, b) => a + b);
+  /** One call on ins and outs (per rank), every element checked and the one past. */
+  const call = async (ins, outs) => {
+    ins.forEach((x, r) => [0, 1, 2].reduce((at, d) => fill(x, at, r, d), 0));
+    outs.forEach((o) => o.fill(-7));
+    await Promise.all(ws.map((w, r) => w.allToAllSingle(outs[r].subarray(0,
+      total(splits(r).outputSplitSizes)), ins[r], splits(r))));
+    outs.forEach((o, r) => {
+      const want = new Int32Array(o.length).fill(-7);
+      [0, 1, 2].reduce((at, s) => fill(want, at, s, r), 0);
+      assert.deepStrictEqual(o, want, `rank ${r}`);
+    });
+  };
+  try {
+    const before = await agentCalls();
+    await call(ws.map((_, r) => new Int32Array(total(splits(r).inputSplitSizes))),
+      ws.map((_, r) => new Int32Array(total(splits(r).outputSplitSizes) + 1)));
+    ws.forEach((w, r) => assert.strictEqual(w.peerUsed, 1, `rank ${r}`));
+    assert.strictEqual(await agentCalls() - before, 0, 'an uneven all_to_all reached the agent');
+    // From empty() memory, which the agent copies in place: padded, through the agent.
+    const mems = await Promise.all(ws.map((w, r) => w.empty(total(splits(r).inputSplitSizes) +
+      total(splits(r).outputSplitSizes) + 1, 'int32')));
+    await call(mems.map((m, r) => m.subarray(0, total(splits(r).inputSplitSizes))),
+      mems.map((m, r) => m.subarray(total(splits(r).inputSplitSizes))));
+    ws.forEach((w) => assert.strictEqual(w.peerUsed, 1));
+    assert.strictEqual(await agentCalls() - before, 3, 'each rank\'s padded all_to_all');
+  } finally {
+    await Promise.all(ws.map((w) => w.destroy()));
+  }
+});
+
 /** Other ranks' segments this process maps read-only (the native helper's table of peer
  * mappings; an owner maps its own read-write). */
 function peerMappings() {
