@@ -262,10 +262,12 @@ static void describe(const ps__coll_t *c, size_t block, uint64_t *d)
      * is over the agent's --shm-resident-bytes: it would copy through the
      * segments' files, a step at a time, where the ranks map each other's
      * segments (FITS_SEGMENT: 1.2-1.8x faster than process_vm_readv at
-     * 64-256 MiB, PERFORMANCE.md). */
+     * 64-256 MiB, PERFORMANCE.md). An uneven all_to_all's agent would copy
+     * padded buffers, not these, unless both sides are the caller's own. */
     uint64_t touched = agent_touches(c, block);
-    if ((in && ps__mem_mapped_for(c->comm, in, touched)) ||
-        (out && ps__mem_mapped_for(c->comm, out, touched)))
+    int agent_in_place = !c->v || (c->in == in && c->out == out);
+    if (agent_in_place && ((in && ps__mem_mapped_for(c->comm, in, touched)) ||
+                           (out && ps__mem_mapped_for(c->comm, out, touched))))
         fits = 0;
     /* PARAMSYNC_SHM=0 set since ps_init (it is read on every collective):
      * payloads over gRPC, as asked. */

@@ -1844,8 +1844,12 @@ class World {
     // its --shm-resident-bytes (it would copy through the files). PARAMSYNC_SHM=0 set
     // since init: payloads over gRPC, as asked.
     const touched = agentTouches(kind, n, block);
+    // An uneven all_to_all's agent would copy padded buffers, not these, unless both sides
+    // are the caller's own.
     const fits = ins !== null && outs !== null && shmEnabled() &&
-      ![send, recv].some((x) => x && x.bufs.some((b) => this.mem.mappedFor(b.buffer, touched)));
+      ((uneven && !uneven.agentInPlace) ||
+        ![send, recv].some((x) => x && x.bufs.some((b) => this.mem.mappedFor(b.buffer,
+          touched))));
     // A rank with no input (a scatter's other ranks) describes nb blocks of 0, as every
     // rank's descriptor is one size.
     const addrs = fits && ins.length ? ins.map(([b, off]) => (b.length
@@ -2586,7 +2590,7 @@ class World {
       // written: the input is padded only on the way to the agent (Uneven.pack).
       const src = ownIn ? i.buf : new Uint8Array(n * mb);
       const dst = ownOut ? o.buf : new Uint8Array(n * mb);
-      const u = new Uneven(i, o, ins, outs, esize, ownIn ? null : src, mb);
+      const u = new Uneven(i, o, ins, outs, esize, ownIn ? null : src, mb, ownIn && ownOut);
       await step(() => this._inner(g, name, KIND.ALL_TO_ALL, { send: [src], recv: [dst],
         count: mb, uneven: u }), true);
       let at = 0;
@@ -2612,9 +2616,10 @@ class World {
  * read and write pair by pair (World._peerRun: sizes, the bytes this rank takes from
  * each rank), and pack(), which fills the padded input (pad, blocks of mb bytes; null
  * where the array itself is sent) when the call goes through the agent instead: then
- * viaAgent, and the output comes padded. */
+ * viaAgent, and the output comes padded. agentInPlace: the agent would take the arrays
+ * themselves (every block of the largest size). */
 class Uneven {
-  constructor(i, o, ins, outs, esize, pad, mb) {
+  constructor(i, o, ins, outs, esize, pad, mb, agentInPlace) {
     this.send = new Segments([i]);
     this.recv = new Segments([o]);
     const at = (buf, counts) => {
@@ -2627,6 +2632,7 @@ class Uneven {
     this.outs = apart ? at(o.buf, outs) : null;
     this.sizes = outs.map((k) => k * esize);
     this.viaAgent = false;
+    this.agentInPlace = agentInPlace;
     this._pack = () => {
       let off = 0;
       ins.forEach((k, j) => {

@@ -1730,7 +1730,8 @@ def w_peer_registered():
     copy rank to rank, as from any other memory, each reading the others' segments through
     mappings it keeps (n - 1 of them after the call, where process_vm_readv would leave
     none) and lets go of once they are freed (still n - 1 after a second allocation's
-    call). Input and output in one allocation."""
+    call). Input and output in one allocation. Then, with split sizes, by peer copies
+    within the budget too (the agent would copy padded buffers)."""
     import numpy as np
     dist = _w_init()
     r, n = dist.get_rank(), dist.get_world_size()
@@ -1755,6 +1756,21 @@ def w_peer_registered():
             "after the all_to_all of %d MiB blocks this rank maps %d of the others' " \
             "segments, want %d" % (mib, mapped, n - 1 if by_peer else 0)
         dist.free(buf)
+    # With split sizes the agent would copy padded buffers, not empty() memory: each pair's
+    # own bytes go rank to rank instead, within the budget too.
+    sent = [[(s + 2 * t + 1) << 18 for t in range(n)] for s in range(n)]  # 1-5 MiB blocks
+    ins, outs = sent[r], [sent[s][r] for s in range(n)]
+    buf = dist.empty(sum(ins) + sum(outs), np.int32)
+    x, o = buf[:sum(ins)], buf[sum(ins):]
+    x[:] = np.concatenate([np.full(k, 100 * r + t, np.int32) for t, k in enumerate(ins)])
+    before = w.peer_used
+    dist.all_to_all_single(o, x, outs, ins)
+    expect_eq(o, np.concatenate([np.full(k, 100 * s + r, np.int32)
+                                 for s, k in enumerate(outs)]),
+              "all_to_all_single with split sizes from empty()")
+    assert w.peer_used - before == 1, "all_to_all_single with split sizes from empty(): " \
+        "through the agent"
+    dist.free(buf)
     dist.destroy_process_group()
     print("rank %d: empty() memory by the agent within its budget, by peer copies past it"
           % r)

@@ -113,12 +113,27 @@ test('allToAllSingle with split sizes: each pair\'s own bytes rank to rank', asy
       ws.map((_, r) => new Int32Array(total(splits(r).outputSplitSizes) + 1)));
     ws.forEach((w, r) => assert.strictEqual(w.peerUsed, 1, `rank ${r}`));
     assert.strictEqual(await agentCalls() - before, 0, 'an uneven all_to_all reached the agent');
-    // From empty() memory, which the agent copies in place: padded, through the agent.
+    // From empty() memory too: the agent would copy padded buffers, not that memory.
     const mems = await Promise.all(ws.map((w, r) => w.empty(total(splits(r).inputSplitSizes) +
       total(splits(r).outputSplitSizes) + 1, 'int32')));
     await call(mems.map((m, r) => m.subarray(0, total(splits(r).inputSplitSizes))),
       mems.map((m, r) => m.subarray(total(splits(r).inputSplitSizes))));
-    ws.forEach((w) => assert.strictEqual(w.peerUsed, 1));
+    ws.forEach((w) => assert.strictEqual(w.peerUsed, 2));
+    assert.strictEqual(await agentCalls() - before, 0, 'an uneven all_to_all on empty() memory');
+    // Input and output in one array: the descriptors say so, and every rank's call goes
+    // padded through the agent.
+    const inT = (r) => total(splits(r).inputSplitSizes);
+    const outT = (r) => total(splits(r).outputSplitSizes);
+    const one = ws.map((_, r) => new Int32Array(Math.max(inT(r), outT(r))));
+    one.forEach((a, r) => [0, 1, 2].reduce((at, d) => fill(a, at, r, d), 0));
+    await Promise.all(ws.map((w, r) => w.allToAllSingle(one[r].subarray(0, outT(r)),
+      one[r].subarray(0, inT(r)), splits(r))));
+    one.forEach((a, r) => {
+      const want = new Int32Array(outT(r));
+      [0, 1, 2].reduce((at, s) => fill(want, at, s, r), 0);
+      assert.deepStrictEqual(a.subarray(0, outT(r)), want, `rank ${r}, one array`);
+    });
+    ws.forEach((w) => assert.strictEqual(w.peerUsed, 2));
     assert.strictEqual(await agentCalls() - before, 3, 'each rank\'s padded all_to_all');
   } finally {
     await Promise.all(ws.map((w) => w.destroy()));

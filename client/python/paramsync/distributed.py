@@ -728,11 +728,13 @@ class _World:
         # Memory from empty() the agent copies in place, between its mappings: faster than
         # reads that pin its shared pages one by one (client/peer.c). Not over the agent's
         # --shm-resident-bytes: it would copy through the segments' files.
+        # An uneven all_to_all's agent would copy padded buffers, not these, unless both
+        # sides are the caller's own.
         touched = _peer.agent_touches(kind, n, header.count * T.SIZES[header.dtype])
-        fits = fits and not any(
+        fits = fits and (uneven is not None and not uneven.agent_in_place or not any(
             mem.mapped_for(touched) for x in (send, recv) if x
             for mem in (self.mem.find(at, len(mv)) for at, mv in zip(_shm.addresses(x), x.mvs))
-            if mem)
+            if mem))
         # PARAMSYNC_SHM=0 set since init (it is read on every collective): payloads over
         # gRPC, as asked.
         fits = fits and _shm.enabled()
@@ -1670,7 +1672,8 @@ def _uneven_all_to_all(g, o, i, ins, outs, row, async_op, output):
     kept = [None if own_in else world.scratch(n * m), None if own_out else world.scratch(n * m)]
     src = i.arr if own_in else kept[0][:n * m]
     dst = o.arr if own_out else kept[1][:n * m]
-    u = _Uneven(i, o, ins, outs, row * esize, src if not own_in else None, m)
+    u = _Uneven(i, o, ins, outs, row * esize, src if not own_in else None, m,
+                own_in and own_out)
 
     def unpack():
         at = 0
@@ -1704,11 +1707,12 @@ class _Uneven:
     peer copies read and write pair by pair (World.peer_run: sizes, the bytes this rank
     takes from each rank), and pack(), which fills the padded input (pad, blocks of m
     bytes; None where the tensor itself is sent) when the call goes through the agent
-    instead: then via_agent, and the output comes padded."""
-    __slots__ = ("send", "recv", "ins", "outs", "sizes", "via_agent", "_i", "_ins", "_row",
-                 "_pad", "_m")
+    instead: then via_agent, and the output comes padded. agent_in_place: the agent
+    would take the tensors themselves (every block of the largest size)."""
+    __slots__ = ("send", "recv", "ins", "outs", "sizes", "via_agent", "agent_in_place", "_i",
+                 "_ins", "_row", "_pad", "_m")
 
-    def __init__(self, i, o, ins, outs, row, pad, m):
+    def __init__(self, i, o, ins, outs, row, pad, m, agent_in_place):
         self.send, self.recv = T.Segments([i]), T.Segments([o])
         self.ins = self.outs = None  # input and output share memory: through the agent
         if not np.shares_memory(i.arr, o.arr):
@@ -1716,6 +1720,7 @@ class _Uneven:
             self.outs = self._at(self.recv, outs, row)
         self.sizes = [k * row for k in outs]
         self.via_agent = False
+        self.agent_in_place = agent_in_place
         self._i, self._ins, self._row, self._pad, self._m = i, ins, row, pad, m
 
     @staticmethod
