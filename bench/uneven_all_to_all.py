@@ -2,7 +2,8 @@
 """all_to_all_single with split sizes: torch's Gloo against paramsync, side by side.
 
     /usr/bin/python3 bench/uneven_all_to_all.py --paramsyncd BUILD/server/paramsyncd \
-        --python VENV/bin/python [--np 4] [--mib 1] [--iters 10] [--rounds 2]
+        --python VENV/bin/python [--np 4] [--mib 1] [--iters 10] [--rounds 2] \
+        [--memory empty]
 
 Rank r sends rank j (r + j + 1) x --mib MiB of float32 rows ("uneven": the
 largest block is (2 np - 1) / np times the mean), then every block --np + 1
@@ -13,6 +14,7 @@ file://) and on paramsync (one paramsyncd per run), and prints the milliseconds 
 call of rank 0 (the mean of --iters after two untimed calls) and paramsync's
 time over Gloo's. Every run checks its result once. --python: an interpreter
 with paramsync and torch (the client tests' venv: build/tests/clients/venv).
+--memory empty: paramsync's tensors from paramsync's empty() (Gloo's as ever).
 """
 import argparse
 import os
@@ -24,7 +26,7 @@ import time
 CASES = ("uneven", "even", "no-splits")
 
 
-def worker(backend, case, np_, mib, iters):
+def worker(backend, case, memory, np_, mib, iters):
     import torch
     if backend == "gloo":
         import torch.distributed as dist
@@ -40,8 +42,12 @@ def worker(backend, case, np_, mib, iters):
         outs = [(j + r + 1) * rows for j in range(n)]
     else:
         ins = outs = [(n + 1) * rows] * n
-    x = torch.full((sum(ins), 1024), float(r))
-    o = torch.empty(sum(outs), 1024)
+    if memory == "empty" and backend == "paramsync":
+        x = dist.empty((sum(ins), 1024), torch.float32).fill_(float(r))
+        o = dist.empty((sum(outs), 1024), torch.float32)
+    else:
+        x = torch.full((sum(ins), 1024), float(r))
+        o = torch.empty(sum(outs), 1024)
     splits = (None, None) if case == "no-splits" else (outs, ins)
 
     def call():
@@ -79,7 +85,7 @@ def run(a, backend, case):
             env["PARAMSYNC_ADDR"] = open(ann).read().strip()
         try:
             procs = [subprocess.Popen([a.python, os.path.abspath(__file__), "--worker", backend,
-                                       case, str(a.np), str(a.mib), str(a.iters)],
+                                       case, a.memory, str(a.np), str(a.mib), str(a.iters)],
                                       env=dict(env, RANK=str(r)), stdout=subprocess.PIPE,
                                       text=True) for r in range(a.np)]
             outs = [p.communicate(timeout=300)[0] for p in procs]
@@ -95,7 +101,7 @@ def run(a, backend, case):
 
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        return worker(sys.argv[2], sys.argv[3], *(int(v) for v in sys.argv[4:]))
+        return worker(sys.argv[2], sys.argv[3], sys.argv[4], *(int(v) for v in sys.argv[5:]))
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--paramsyncd", required=True)
     p.add_argument("--python", required=True)
@@ -103,6 +109,8 @@ def main():
     p.add_argument("--mib", type=int, default=1)
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--memory", choices=("tensor", "empty"), default="tensor",
+                   help="where paramsync's tensors are: torch's, or paramsync's empty()")
     a = p.parse_args()
     print("%-10s %9s %10s %12s %8s" % ("case", "MiB/rank", "gloo ms", "paramsync ms", "ratio"))
     for case in CASES:

@@ -276,6 +276,14 @@ int ps__shm_off(void);
  * read through the segment's file. */
 int ps__mem_mapped_for(ps_comm_t *comm, const void *ptr, uint64_t touched);
 
+/** 1 when the input and output that have bytes lie in one allocation of
+ * ps_mem_alloc(comm) that the agent would take in place (as
+ * ps__mem_mapped_for) for a collective touching `touched` bytes: the agent
+ * takes a call's ps_mem_alloc memory in place only when one allocation
+ * holds both sides (shm.c, mem_begin). */
+int ps__mem_in_place(ps_comm_t *comm, const void *in, size_t in_bytes, const void *out,
+                     size_t out_bytes, uint64_t touched);
+
 /** The file of the ps_mem_alloc(comm) segment that holds [ptr, ptr + len)
  * whole, kept open for peer copies (client/peer.c maps it from the other
  * ranks), with where the segment starts here and its bytes; -1 when there

@@ -257,8 +257,9 @@ static void describe(const ps__coll_t *c, size_t block, uint64_t *d)
                        : out && in == (const char *)out + me * block;
     int fits = in_place || !ps__overlap(in, in_bytes, out, out_bytes);
     /* Memory from ps_mem_alloc the agent copies in place, between its
-     * mappings: 1.1-2.2x faster at 16-64 MiB than reads that pin its shared
-     * pages one by one (PERFORMANCE.md, "Peer copies"). Not where the call
+     * mappings (where one allocation holds input and output): 1.1-2.2x faster
+     * at 16-64 MiB than reads that pin its shared pages one by one
+     * (PERFORMANCE.md, "Peer copies"). Not where the call
      * is over the agent's --shm-resident-bytes: it would copy through the
      * segments' files, a step at a time, where the ranks map each other's
      * segments (FITS_SEGMENT: 1.2-1.8x faster than process_vm_readv at
@@ -266,8 +267,7 @@ static void describe(const ps__coll_t *c, size_t block, uint64_t *d)
      * padded buffers, not these, unless both sides are the caller's own. */
     uint64_t touched = agent_touches(c, block);
     int agent_in_place = !c->v || (c->in == in && c->out == out);
-    if (agent_in_place && ((in && ps__mem_mapped_for(c->comm, in, touched)) ||
-                           (out && ps__mem_mapped_for(c->comm, out, touched))))
+    if (agent_in_place && ps__mem_in_place(c->comm, in, in_bytes, out, out_bytes, touched))
         fits = 0;
     /* PARAMSYNC_SHM=0 set since ps_init (it is read on every collective):
      * payloads over gRPC, as asked. */

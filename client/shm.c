@@ -421,6 +421,20 @@ static int mem_holds(const struct ps__mem *m, const void *p, size_t n)
     return !n || (a >= b && n <= m->seg.size && a - b <= m->seg.size - n);
 }
 
+int ps__mem_in_place(ps_comm_t *comm, const void *in, size_t in_bytes, const void *out,
+                     size_t out_bytes, uint64_t touched)
+{
+    const void *first = in_bytes ? in : out;
+    if (!comm || !first || (!in_bytes && !out_bytes))
+        return 0;
+    pthread_mutex_lock(&comm->lock);
+    struct ps__mem *m = mem_holding(comm, first, 1);
+    int yes = m && m->shared && touched <= m->seg.resident && mem_holds(m, in, in_bytes) &&
+              mem_holds(m, out, out_bytes);
+    pthread_mutex_unlock(&comm->lock);
+    return yes;
+}
+
 /* Whether c is in place in torch's form: an all_gather's or gather root's
  * input is its own block of the output (all_gather_into_tensor from a view
  * of its output), a scatter root's output its block of the input. */

@@ -1839,17 +1839,18 @@ class World {
       ins = send ? peerBlocks(send, nb, block) : [];
       outs = recv ? peerBlocks(recv, kind === KIND.SCATTER ? 1 : n, block) : [];
     }
-    // Memory from empty() the agent copies in place, between its mappings: faster than
-    // reads that pin its shared pages one by one (client/peer.c), unless the call is over
-    // its --shm-resident-bytes (it would copy through the files). PARAMSYNC_SHM=0 set
-    // since init: payloads over gRPC, as asked.
+    // Memory from empty() the agent copies in place, between its mappings (where one
+    // allocation holds input and output): faster than reads that pin its shared pages one
+    // by one (client/peer.c), unless the call is over its --shm-resident-bytes (it would
+    // copy through the files). An uneven all_to_all's agent would copy padded buffers, not
+    // these, unless both sides are the caller's own. PARAMSYNC_SHM=0 set since init:
+    // payloads over gRPC, as asked.
     const touched = agentTouches(kind, n, block);
-    // An uneven all_to_all's agent would copy padded buffers, not these, unless both sides
-    // are the caller's own.
+    const bufs = [send, recv].flatMap((x) => (x ? x.bufs : []));
     const fits = ins !== null && outs !== null && shmEnabled() &&
-      ((uneven && !uneven.agentInPlace) ||
-        ![send, recv].some((x) => x && x.bufs.some((b) => this.mem.mappedFor(b.buffer,
-          touched))));
+      ((uneven && !uneven.agentInPlace) || !(bufs.length &&
+        bufs.every((b) => b.buffer === bufs[0].buffer) && this.mem.mappedFor(bufs[0].buffer,
+        touched)));
     // A rank with no input (a scatter's other ranks) describes nb blocks of 0, as every
     // rank's descriptor is one size.
     const addrs = fits && ins.length ? ins.map(([b, off]) => (b.length

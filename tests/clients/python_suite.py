@@ -1731,7 +1731,8 @@ def w_peer_registered():
     mappings it keeps (n - 1 of them after the call, where process_vm_readv would leave
     none) and lets go of once they are freed (still n - 1 after a second allocation's
     call). Input and output in one allocation. Then, with split sizes, by peer copies
-    within the budget too (the agent would copy padded buffers)."""
+    within the budget too (the agent would copy padded buffers), and with input and output
+    in two allocations or the output plain memory."""
     import numpy as np
     dist = _w_init()
     r, n = dist.get_rank(), dist.get_world_size()
@@ -1771,6 +1772,20 @@ def w_peer_registered():
     assert w.peer_used - before == 1, "all_to_all_single with split sizes from empty(): " \
         "through the agent"
     dist.free(buf)
+    # Input and output in two allocations, or one side plain memory: the agent would copy
+    # through its payload segment (it takes empty() memory in place only where one
+    # allocation holds both), so these go rank to rank too.
+    b = (4 << 20) // 4
+    x = dist.empty(n * b, np.int32)
+    x[:] = np.concatenate([np.full(b, 1000 * r + j, np.int32) for j in range(n)])
+    for o in (dist.empty(n * b, np.int32), np.zeros(n * b, np.int32)):
+        before = w.peer_used
+        dist.all_to_all_single(o, x)
+        expect_eq(o, np.repeat(np.arange(n, dtype=np.int32) * 1000 + r, b),
+                  "all_to_all_single from empty() into %s" % type(o).__name__)
+        assert w.peer_used - before == 1, "all_to_all_single from empty() into another " \
+            "allocation or plain memory: through the agent"
+    dist.free(x)
     dist.destroy_process_group()
     print("rank %d: empty() memory by the agent within its budget, by peer copies past it"
           % r)

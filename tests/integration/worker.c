@@ -1781,6 +1781,29 @@ static int peer_unreadable(void)
     return prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
 }
 
+/* An all_to_all of count int32 a block from ps_mem_alloc memory into malloc'd
+ * memory, checked: the agent takes such memory in place only where one
+ * allocation holds input and output, so the ranks copy rank to rank. */
+static int peer_two_places(ctx_t *cx, size_t count)
+{
+    int n = cx->size, me = cx->rank;
+    int32_t *in = ps_mem_alloc(cx->comm, (size_t)n * count * sizeof(int32_t));
+    int32_t *out = xmalloc((size_t)n * count * sizeof(int32_t));
+    CHECK(in, "ps_mem_alloc returned NULL");
+    for (size_t k = 0; k < (size_t)n * count; k++)
+        in[k] = me * 1000 + (int32_t)(k / count) + (int32_t)(k % count % 7) * 100000;
+    int rc = ps_all_to_all(cx->comm, out, in, count, PS_INT32, NULL);
+    size_t k = 0;
+    for (; rc == 0 && k < (size_t)n * count; k++)
+        if (out[k] != (int32_t)(k / count) * 1000 + me + (int32_t)(k % count % 7) * 100000)
+            break;
+    int good = rc == 0 && k == (size_t)n * count;
+    free(out);
+    CHECK_OK(ps_mem_free(cx->comm, in));
+    CHECK(good, "all_to_all from ps_mem_alloc into malloc: rc %d, element %zu wrong", rc, k);
+    return 0;
+}
+
 /* The `peer` scenario: all_to_all, all_gather and scatter of 5 MiB and some,
  * gather of 10 (its floor is 8), which ranks that share an agent copy rank
  * to rank (client/peer.c): odd blocks, out of place and in place, blocking
@@ -1789,7 +1812,8 @@ static int peer_unreadable(void)
  * harness's --metric checks which way they went. PS_TEST_PEER_UNREADABLE=1:
  * rank 1 first makes itself unreadable (peer_unreadable), so that calls
  * that read it fall back to the agent with the same results.
- * PS_TEST_SHARED=1: buffers from ps_mem_alloc. */
+ * PS_TEST_SHARED=1: buffers from ps_mem_alloc (and one all_to_all from it
+ * into malloc'd memory). */
 static int sc_peer(ctx_t *cx)
 {
     if (cx->size < 2) {
@@ -1820,6 +1844,8 @@ static int sc_peer(ctx_t *cx)
     /* Uneven blocks of megabytes: each pair's own bytes, rank to rank (no
      * padded all_to_all at the agent, where the ranks may read each other). */
     TRY(a2av_case(cx, 100003));
+    if (g_arena_comm)
+        TRY(peer_two_places(cx, big));
     /* Below the floors (2 MiB of output for all_to_all, 4 for all_gather):
      * through the agent. */
     TRY(run_case(cx, K_ALL_GATHER, PS_INT32, PS_SUM, (3u << 18) / (size_t)n, 0, NULL, 0));

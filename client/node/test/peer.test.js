@@ -78,6 +78,17 @@ test('the four kinds by peer copies: rank to rank, none at the agent', async (t)
     await allToAllOnEmpty(ws);
     ws.forEach((w) => assert.strictEqual(w.peerUsed, 5));
     assert.strictEqual(await agentCalls() - before, 3, 'each rank\'s all_to_all on empty() memory');
+    // Input and output in two allocations: the agent would copy through its payload segment
+    // (it takes empty() memory in place only where one allocation holds both), so by peer
+    // copies.
+    const two = await Promise.all(ws.map((w) => Promise.all([w.empty(3 * K, 'int32'),
+      w.empty(3 * K, 'int32')])));
+    two.forEach(([x], r) => x.set(filled(r, 3 * K)));
+    await Promise.all(ws.map((w, r) => w.allToAllSingle(two[r][1], two[r][0])));
+    two.forEach(([, o], r) => [0, 1, 2].forEach((s) => assert.deepStrictEqual(
+      o.subarray(s * K, (s + 1) * K), filled(s, 3 * K).subarray(r * K, (r + 1) * K))));
+    ws.forEach((w) => assert.strictEqual(w.peerUsed, 6));
+    assert.strictEqual(await agentCalls() - before, 3, 'an all_to_all between two allocations');
   } finally {
     await Promise.all(ws.map((w) => w.destroy()));
   }

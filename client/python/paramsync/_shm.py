@@ -618,6 +618,19 @@ class Registered:
                     return mem
         return None
 
+    def in_place(self, send, recv, touched):
+        """Whether one shared allocation holds every buffer of send and recv (Segments, or
+        None) and the agent takes a collective touching `touched` bytes of its ranks'
+        memory in place there (Mem.mapped_for): it takes such memory in place only where
+        one allocation holds both sides (begin), as the C client's ps__mem_in_place."""
+        spans = [(a, len(mv)) for x in (send, recv) if x is not None
+                 for a, mv in zip(addresses(x), x.mvs)]
+        if not spans:
+            return False
+        mem = self.find(*spans[0])
+        return mem is not None and mem.mapped_for(touched) and all(
+            mem.addr <= a and a + n <= mem.addr + mem.size for a, n in spans)
+
     def file_of(self, addr, nbytes):
         """(start, bytes, file descriptor) of the shared allocation holding [addr, addr +
         nbytes) whole whose file is kept open, or None."""

@@ -725,16 +725,15 @@ class _World:
         if fits and copy_send:
             fits = outs[0] == ins[rank] if kind == _K.SCATTER else (
                 kind != _K.ALL_TO_ALL and ins[0] == outs[rank])
-        # Memory from empty() the agent copies in place, between its mappings: faster than
-        # reads that pin its shared pages one by one (client/peer.c). Not over the agent's
-        # --shm-resident-bytes: it would copy through the segments' files.
+        # Memory from empty() the agent copies in place, between its mappings (where one
+        # allocation holds input and output): faster than reads that pin its shared pages
+        # one by one (client/peer.c). Not over the agent's --shm-resident-bytes: it would
+        # copy through the segments' files.
         # An uneven all_to_all's agent would copy padded buffers, not these, unless both
         # sides are the caller's own.
         touched = _peer.agent_touches(kind, n, header.count * T.SIZES[header.dtype])
-        fits = fits and (uneven is not None and not uneven.agent_in_place or not any(
-            mem.mapped_for(touched) for x in (send, recv) if x
-            for mem in (self.mem.find(at, len(mv)) for at, mv in zip(_shm.addresses(x), x.mvs))
-            if mem))
+        fits = fits and ((uneven is not None and not uneven.agent_in_place)
+                         or not self.mem.in_place(send, recv, touched))
         # PARAMSYNC_SHM=0 set since init (it is read on every collective): payloads over
         # gRPC, as asked.
         fits = fits and _shm.enabled()
