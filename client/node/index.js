@@ -917,6 +917,10 @@ class Doorbells {
  * path is decided alike on every rank from JoinEvent.peer_sets before it takes its
  * sequence numbers. PARAMSYNC_PEER_COPY=0 or PARAMSYNC_SHM=0 keep a rank out.
  */
+// Padded blocks kept for the next uneven allToAllSingle (World._scratch), as Python keeps
+// them: the largest KEEP of at most MAX bytes.
+const SCRATCH = Object.freeze({ KEEP: 2, MAX: 256 << 20 });
+
 const PEER = Object.freeze({
   MIN_BYTES: { [KIND.ALL_TO_ALL]: 2 << 20, [KIND.ALL_GATHER]: 4 << 20, [KIND.GATHER]: 8 << 20,
     [KIND.SCATTER]: 4 << 20 },
@@ -1426,6 +1430,7 @@ class World {
     }
     this.failure = null;
     this.inflight = new Set();
+    this.scratchFree = []; // padded blocks of uneven allToAllSingle calls, kept (_scratch)
     this.shm = new ShmSegment((name, size, magic) => this._shmAttach(name, size, magic));
     this.spares = new ShmSpares((name, size, magic, slot) => this._shmAttach(name, size, magic,
       { slot }));
@@ -2555,6 +2560,20 @@ class World {
 
   // -------------------------------------------------------------- uneven all_to_all
 
+  /** A Uint8Array of at least n bytes for padded blocks; give it back with _scratchGive.
+   * The largest SCRATCH.KEEP of at most SCRATCH.MAX bytes are kept for the next call,
+   * whose pages are then mapped already (as Python's World.scratch). */
+  _scratch(n) {
+    const k = this.scratchFree.findIndex((b) => b.length >= n);
+    return k >= 0 ? this.scratchFree.splice(k, 1)[0] : new Uint8Array(Math.max(n, 1));
+  }
+
+  _scratchGive(...bufs) {
+    this.scratchFree.push(...bufs.filter((b) => b && b.length <= SCRATCH.MAX));
+    this.scratchFree.sort((a, b) => b.length - a.length);
+    this.scratchFree.length = Math.min(this.scratchFree.length, SCRATCH.KEEP);
+  }
+
   /** torch's all_to_all_single with split sizes (elements here: typed arrays have one
    * dimension), on the daemon's equal blocks: every rank's sizes gathered first, so that
    * every rank checks every pair alike and all fail together, then blocks padded to the
@@ -2589,17 +2608,22 @@ class World {
       const ownOut = outs.every((k) => k === m) && !(ownIn && overlaps([i], [o]));
       // Where the ranks read each other (peer copies) the padded buffers are never
       // written: the input is padded only on the way to the agent (Uneven.pack).
-      const src = ownIn ? i.buf : new Uint8Array(n * mb);
-      const dst = ownOut ? o.buf : new Uint8Array(n * mb);
+      const kept = [ownIn ? null : this._scratch(n * mb), ownOut ? null : this._scratch(n * mb)];
+      const src = ownIn ? i.buf : kept[0].subarray(0, n * mb);
+      const dst = ownOut ? o.buf : kept[1].subarray(0, n * mb);
       const u = new Uneven(i, o, ins, outs, esize, ownIn ? null : src, mb, ownIn && ownOut);
-      await step(() => this._inner(g, name, KIND.ALL_TO_ALL, { send: [src], recv: [dst],
-        count: mb, uneven: u }), true);
-      let at = 0;
-      if (!ownOut && u.viaAgent) {
-        outs.forEach((k, j) => {
-          o.buf.set(dst.subarray(j * mb, j * mb + k * esize), at);
-          at += k * esize;
-        });
+      try {
+        await step(() => this._inner(g, name, KIND.ALL_TO_ALL, { send: [src], recv: [dst],
+          count: mb, uneven: u }), true);
+        let at = 0;
+        if (!ownOut && u.viaAgent) {
+          outs.forEach((k, j) => {
+            o.buf.set(dst.subarray(j * mb, j * mb + k * esize), at);
+            at += k * esize;
+          });
+        }
+      } finally {
+        this._scratchGive(...kept);
       }
       return output;
     });

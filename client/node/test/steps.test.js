@@ -134,6 +134,18 @@ test('allToAllSingle with uneven split sizes', async (t) => {
       assert.deepStrictEqual(Array.from(o[r]), want, `rank ${r}, scale ${scale}`);
     }
   }
+  // The padded blocks are kept for the next call, which takes them again.
+  const kept = job.ws.map((w) => w.scratchFree.slice());
+  kept.forEach((k, r) => assert.strictEqual(k.length, 2, `rank ${r}: padded blocks kept`));
+  await all((w, r) => w.allToAllSingle(new Int32Array(3 * (2 * r + 1)),
+    unevenInput(r, 1).map((v) => -v), { outputSplitSizes: [0, 1, 2].map((s) => s + 2 * r),
+      inputSplitSizes: [r, r + 2, r + 4] }));
+  job.ws.forEach((w, r) => assert.ok(w.scratchFree.length === 2 &&
+    kept[r].every((b) => w.scratchFree.includes(b)), `rank ${r}: the kept blocks kept`));
+  // Rank 1's padded input (the first kept) now starts with its first element to rank 0.
+  const pad = kept[1][0];
+  assert.strictEqual(new Int32Array(pad.buffer, pad.byteOffset, 1)[0], -10000000,
+    'the kept blocks were not taken again');
   // Even splits given: read and written in place; in one array, the output padded.
   for (const inPlace of [false, true]) {
     const x = job.ws.map((_, r) => Int16Array.from({ length: 6 }, (_, k) => 10 * r + k));
