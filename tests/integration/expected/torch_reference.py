@@ -100,6 +100,14 @@ def snippet(name, rank, size):
             dist.all_reduce(t, op=dist.ReduceOp.SUM)
         if show:
             out.append(f"Rank {rank}: {t}")
+    elif name == "all_to_all_v":
+        # Not a seed: all_to_all_single with split sizes (examples/c/all_to_all_v.c).
+        ins = [rank + j + 1 for j in range(size)]
+        outs = [j + rank + 1 for j in range(size)]
+        t = torch.tensor([100 * rank + 10 * j + k for j in range(size) for k in range(ins[j])])
+        o = torch.zeros(sum(outs), dtype=torch.int64)
+        dist.all_to_all_single(o, t, outs, ins)
+        out.append(f"Rank {rank}: {o}")
     elif name == "new_group":
         g1 = dist.new_group([0, 1])
         g2 = dist.new_group([2, 3])
