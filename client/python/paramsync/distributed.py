@@ -728,9 +728,8 @@ class _World:
         # Memory from empty() the agent copies in place, between its mappings (where one
         # allocation holds input and output): faster than reads that pin its shared pages
         # one by one (client/peer.c). Not over the agent's --shm-resident-bytes: it would
-        # copy through the segments' files.
-        # An uneven all_to_all's agent would copy padded buffers, not these, unless both
-        # sides are the caller's own.
+        # copy through the segments' files. An uneven all_to_all's agent would copy padded
+        # buffers, not these, unless both sides are the caller's own.
         touched = _peer.agent_touches(kind, n, header.count * T.SIZES[header.dtype])
         fits = fits and ((uneven is not None and not uneven.agent_in_place)
                          or not self.mem.in_place(send, recv, touched))
@@ -1666,13 +1665,14 @@ def _uneven_all_to_all(g, o, i, ins, outs, row, async_op, output):
     # Padding bytes are never read, so the padded buffers are not cleared; where the
     # ranks read each other (peer copies) they are never written either.
     world = g._world
+    shared = np.shares_memory(i.arr, o.arr)
     own_in = ins == [most] * n
-    own_out = outs == [most] * n and not (own_in and np.shares_memory(i.arr, o.arr))
+    own_out = outs == [most] * n and not (own_in and shared)
     kept = [None if own_in else world.scratch(n * m), None if own_out else world.scratch(n * m)]
     src = i.arr if own_in else kept[0][:n * m]
     dst = o.arr if own_out else kept[1][:n * m]
     u = _Uneven(i, o, ins, outs, row * esize, src if not own_in else None, m,
-                own_in and own_out)
+                own_in and own_out, not shared)
 
     def unpack():
         at = 0
@@ -1707,14 +1707,15 @@ class _Uneven:
     takes from each rank), and pack(), which fills the padded input (pad, blocks of m
     bytes; None where the tensor itself is sent) when the call goes through the agent
     instead: then via_agent, and the output comes padded. agent_in_place: the agent
-    would take the tensors themselves (every block of the largest size)."""
+    would take the tensors themselves (every block of the largest size); apart: input and
+    output share no memory (else the call goes through the agent)."""
     __slots__ = ("send", "recv", "ins", "outs", "sizes", "via_agent", "agent_in_place", "_i",
                  "_ins", "_row", "_pad", "_m")
 
-    def __init__(self, i, o, ins, outs, row, pad, m, agent_in_place):
+    def __init__(self, i, o, ins, outs, row, pad, m, agent_in_place, apart):
         self.send, self.recv = T.Segments([i]), T.Segments([o])
-        self.ins = self.outs = None  # input and output share memory: through the agent
-        if not np.shares_memory(i.arr, o.arr):
+        self.ins = self.outs = None
+        if apart:
             self.ins = self._at(self.send, ins, row)
             self.outs = self._at(self.recv, outs, row)
         self.sizes = [k * row for k in outs]
