@@ -103,12 +103,15 @@ def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         return worker(sys.argv[2], sys.argv[3], sys.argv[4], *(int(v) for v in sys.argv[5:]))
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--paramsyncd", required=True)
-    p.add_argument("--python", required=True)
-    p.add_argument("--np", type=int, default=4)
-    p.add_argument("--mib", type=int, default=1)
-    p.add_argument("--iters", type=int, default=10)
-    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--paramsyncd", required=True, help="the paramsyncd binary")
+    p.add_argument("--python", required=True,
+                   help="an interpreter with paramsync and torch (build/tests/clients/venv)")
+    p.add_argument("--np", type=int, default=4, help="ranks (default 4)")
+    p.add_argument("--mib", type=int, default=1,
+                   help="MiB of the unit block: rank r sends rank j (r + j + 1) units")
+    p.add_argument("--iters", type=int, default=10, help="timed calls a run (default 10)")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="runs of each case on each system, alternately (default 2)")
     p.add_argument("--memory", choices=("tensor", "empty"), default="tensor",
                    help="where paramsync's tensors are: torch's, or paramsync's empty()")
     a = p.parse_args()
