@@ -917,10 +917,6 @@ class Doorbells {
  * path is decided alike on every rank from JoinEvent.peer_sets before it takes its
  * sequence numbers. PARAMSYNC_PEER_COPY=0 or PARAMSYNC_SHM=0 keep a rank out.
  */
-// Padded blocks kept for the next uneven allToAllSingle (World._scratch), as Python keeps
-// them: the largest KEEP of at most MAX bytes.
-const SCRATCH = Object.freeze({ KEEP: 2, MAX: 256 << 20 });
-
 const PEER = Object.freeze({
   MIN_BYTES: { [KIND.ALL_TO_ALL]: 2 << 20, [KIND.ALL_GATHER]: 4 << 20, [KIND.GATHER]: 8 << 20,
     [KIND.SCATTER]: 4 << 20 },
@@ -2635,6 +2631,10 @@ class World {
     return g.ranks.slice();
   }
 }
+
+// Padded blocks kept for the next uneven allToAllSingle (World._scratch), as Python keeps
+// them: the largest KEEP of at most MAX bytes.
+const SCRATCH = Object.freeze({ KEEP: 2, MAX: 256 << 20 });
 
 /** An uneven allToAllSingle's blocks where they lie in the caller's arrays (views i and
  * o; ins and outs the elements of each rank's block, esize bytes each), which peer copies
