@@ -697,6 +697,8 @@ static const char *step_name(const ps__coll_t *c, int step)
 {
     switch (c->hdr.kind) {
     case K(ALL_TO_ALL):
+        if (c->v)
+            return step ? "all_to_all_v (peer copies done)" : "all_to_all_v (peer addresses)";
         return step ? "all_to_all (peer copies done)" : "all_to_all (peer addresses)";
     case K(GATHER):
         return step ? "gather (peer copies done)" : "gather (peer addresses)";

@@ -2622,17 +2622,25 @@ static int sc_member_lost(ctx_t *cx)
         return 0; /* main's ps_finalize leaves */
     }
     /* PS_TEST_KIND=all_to_all: an all_to_all of PS_TEST_COUNT per block,
-     * which the ranks of one agent take by peer copies from 2 MiB. */
+     * which the ranks of one agent take by peer copies from 2 MiB;
+     * all_to_all_v: an uneven one, PS_TEST_COUNT + j to rank j (its first
+     * step, the counts, is what the lost rank never joins). */
     const char *kind = getenv("PS_TEST_KIND");
-    int a2a = kind && strcmp(kind, "all_to_all") == 0;
+    int a2av = kind && strcmp(kind, "all_to_all_v") == 0;
+    int a2a = a2av || (kind && strcmp(kind, "all_to_all") == 0);
     size_t count = env ? strtoull(env, NULL, 10) : 4, n = a2a ? (size_t)cx->size : 1;
-    float *f = xmalloc((count ? count : 1) * n * sizeof(float));
-    float *g = a2a ? xmalloc((count ? count : 1) * n * sizeof(float)) : NULL;
-    memset(f, 0, count * n * sizeof(float));
+    size_t each = a2av ? count + n : count, counts[64];
+    CHECK(n <= 64, "at most 64 ranks");
+    for (size_t j = 0; j < n; j++)
+        counts[j] = count + j;
+    float *f = xmalloc((each ? each : 1) * n * sizeof(float));
+    float *g = a2a ? xmalloc((each ? each : 1) * n * sizeof(float)) : NULL;
+    memset(f, 0, each * n * sizeof(float));
     int64_t t0 = now_ms();
     clear_last_error();
-    int rc = a2a ? ps_all_to_all(cx->comm, g, f, count, PS_FLOAT32, NULL)
-                 : ps_all_reduce(cx->comm, f, count, PS_FLOAT32, PS_SUM, NULL);
+    int rc = a2av  ? ps_all_to_all_v(cx->comm, g, counts, f, counts, PS_FLOAT32, NULL)
+             : a2a ? ps_all_to_all(cx->comm, g, f, count, PS_FLOAT32, NULL)
+                   : ps_all_reduce(cx->comm, f, count, PS_FLOAT32, PS_SUM, NULL);
     int64_t took = now_ms() - t0;
     free(f);
     free(g);
@@ -2643,7 +2651,7 @@ static int sc_member_lost(ctx_t *cx)
     CHECK(took <= 15000, "lost member: failed after %lld ms", (long long)took);
     CHECK(names_rank(msg, "rank", victim), "lost member: the message does not name rank %d: %s",
           victim, msg);
-    CHECK(!a2a || strstr(msg, "all_to_all (peer addresses)"),
+    CHECK(!a2a || strstr(msg, a2av ? "all_to_all_v" : "all_to_all (peer addresses)"),
           "lost member: the message does not name the call: %s", msg);
     /* The comm stays failed: a later call fails at once with the same cause. */
     rc = ps_barrier(cx->comm, NULL);
