@@ -541,17 +541,30 @@ static int a2av_check(ps_comm_t *comm, int n, const void *out, const size_t *out
     return 0;
 }
 
+/* Copies the n blocks of flat (block j from at[j] to at[j + 1]) into pad's
+ * blocks of `block` bytes, or (to_pad 0) back out of them. No-op without a
+ * pad (that side is the caller's own). */
+static void pad_copy(unsigned char *pad, size_t block, unsigned char *flat, const size_t *at, int n,
+                     int to_pad)
+{
+    for (int j = 0; pad && j < n; j++) {
+        size_t len = at[j + 1] - at[j];
+        if (!len) /* flat may be NULL where this side has no bytes */
+            continue;
+        if (to_pad)
+            memcpy(pad + (size_t)j * block, flat + at[j], len);
+        else
+            memcpy(flat + at[j], pad + (size_t)j * block, len);
+    }
+}
+
 void ps__a2av_pack(ps__coll_t *c)
 {
     ps__a2av_t *v = c->v;
     if (!v || v->via_agent)
         return;
     v->via_agent = 1;
-    int n = c->group->size;
-    for (int j = 0; v->pad_in && j < n; j++)
-        if (v->in_at[j + 1] > v->in_at[j]) /* in may be NULL where this rank sends nothing */
-            memcpy(v->pad_in + (size_t)j * v->block, v->in + v->in_at[j],
-                   v->in_at[j + 1] - v->in_at[j]);
+    pad_copy(v->pad_in, v->block, (unsigned char *)(uintptr_t)v->in, v->in_at, c->group->size, 1);
 }
 
 /* Byte offsets of n blocks of counts[j] elements of esz bytes, end to end:
@@ -635,10 +648,8 @@ int ps_all_to_all_v(ps_comm_t *comm, void *out, const size_t *out_counts, const 
         r.v = &v;
         rc = submit(comm, &r, NULL, NULL);
     }
-    for (int j = 0; rc == 0 && v.via_agent && pad_out && j < n; j++)
-        if (out_counts[j])
-            memcpy((unsigned char *)out + v.out_at[j], pad_out + (size_t)j * block,
-                   out_counts[j] * esz);
+    if (rc == 0 && v.via_agent)
+        pad_copy(pad_out, block, out, v.out_at, n, 0);
     free(v.pad_in);
     free(pad_out);
     free(mine);

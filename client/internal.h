@@ -268,19 +268,14 @@ void ps__shm_end(ps_comm_t *comm, ps__coll_t *c);
 /** PARAMSYNC_SHM=0 now (read on every collective): payloads over gRPC only. */
 int ps__shm_off(void);
 
-/** 1 when ptr lies in memory from ps_mem_alloc(comm) that the agent shares
- * and would read and write in place, through its mapping, in a collective
- * that touches `touched` bytes of its ranks' segments (summed over them):
- * not over the agent's --shm-resident-bytes (ShmAttachResponse.resident_bytes;
- * an agent that does not say maps them always). Else 0: plain memory, or
- * read through the segment's file. */
-int ps__mem_mapped_for(ps_comm_t *comm, const void *ptr, uint64_t touched);
-
 /** 1 when the input and output that have bytes lie in one allocation of
- * ps_mem_alloc(comm) that the agent would take in place (as
- * ps__mem_mapped_for) for a collective touching `touched` bytes: the agent
- * takes a call's ps_mem_alloc memory in place only when one allocation
- * holds both sides (shm.c, mem_begin). */
+ * ps_mem_alloc(comm) that the agent shares and would read and write in
+ * place, through its mapping (shm.c, mem_begin: only where one allocation
+ * holds both sides), in a collective that touches `touched` bytes of its
+ * ranks' segments (summed over them): not over the agent's
+ * --shm-resident-bytes (ShmAttachResponse.resident_bytes; an agent that
+ * does not say maps them always). Else 0: plain memory, two allocations, or
+ * read through the segment's file. */
 int ps__mem_in_place(ps_comm_t *comm, const void *in, size_t in_bytes, const void *out,
                      size_t out_bytes, uint64_t touched);
 
@@ -290,13 +285,12 @@ int ps__mem_in_place(ps_comm_t *comm, const void *in, size_t in_bytes, const voi
  * is none (plain memory, a small allocation, PARAMSYNC_SHM=0). */
 int ps__mem_file(ps_comm_t *comm, const void *ptr, size_t len, uint64_t *base, uint64_t *size);
 
-/** Asks for huge pages under c's buffers from the second time they come
- * (shm.c, ps__collapse()): another process copies them faster, with
+/** Asks for huge pages under c's buffers in and out (c->in and c->out, or
+ * for peer copies the ones the ranks read) from the second time they come
+ * (shm.c, collapse()): another process copies them faster, with
  * process_vm_readv/writev, on huge pages. */
-void ps__collapse_buffers(const ps__coll_t *c);
-
-/** The same for len bytes at buf. */
-void ps__collapse(const void *buf, size_t len);
+void ps__collapse_buffers(const ps__coll_t *c, const void *in, size_t in_bytes, const void *out,
+                          size_t out_bytes);
 
 /** Runs c through the doorbell segment when it can (the agent is on this host,
  * the doorbell is free, and input and output fit in it or in the payload

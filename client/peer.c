@@ -263,11 +263,11 @@ static void describe(const ps__coll_t *c, size_t block, uint64_t *d)
      * is over the agent's --shm-resident-bytes: it would copy through the
      * segments' files, a step at a time, where the ranks map each other's
      * segments (FITS_SEGMENT: 1.2-1.8x faster than process_vm_readv at
-     * 64-256 MiB, PERFORMANCE.md). An uneven all_to_all's agent would copy
-     * padded buffers, not these, unless both sides are the caller's own. */
+     * 64-256 MiB, PERFORMANCE.md). Asked of the buffers the agent would
+     * take: an uneven all_to_all's are padded ones unless a side is the
+     * caller's own. */
     uint64_t touched = agent_touches(c, block);
-    int agent_in_place = !c->v || (c->in == in && c->out == out);
-    if (agent_in_place && ps__mem_in_place(c->comm, in, in_bytes, out, out_bytes, touched))
+    if (ps__mem_in_place(c->comm, c->in, c->in_bytes, c->out, c->out_bytes, touched))
         fits = 0;
     /* PARAMSYNC_SHM=0 set since ps_init (it is read on every collective):
      * payloads over gRPC, as asked. */
@@ -724,11 +724,12 @@ int ps__peer_run(ps__coll_t *c, int *rc)
     *rc = ps__coll_sub(c, step_name(c, 0), K(ALL_GATHER), PS_SUM, PS_UINT8, w * sizeof(*mine), mine,
                        all, seq);
     uint64_t how = *rc == 0 ? all_fit(c, all, n, w, block) : 0;
-    if (how == FITS_HOST && c->v) {
-        ps__collapse(c->v->in, c->v->in_at[n]);
-        ps__collapse(c->v->out, c->v->out_at[n]);
-    } else if (how == FITS_HOST) {
-        ps__collapse_buffers(c);
+    if (how == FITS_HOST) {
+        const void *in;
+        void *out;
+        size_t in_bytes, out_bytes;
+        peer_buffers(c, &in, &in_bytes, &out, &out_bytes);
+        ps__collapse_buffers(c, in, in_bytes, out, out_bytes);
     }
     int32_t failed = how && pull(c, all, n, block, how) < 0;
     free(all);

@@ -54,7 +54,7 @@
  * not tell.
  */
 #define PS__DIRECT_MIN_BYTES      (32u << 20) /* on small pages */
-#define PS__DIRECT_HUGE_MIN_BYTES (8u << 20)  /* where ps__collapse() gives huge pages */
+#define PS__DIRECT_HUGE_MIN_BYTES (8u << 20)  /* where collapse() gives huge pages */
 
 struct ps__shm {
     char name[64];
@@ -312,15 +312,25 @@ static struct ps__mem *mem_holding(ps_comm_t *comm, const void *ptr, size_t len)
     return NULL;
 }
 
-int ps__mem_mapped_for(ps_comm_t *comm, const void *ptr, uint64_t touched)
+/* Whether [p, p + n) lies in m (n == 0: any p does). */
+static int mem_holds(const struct ps__mem *m, const void *p, size_t n)
 {
-    if (!comm || !ptr)
+    uintptr_t a = (uintptr_t)p, b = (uintptr_t)m->seg.base;
+    return !n || (a >= b && n <= m->seg.size && a - b <= m->seg.size - n);
+}
+
+int ps__mem_in_place(ps_comm_t *comm, const void *in, size_t in_bytes, const void *out,
+                     size_t out_bytes, uint64_t touched)
+{
+    const void *first = in_bytes ? in : out;
+    if (!comm || !first || (!in_bytes && !out_bytes))
         return 0;
     pthread_mutex_lock(&comm->lock);
-    struct ps__mem *m = mem_holding(comm, ptr, 1);
-    int mapped = m && m->shared && touched <= m->seg.resident;
+    struct ps__mem *m = mem_holding(comm, first, 1);
+    int yes = m && m->shared && touched <= m->seg.resident && mem_holds(m, in, in_bytes) &&
+              mem_holds(m, out, out_bytes);
     pthread_mutex_unlock(&comm->lock);
-    return mapped;
+    return yes;
 }
 
 int ps__mem_file(ps_comm_t *comm, const void *ptr, size_t len, uint64_t *base, uint64_t *size)
@@ -340,7 +350,7 @@ int ps__mem_file(ps_comm_t *comm, const void *ptr, size_t len, uint64_t *base, u
 
 int ps_mem_is_shared(ps_comm_t *comm, const void *ptr)
 {
-    return ps__mem_mapped_for(comm, ptr, 0);
+    return ps__mem_in_place(comm, ptr, 1, NULL, 0, 0);
 }
 
 /*
@@ -412,27 +422,6 @@ void ps__mem_stage_free(ps_comm_t *comm, void *p, int detach)
         mem_detach(comm, m);
     segment_unmap(&m->seg);
     free(m);
-}
-
-/* Whether [p, p + n) lies in m (n == 0: any p does). */
-static int mem_holds(const struct ps__mem *m, const void *p, size_t n)
-{
-    uintptr_t a = (uintptr_t)p, b = (uintptr_t)m->seg.base;
-    return !n || (a >= b && n <= m->seg.size && a - b <= m->seg.size - n);
-}
-
-int ps__mem_in_place(ps_comm_t *comm, const void *in, size_t in_bytes, const void *out,
-                     size_t out_bytes, uint64_t touched)
-{
-    const void *first = in_bytes ? in : out;
-    if (!comm || !first || (!in_bytes && !out_bytes))
-        return 0;
-    pthread_mutex_lock(&comm->lock);
-    struct ps__mem *m = mem_holding(comm, first, 1);
-    int yes = m && m->shared && touched <= m->seg.resident && mem_holds(m, in, in_bytes) &&
-              mem_holds(m, out, out_bytes);
-    pthread_mutex_unlock(&comm->lock);
-    return yes;
 }
 
 /* Whether c is in place in torch's form: an all_gather's or gather root's
@@ -590,7 +579,7 @@ static void range_note(ps__range_t *t, unsigned n, unsigned *next, uintptr_t at,
     ++*next;
 }
 
-/* PARAMSYNC_SHM_COLLAPSE=0: no ps__collapse(), and direct_min() as on small pages. */
+/* PARAMSYNC_SHM_COLLAPSE=0: no collapse(), and direct_min() as on small pages. */
 static int collapse_off(void)
 {
     const char *env = getenv("PARAMSYNC_SHM_COLLAPSE");
@@ -614,7 +603,7 @@ void *ps__huge_map(size_t size)
 
 /* Asks for huge pages under the 2 MiB pages wholly inside [buf, buf + len),
  * from the second time that range comes. */
-void ps__collapse(const void *buf, size_t len)
+static void collapse(const void *buf, size_t len)
 {
     uintptr_t at = ((uintptr_t)buf + PS__HUGE_PAGE - 1) & ~(PS__HUGE_PAGE - 1);
     uintptr_t end = ((uintptr_t)buf + len) & ~(PS__HUGE_PAGE - 1);
@@ -641,14 +630,15 @@ void ps__collapse(const void *buf, size_t len)
     pthread_mutex_unlock(&collapse_lock);
 }
 
-void ps__collapse_buffers(const ps__coll_t *c)
+void ps__collapse_buffers(const ps__coll_t *c, const void *in, size_t in_bytes, const void *out,
+                          size_t out_bytes)
 {
     /* device.c made that one of huge pages and pinned it, or it is a segment. */
     if (c->stage_pinned && c->stage_kind != PS__STAGE_DRIVER)
         return;
-    ps__collapse(c->in, c->in_bytes);
-    if (c->out != c->in || c->out_bytes != c->in_bytes) /* all_reduce's one buffer: once */
-        ps__collapse(c->out, c->out_bytes);
+    collapse(in, in_bytes);
+    if (out != in || out_bytes != in_bytes) /* all_reduce's one buffer: once */
+        collapse(out, out_bytes);
 }
 
 /* Whether this kernel collapses memory on request (MADV_COLLAPSE, Linux
@@ -667,7 +657,7 @@ static int collapse_probe(void)
 /* The fewest bytes of buffers a doorbell request takes directly. Pinning
  * small pages costs so much that copying through the payload segment was
  * faster up to 32 MiB here; on huge pages direct went ahead from about
- * 8 MiB (docs/PERFORMANCE.md, "Huge pages"). So 8 MiB where ps__collapse() can
+ * 8 MiB (docs/PERFORMANCE.md, "Huge pages"). So 8 MiB where collapse() can
  * give them (collapse_probe, once), unless PARAMSYNC_SHM_COLLAPSE=0. */
 static size_t direct_min(void)
 {
@@ -736,7 +726,7 @@ static int direct_begin(ps_comm_t *comm, ps__coll_t *c, int own)
     c->hdr.shm_in_offset = c->in_bytes ? (uint64_t)(uintptr_t)c->in : 0;
     c->hdr.shm_out_offset = c->out_bytes ? (uint64_t)(uintptr_t)c->out : 0;
     c->shm_out = c->out_bytes ? c->out : p->base; /* the output is where it belongs */
-    ps__collapse_buffers(c);
+    ps__collapse_buffers(c, c->in, c->in_bytes, c->out, c->out_bytes);
     return 1;
 }
 
