@@ -426,7 +426,7 @@ def direct_min():
 
 
 def collapse(addr, nbytes):
-    """client/shm.c's ps__collapse(): when the agent takes a buffer directly for the second
+    """client/shm.c's collapse(): when the agent takes a buffer directly for the second
     time (not for a buffer used once), asks the kernel for huge pages under its whole
     2 MiB pages (madvise MADV_COLLAPSE; the contents stay), which process_vm_readv/writev
     pin far faster. That costs a copy once (what could not be taken just then, one
@@ -560,8 +560,8 @@ class Mem:
 
     def mapped_for(self, touched):
         """Whether the agent takes a collective touching `touched` bytes of its ranks'
-        memory (summed over them) in place, through its mapping of this allocation (as
-        the C client's ps__mem_mapped_for): never plain memory."""
+        memory (summed over them) in place, through its mapping of this allocation (the
+        budget of the C client's ps__mem_in_place): never plain memory."""
         return self.name is not None and (self.resident is None or touched <= self.resident)
 
     def close_fd(self):

@@ -710,9 +710,14 @@ class _World:
         n, rank, root, seq, kind = g.size(), g.rank(), header.root, header.seq, header.kind
         block = header.count * T.SIZES[header.dtype]
         nb = n if _peer.blocks_per_rank(kind) else 1
+        # Memory from empty() the agent copies in place, between its mappings (where one
+        # allocation holds input and output): faster than reads that pin its shared pages
+        # one by one (client/peer.c). Not over the agent's --shm-resident-bytes: it would
+        # copy through the segments' files. Asked of the buffers the agent would take: an
+        # uneven all_to_all's are padded ones unless a side is the caller's own.
+        agent_in_place = self.mem.in_place(send, recv, _peer.agent_touches(kind, n, block))
         if uneven is not None:
             send, recv, ins, outs = uneven.send, uneven.recv, uneven.ins, uneven.outs
-            block = uneven.sizes
         else:
             ins = _peer.block_addresses(send, _shm.addresses(send), nb, block) if send else []
             nout = 1 if kind == _K.SCATTER else n
@@ -725,14 +730,7 @@ class _World:
         if fits and copy_send:
             fits = outs[0] == ins[rank] if kind == _K.SCATTER else (
                 kind != _K.ALL_TO_ALL and ins[0] == outs[rank])
-        # Memory from empty() the agent copies in place, between its mappings (where one
-        # allocation holds input and output): faster than reads that pin its shared pages
-        # one by one (client/peer.c). Not over the agent's --shm-resident-bytes: it would
-        # copy through the segments' files. An uneven all_to_all's agent would copy padded
-        # buffers, not these, unless both sides are the caller's own.
-        touched = _peer.agent_touches(kind, n, header.count * T.SIZES[header.dtype])
-        fits = fits and ((uneven is not None and not uneven.agent_in_place)
-                         or not self.mem.in_place(send, recv, touched))
+        fits = fits and not agent_in_place
         # PARAMSYNC_SHM=0 set since init (it is read on every collective): payloads over
         # gRPC, as asked.
         fits = fits and _shm.enabled()
@@ -754,7 +752,8 @@ class _World:
         for x in (send, recv):
             for at, mv in zip(_shm.addresses(x), x.mvs) if x else ():
                 _shm.collapse(at, len(mv))
-        ok = _peer.pull(kind, n, rank, root, d, desc.size // 8, block, outs, ins or [0] * nb,
+        ok = _peer.pull(kind, n, rank, root, d, desc.size // 8,
+                        uneven.sizes if uneven is not None else block, outs, ins or [0] * nb,
                         self.peer_maps)
         failed = np.array([0 if ok else 1], np.int32)
         self._small(g, header, seq + 1, _K.ALL_REDUCE, T.INT32, failed, failed,
@@ -1671,14 +1670,8 @@ def _uneven_all_to_all(g, o, i, ins, outs, row, async_op, output):
     kept = [None if own_in else world.scratch(n * m), None if own_out else world.scratch(n * m)]
     src = i.arr if own_in else kept[0][:n * m]
     dst = o.arr if own_out else kept[1][:n * m]
-    u = _Uneven(i, o, ins, outs, row * esize, src if not own_in else None, m,
-                own_in and own_out, not shared)
-
-    def unpack():
-        at = 0
-        for j, k in enumerate(outs if u.via_agent and not own_out else ()):
-            o.arr[at:at + k * row * esize] = dst[j * m:j * m + k * row * esize]
-            at += k * row * esize
+    u = _Uneven(i, o, ins, outs, row * esize, m, None if own_in else src,
+                None if own_out else dst, not shared)
 
     try:
         w = _step(g, "all_to_all_single", _K.ALL_TO_ALL, send=[src], recv=[dst],
@@ -1687,14 +1680,14 @@ def _uneven_all_to_all(g, o, i, ins, outs, row, async_op, output):
         world.scratch_give(*kept)
         raise
     if not async_op:
-        unpack()
+        u.unpack()
         world.scratch_give(*kept)
         return None
 
     def finish():
         try:
             w.wait()
-            unpack()
+            u.unpack()
         finally:
             world.scratch_give(*kept)
 
@@ -1702,26 +1695,24 @@ def _uneven_all_to_all(g, o, i, ins, outs, row, async_op, output):
 
 
 class _Uneven:
-    """An uneven all_to_all_single's blocks where they lie in the caller's tensors, which
-    peer copies read and write pair by pair (World.peer_run: sizes, the bytes this rank
-    takes from each rank), and pack(), which fills the padded input (pad, blocks of m
-    bytes; None where the tensor itself is sent) when the call goes through the agent
-    instead: then via_agent, and the output comes padded. agent_in_place: the agent
-    would take the tensors themselves (every block of the largest size); apart: input and
-    output share no memory (else the call goes through the agent)."""
-    __slots__ = ("send", "recv", "ins", "outs", "sizes", "via_agent", "agent_in_place", "_i",
-                 "_ins", "_row", "_pad", "_m")
+    """An uneven all_to_all_single's blocks where they lie in the caller's tensors i and o
+    (ins and outs: rows of `row` bytes to and from each rank), which peer copies read and
+    write pair by pair (World.peer_run: sizes, the bytes this rank takes from each rank;
+    ins and outs None where input and output are not apart), and, when the call goes
+    through the agent instead, the padded blocks of m bytes it moves (pad_in, pad_out;
+    None for a side sent or received as the tensor itself): pack() fills pad_in and marks
+    via_agent, unpack() then takes the output out of pad_out."""
+    __slots__ = ("send", "recv", "ins", "outs", "sizes", "via_agent", "_i", "_o", "_in_rows",
+                 "_out_rows", "_row", "_m", "_pad_in", "_pad_out")
 
-    def __init__(self, i, o, ins, outs, row, pad, m, agent_in_place, apart):
+    def __init__(self, i, o, ins, outs, row, m, pad_in, pad_out, apart):
         self.send, self.recv = T.Segments([i]), T.Segments([o])
-        self.ins = self.outs = None
-        if apart:
-            self.ins = self._at(self.send, ins, row)
-            self.outs = self._at(self.recv, outs, row)
+        self.ins = self._at(self.send, ins, row) if apart else None
+        self.outs = self._at(self.recv, outs, row) if apart else None
         self.sizes = [k * row for k in outs]
         self.via_agent = False
-        self.agent_in_place = agent_in_place
-        self._i, self._ins, self._row, self._pad, self._m = i, ins, row, pad, m
+        self._i, self._o, self._in_rows, self._out_rows = i, o, ins, outs
+        self._row, self._m, self._pad_in, self._pad_out = row, m, pad_in, pad_out
 
     @staticmethod
     def _at(segs, rows, row):
@@ -1729,13 +1720,24 @@ class _Uneven:
         at = list(np.cumsum([0] + rows[:-1], dtype=np.int64) * row)
         return [base + int(k) for k in at]
 
+    def _copy(self, pad, flat, rows, to_pad):
+        """The blocks of flat (rows per rank) into pad's blocks of m bytes, or back."""
+        at = 0
+        for j, k in enumerate(rows if pad is not None else ()):
+            b = k * self._row
+            if to_pad:
+                pad[j * self._m:j * self._m + b] = flat[at:at + b]
+            else:
+                flat[at:at + b] = pad[j * self._m:j * self._m + b]
+            at += b
+
     def pack(self):
         self.via_agent = True
-        at = 0
-        for j, k in enumerate(self._ins if self._pad is not None else ()):
-            b = k * self._row
-            self._pad[j * self._m:j * self._m + b] = self._i.arr[at:at + b]
-            at += b
+        self._copy(self._pad_in, self._i.arr, self._in_rows, True)
+
+    def unpack(self):
+        if self.via_agent:
+            self._copy(self._pad_out, self._o.arr, self._out_rows, False)
 
 
 def _step(g, name, kind, send=(), recv=(), **kw):
