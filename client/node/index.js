@@ -489,13 +489,16 @@ class Registered {
     outOff: at.out !== null ? at.out - mem.base : 0 };
   }
 
-  /** Whether ArrayBuffer ab is memory from empty() the agent keeps and would take in
-   * place, through its mapping, in a call touching `touched` bytes of its ranks' memory
-   * (summed over them): not over its --shm-resident-bytes (as the C client's
-   * ps__mem_mapped_for). */
-  mappedFor(ab, touched) {
-    return this.mems.some((m) => m.name && m.ab === ab &&
-      (m.resident === null || touched <= m.resident));
+  /** Whether every buffer of send and recv (Segments, or null) lies in one allocation
+   * from empty() that the agent keeps and would take in place, through its mapping (only
+   * where one allocation holds both sides: begin), in a call touching `touched` bytes of
+   * its ranks' memory (summed over them): not over its --shm-resident-bytes (the C
+   * client's ps__mem_in_place). */
+  inPlace(send, recv, touched) {
+    const bufs = [send, recv].flatMap((x) => (x ? x.bufs : []));
+    const ab = bufs.length ? bufs[0].buffer : null;
+    return !!ab && bufs.every((b) => b.buffer === ab) && this.mems.some((m) => m.name &&
+      m.ab === ab && (m.resident === null || touched <= m.resident));
   }
 
   /** Forgets the allocation of ArrayBuffer ab and tells the agent; false when there is
@@ -559,7 +562,7 @@ function remember(list, key, most) {
   if (list.length > most) list.shift();
 }
 
-/** client/shm.c's ps__collapse(): when a buffer is taken directly for the second time, asks
+/** client/shm.c's collapse(): when a buffer is taken directly for the second time, asks
  * the kernel for huge pages under its whole 2 MiB pages (the contents stay). */
 function collapse(b) {
   if (collapseOff()) return;
@@ -1833,6 +1836,12 @@ class World {
     const kind = header.kind;
     const block = Number(header.count) * ELEMENT_BYTES[header.dtype];
     const nb = blocksPerRank(kind) ? n : 1;
+    // Memory from empty() the agent copies in place, between its mappings (where one
+    // allocation holds input and output): faster than reads that pin its shared pages one
+    // by one (client/peer.c), unless the call is over its --shm-resident-bytes (it would
+    // copy through the files). Asked of the buffers the agent would take: an uneven
+    // all_to_all's are padded ones unless a side is the caller's own.
+    const agentInPlace = this.mem.inPlace(send, recv, agentTouches(kind, n, block));
     let ins; let outs;
     if (uneven) {
       ({ send, recv, ins, outs } = uneven);
@@ -1840,18 +1849,8 @@ class World {
       ins = send ? peerBlocks(send, nb, block) : [];
       outs = recv ? peerBlocks(recv, kind === KIND.SCATTER ? 1 : n, block) : [];
     }
-    // Memory from empty() the agent copies in place, between its mappings (where one
-    // allocation holds input and output): faster than reads that pin its shared pages one
-    // by one (client/peer.c), unless the call is over its --shm-resident-bytes (it would
-    // copy through the files). An uneven all_to_all's agent would copy padded buffers, not
-    // these, unless both sides are the caller's own. PARAMSYNC_SHM=0 set since init:
-    // payloads over gRPC, as asked.
-    const touched = agentTouches(kind, n, block);
-    const bufs = [send, recv].flatMap((x) => (x ? x.bufs : []));
-    const fits = ins !== null && outs !== null && shmEnabled() &&
-      ((uneven && !uneven.agentInPlace) || !(bufs.length &&
-        bufs.every((b) => b.buffer === bufs[0].buffer) && this.mem.mappedFor(bufs[0].buffer,
-        touched)));
+    // PARAMSYNC_SHM=0 set since init: payloads over gRPC, as asked.
+    const fits = ins !== null && outs !== null && shmEnabled() && !agentInPlace;
     // A rank with no input (a scatter's other ranks) describes nb blocks of 0, as every
     // rank's descriptor is one size.
     const addrs = fits && ins.length ? ins.map(([b, off]) => (b.length
@@ -2601,23 +2600,19 @@ class World {
       // A side whose blocks are all of the largest size is read or written in place
       // (not both in one buffer: a call's input and output may not overlap).
       const ownIn = ins.every((k) => k === m);
-      const ownOut = outs.every((k) => k === m) && !(ownIn && overlaps([i], [o]));
+      const apart = !overlaps([i], [o]);
+      const ownOut = outs.every((k) => k === m) && (!ownIn || apart);
       // Where the ranks read each other (peer copies) the padded buffers are never
       // written: the input is padded only on the way to the agent (Uneven.pack).
       const kept = [ownIn ? null : this._scratch(n * mb), ownOut ? null : this._scratch(n * mb)];
       const src = ownIn ? i.buf : kept[0].subarray(0, n * mb);
       const dst = ownOut ? o.buf : kept[1].subarray(0, n * mb);
-      const u = new Uneven(i, o, ins, outs, esize, ownIn ? null : src, mb, ownIn && ownOut);
+      const u = new Uneven(i, o, ins, outs, esize, mb, ownIn ? null : src, ownOut ? null : dst,
+        apart);
       try {
         await step(() => this._inner(g, name, KIND.ALL_TO_ALL, { send: [src], recv: [dst],
           count: mb, uneven: u }), true);
-        let at = 0;
-        if (!ownOut && u.viaAgent) {
-          outs.forEach((k, j) => {
-            o.buf.set(dst.subarray(j * mb, j * mb + k * esize), at);
-            at += k * esize;
-          });
-        }
+        u.unpack();
       } finally {
         this._scratchGive(...kept);
       }
@@ -2639,37 +2634,43 @@ const SCRATCH = Object.freeze({ KEEP: 2, MAX: 256 << 20 });
 /** An uneven allToAllSingle's blocks where they lie in the caller's arrays (views i and
  * o; ins and outs the elements of each rank's block, esize bytes each), which peer copies
  * read and write pair by pair (World._peerRun: sizes, the bytes this rank takes from
- * each rank), and pack(), which fills the padded input (pad, blocks of mb bytes; null
- * where the array itself is sent) when the call goes through the agent instead: then
- * viaAgent, and the output comes padded. agentInPlace: the agent would take the arrays
- * themselves (every block of the largest size). */
+ * each rank; ins and outs null unless input and output are apart), and, when the call goes
+ * through the agent instead, the padded blocks of mb bytes it moves (padIn, padOut; null
+ * for a side sent or received as the array itself): pack() fills padIn and marks
+ * viaAgent, unpack() then takes the output out of padOut. */
 class Uneven {
-  constructor(i, o, ins, outs, esize, pad, mb, agentInPlace) {
+  constructor(i, o, ins, outs, esize, mb, padIn, padOut, apart) {
     this.send = new Segments([i]);
     this.recv = new Segments([o]);
     const at = (buf, counts) => {
       let off = 0;
       return counts.map((k) => { const b = [buf, off]; off += k * esize; return b; });
     };
-    // Input and output in one buffer: through the agent.
-    const apart = !overlaps([i], [o]);
     this.ins = apart ? at(i.buf, ins) : null;
     this.outs = apart ? at(o.buf, outs) : null;
     this.sizes = outs.map((k) => k * esize);
     this.viaAgent = false;
-    this.agentInPlace = agentInPlace;
-    this._pack = () => {
+    /** The blocks of flat (counts per rank) into pad's blocks of mb bytes, or back. */
+    this._copy = (pad, flat, counts, toPad) => {
       let off = 0;
-      ins.forEach((k, j) => {
-        if (pad) pad.set(i.buf.subarray(off, off + k * esize), j * mb);
-        off += k * esize;
+      counts.forEach((k, j) => {
+        const b = k * esize;
+        if (toPad) pad.set(flat.subarray(off, off + b), j * mb);
+        else flat.set(pad.subarray(j * mb, j * mb + b), off);
+        off += b;
       });
     };
+    this._in = [padIn, i.buf, ins];
+    this._out = [padOut, o.buf, outs];
   }
 
   pack() {
     this.viaAgent = true;
-    this._pack();
+    if (this._in[0]) this._copy(...this._in, true);
+  }
+
+  unpack() {
+    if (this.viaAgent && this._out[0]) this._copy(...this._out, false);
   }
 }
 
