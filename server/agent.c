@@ -526,6 +526,7 @@ static void worker_shm_attach(ps__rpc_call_t *call, void *arg)
     resp.process_memory = resp.attached && req->process;
     resp.own_block = resp.attached && (req->process || req->registered);
     resp.block_lists = resp.process_memory;
+    resp.two_segments = resp.attached && req->registered;
     resp.resident_told = resp.attached && req->registered;
     resp.resident_bytes = resp.resident_told ? a->cfg->shm_resident_bytes : 0;
     if (!resp.attached)
@@ -704,7 +705,7 @@ static void collective_proxy_shm(ps__agent_t *a, ps__rpc_call_t *down,
     relay_t *rl = NULL;
     int rc = 0, kept = 0;
     Paramsync__V1__CollectiveHeader fwd = *hd;
-    fwd.shm = (char *)"";
+    fwd.shm = fwd.shm_out = (char *)"";
     fwd.shm_out_offset = 0;
     fwd.own_block = 0; /* frames: the hub writes every block */
     fwd.n_shm_in_blocks = fwd.n_shm_out_blocks = 0;

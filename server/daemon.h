@@ -238,7 +238,9 @@ typedef struct ps__shm_place {
  * agent forwards to the job's hub (server/agent.c collective_proxy). Valid
  * while the header given to ps__hub_shm_io_open is. */
 typedef struct ps__shm_io {
-    void *map; /* the segment, referenced until ps__hub_shm_io_close */
+    void *map;     /* the segment, referenced until ps__hub_shm_io_close */
+    void *out_map; /* the output's: map, or a second registered segment
+                    * (CollectiveHeader.shm_out), referenced as well */
     ps__shm_place_t in;
     uint64_t in_total;
     ps__shm_place_t out;

@@ -587,7 +587,9 @@ typedef struct member {
     struct member *next_wait; /* p2p mailbox */
     int64_t arrival_ms;
     int refused;                     /* p2p: a gRPC code when the match could not be served */
-    shm_map_t *shm;                  /* input and output live in this segment */
+    shm_map_t *shm;                  /* input (and output) live in this segment */
+    shm_map_t *oshm;                 /* the output's: shm, or a second registered one
+                                      * (CollectiveHeader.shm_out); NULL with shm */
     int link;                        /* PS_M_LINK_AGENT when another agent forwarded the call */
     pthread_t thread;                /* the handler thread serving it */
     ps__shm_place_t shm_in, shm_out; /* where input and output are in it */
@@ -817,13 +819,48 @@ static shm_map_t *shms_find_own(const ps__hub_t *h, const ps__job_info_t *info, 
     return sm;
 }
 
+/* Whether a header puts its output in a segment of its own (shm_out). */
+static int shm_two(const header_t *hd)
+{
+    return hd->shm_out && *hd->shm_out && strcmp(hd->shm_out, hd->shm) != 0;
+}
+
+#define PS_HUB_OUT_KIND                                                                            \
+    "it is not a registered segment (ShmAttach with registered), or the input's is not: only two " \
+    "registered segments go together"
+
+#define PS_HUB_OUT_OWN                                                                             \
+    "own_block does not go with it (the input is then a block of the output, in one segment)"
+
+/* The segment that holds a collective's output: sm, the one its header names
+ * for the input, or another registered one of the same rank named by
+ * shm_out; NULL with *msg saying why (out: whether the fault is shm_out's).
+ * Lock held; hd passed header_check. */
+static shm_map_t *shms_find_out(const ps__hub_t *h, const ps__job_info_t *info, const header_t *hd,
+                                shm_map_t *sm, const char **msg, int *out)
+{
+    *out = 0;
+    if (!sm || !shm_two(hd))
+        return sm;
+    header_t o = *hd;
+    o.shm = hd->shm_out;
+    o.shm_process = 0;
+    shm_map_t *om = shms_find_own(h, info, &o, msg);
+    *out = 1;
+    if (om && (sm->kind != PS_SHM_REGISTERED || om->kind != PS_SHM_REGISTERED || hd->own_block)) {
+        *msg = hd->own_block ? PS_HUB_OUT_OWN : PS_HUB_OUT_KIND;
+        om = NULL;
+    }
+    return om;
+}
+
 /* Whether a member's output goes exactly over its input in its segment
  * (all_reduce and reduce only). */
 static int shm_in_place(const Paramsync__V1__CollectiveHeader *hd)
 {
     return (hd->kind == PARAMSYNC__V1__COLLECTIVE_KIND__ALL_REDUCE ||
             hd->kind == PARAMSYNC__V1__COLLECTIVE_KIND__REDUCE) &&
-           hd->shm_in_offset == hd->shm_out_offset;
+           hd->shm_in_offset == hd->shm_out_offset && !shm_two(hd);
 }
 
 /* Whether a member's input lies exactly in its own block of the output (an
@@ -918,14 +955,15 @@ static int shm_lists_hold(const shm_map_t *m, const header_t *hd, uint64_t in, u
 }
 
 /* Whether segment m holds a member's `in` input bytes (at the header's
- * shm_in_offset) and `out` output bytes (at its shm_out_offset), apart, or
+ * shm_in_offset) and segment om (m, or a second registered segment: shm_out)
+ * its `out` output bytes (at its shm_out_offset), apart, or
  * for all_reduce and reduce, output exactly over input, or a rank's own
  * block in place (shm_own_in_place, which own_block must name); if not,
  * says so in msg. For a process segment they are addresses in the worker's
  * memory: any that do not wrap around (memory the worker does not have
  * fails the copy, and the collective, with EFAULT); or lists of them
  * (shm_lists_hold). */
-static int shm_holds(const shm_map_t *m, const Paramsync__V1__CollectiveHeader *hd, uint64_t in,
+static int shm_holds(const shm_map_t *m, const shm_map_t *om, const header_t *hd, uint64_t in,
                      uint64_t out, char *msg, size_t len)
 {
     if (hd->n_shm_in_blocks || hd->n_shm_out_blocks)
@@ -934,9 +972,9 @@ static int shm_holds(const shm_map_t *m, const Paramsync__V1__CollectiveHeader *
     int in_place = shm_in_place(hd);
     int fits = m->kind == PS_SHM_PROCESS
                    ? ia + in >= ia && oa + out >= oa && (!in || ia) && (!out || oa)
-                   : ia <= m->size && in <= m->size - ia && oa <= m->size && out <= m->size - oa;
+                   : ia <= m->size && in <= m->size - ia && oa <= om->size && out <= om->size - oa;
     int own = shm_own_in_place(hd, in, out);
-    int apart = in_place || own || !in || !out || ia + in <= oa || oa + out <= ia;
+    int apart = om != m || in_place || own || !in || !out || ia + in <= oa || oa + out <= ia;
     if (hd->own_block && !own) {
         snprintf(msg, len,
                  "%s (group %u, seq %" PRIu64 "): rank %d sets own_block, but its input is not "
@@ -953,6 +991,15 @@ static int shm_holds(const shm_map_t *m, const Paramsync__V1__CollectiveHeader *
                  " and %" PRIu64 " output bytes at 0x%" PRIx64 " in its memory %s",
                  kind_name(hd->kind), hd->group, hd->seq, hd->rank, in, ia, out, oa,
                  fits ? "overlap" : "are not a valid range");
+        return 0;
+    }
+    if (om != m) {
+        snprintf(msg, len,
+                 "%s (group %u, seq %" PRIu64 "): rank %d's shared segments cannot hold %" PRIu64
+                 " input bytes at %" PRIu64 " of one (%zu bytes) and %" PRIu64
+                 " output bytes at %" PRIu64 " of the other (shm_out, %zu bytes)",
+                 kind_name(hd->kind), hd->group, hd->seq, hd->rank, in, ia, m->size, out, oa,
+                 om->size);
         return 0;
     }
     snprintf(msg, len,
@@ -2074,7 +2121,7 @@ static uint8_t *step_out_at(const coll_t *c, const member_t *m, int64_t s)
 {
     if (!m || !m->shm || m->by_file)
         return NULL;
-    return m->shm->base + m->shm_out.at + (uint64_t)s % c->chunks * c->step_bytes;
+    return m->oshm->base + m->shm_out.at + (uint64_t)s % c->chunks * c->step_bytes;
 }
 
 /* The receivers of step s whose part of the result the device writes
@@ -2109,7 +2156,7 @@ static size_t step_places(const coll_t *c, const slot_t *sl, int64_t s, const st
         receivers++;
         member_t *m = c->members[i];
         uint8_t *d = step_out_at(c, m, s);
-        if (!d || !m->shm->pinned || n == PS_GPU_MAX_SRCS - 1)
+        if (!d || !m->oshm->pinned || n == PS_GPU_MAX_SRCS - 1)
             continue;
         int ok = place_apart(d, p->len, sl->in, c->n, 1);
         for (size_t k = 0; k < n && ok; k++)
@@ -2145,7 +2192,7 @@ static blob_t *step_out_view(const coll_t *c, const slot_t *sl, int64_t s, const
     for (int i = 0; i < c->n; i++) {
         uint8_t *d = step_receives(c, p, i) ? step_out_at(c, c->members[i], s) : NULL;
         if (d && place_apart(d, p->len, sl->in, c->n, 0))
-            return blob_view(c->members[i]->shm, d, p->len);
+            return blob_view(c->members[i]->oshm, d, p->len);
     }
     return NULL;
 }
@@ -2323,7 +2370,8 @@ static int shm_broken_check(coll_t *c)
     int files = atomic_exchange(&c->device_read, 0);
     for (int i = 0; i < c->n && !c->failed; i++)
         if (c->members[i] &&
-            (shm_broken(c->members[i]->shm) || (files && shm_shrank(c->members[i]->shm))))
+            (shm_broken(c->members[i]->shm) || shm_broken(c->members[i]->oshm) ||
+             (files && (shm_shrank(c->members[i]->shm) || shm_shrank(c->members[i]->oshm)))))
             coll_fail(c, GRPC_STATUS_DATA_LOSS,
                       "%s (group %u, seq %" PRIu64 "): rank %d's shared-memory segment shrank "
                       "while the agent used it (truncated by the worker?): its data is lost",
@@ -2463,7 +2511,7 @@ static void member_views_wait(member_t *m)
     coll_t *c = m->coll;
     for (;;) {
         pthread_mutex_lock(&blob_lock);
-        if (m->shm->views == 0) {
+        if (m->shm->views == 0 && m->oshm->views == 0) {
             pthread_mutex_unlock(&blob_lock);
             return;
         }
@@ -2507,16 +2555,16 @@ static int member_put(member_t *m, const blob_t *out, size_t soff, size_t len, u
     else if ((n = blob_piece_iov(out, soff, len, iov, NULL, PS_HUB_FRAME_IOV)) < 0)
         return PS_EINTERNAL; /* not reached: held only in that many */
     if (m->by_file) {
-        rc = seg_iov(m->shm, 1, iov, n, &m->shm_out, off);
+        rc = seg_iov(m->oshm, 1, iov, n, &m->shm_out, off);
         seg_failed(m, 1, rc);
     } else {
-        uint8_t *dst = m->shm->base + m->shm_out.at + off;
+        uint8_t *dst = m->oshm->base + m->shm_out.at + off;
         for (int i = 0; i < n; dst += iov[i].iov_len, i++)
             if (dst != iov[i].iov_base) /* else reduced in place */
                 memcpy(dst, iov[i].iov_base, iov[i].iov_len);
     }
     if (rc == 0)
-        ps__metrics_shm_bytes(PS_M_TX, shm_access(m->shm, m->by_file), len);
+        ps__metrics_shm_bytes(PS_M_TX, shm_access(m->oshm, m->by_file), len);
     return rc;
 }
 
@@ -2763,6 +2811,8 @@ static void member_free(member_t *m)
     ps__frame_clear(&m->frame);
     if (m->first)
         protobuf_c_message_free_unpacked(&m->first->base, NULL);
+    if (m->oshm && m->oshm != m->shm)
+        shm_unref(m->oshm);
     if (m->shm)
         shm_unref(m->shm);
     free(m);
@@ -2804,6 +2854,13 @@ static int header_check(const ps__config_t *cfg, const header_t *hd, int n, char
         (hd->kind == K_RECV && (hd->peer < -1 || hd->peer >= n || hd->peer == hd->rank))) {
         snprintf(msg, len, "%s (group %u): rank %d: peer %d is invalid for a group of size %d", k,
                  hd->group, hd->rank, hd->peer, n);
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    if (hd->shm_out && *hd->shm_out && !(hd->shm && *hd->shm)) {
+        snprintf(msg, len,
+                 "%s (group %u): rank %d: shm_out names a segment for the output, but shm names "
+                 "none for the input (both, or neither)",
+                 k, hd->group, hd->rank);
         return GRPC_STATUS_INVALID_ARGUMENT;
     }
     /* Limits are checked before any memory is taken. */
@@ -4796,8 +4853,8 @@ static int member_prepare(ps__hub_t *h, coll_t *c, member_t *m)
         return -1;
     /* Output after the input, or (all_reduce, reduce) over it at 0: those
      * write each step only once it has been reduced. */
-    if (m->shm &&
-        !shm_holds(m->shm, m->first->header, m->in_total, m->out_total, msg, sizeof(msg))) {
+    if (m->shm && !shm_holds(m->shm, m->oshm, m->first->header, m->in_total, m->out_total, msg,
+                             sizeof(msg))) {
         pthread_mutex_lock(&h->lock);
         coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT, "%s", msg);
         pthread_mutex_unlock(&h->lock);
@@ -4884,20 +4941,26 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
     }
     if (hd->shm && *hd->shm) {
         const char *why;
+        int out_why = 0;
         m->shm = shms_find_own(h, &j->info, hd, &why);
-        if (!m->shm || m->frame.data_len || shm_broken(m->shm)) {
-            code =
-                m->shm && !m->frame.data_len ? GRPC_STATUS_DATA_LOSS : GRPC_STATUS_INVALID_ARGUMENT;
-            snprintf(msg, sizeof(msg), "%s (group %u): rank %d: %s", kind_name(hd->kind), hd->group,
-                     hd->rank,
-                     !m->shm             ? why
+        m->oshm = shms_find_out(h, &j->info, hd, m->shm, &why, &out_why);
+        if (!m->oshm || m->frame.data_len || shm_broken(m->shm) || shm_broken(m->oshm)) {
+            code = m->oshm && !m->frame.data_len ? GRPC_STATUS_DATA_LOSS
+                                                 : GRPC_STATUS_INVALID_ARGUMENT;
+            snprintf(msg, sizeof(msg), "%s (group %u): rank %d: %s%s", kind_name(hd->kind),
+                     hd->group, hd->rank,
+                     out_why && !m->oshm ? "the output's segment (shm_out): " : "",
+                     !m->oshm            ? why
                      : m->frame.data_len ? "a collective in shared memory carries no data frames"
                                          : "its shared-memory segment shrank under the agent "
                                            "earlier (truncated?): make a new one");
-            m->shm = NULL;
+            m->shm = m->oshm = NULL;
             goto fail_locked;
         }
         shm_ref(m->shm);
+        if (m->oshm != m->shm)
+            shm_ref(m->oshm);
+        ps__metrics_shm_call(m->oshm != m->shm ? PS_M_SHM_TWO : m->shm->kind);
     }
 
     if (hd->kind == K_SEND || hd->kind == K_RECV) {
@@ -5573,13 +5636,16 @@ int ps__hub_shm_io_open(ps__hub_t *h, const header_t *hd, ps__shm_io_t *io, char
     pthread_mutex_lock(&h->lock);
     job_t *j = job_get(h, hd, &code, msg, len);
     int n = j ? group_size(j, hd->group) : -1;
-    shm_map_t *map = NULL;
+    shm_map_t *map = NULL, *om = NULL;
     const char *why;
+    int out_why = 0;
     if (j && (code = header_check(h->cfg, hd, n, msg, len)) == 0 &&
-        !(map = shms_find_own(h, &j->info, hd, &why))) {
+        !(om = shms_find_out(h, &j->info, hd, map = shms_find_own(h, &j->info, hd, &why), &why,
+                             &out_why))) {
         code = GRPC_STATUS_INVALID_ARGUMENT;
-        snprintf(msg, len, "%s (group %u): rank %d: %s", kind_name(hd->kind), hd->group, hd->rank,
-                 why);
+        snprintf(msg, len, "%s (group %u): rank %d: %s%s", kind_name(hd->kind), hd->group, hd->rank,
+                 out_why ? "the output's segment (shm_out): " : "", why);
+        map = NULL;
     }
     if (map) {
         /* The payload sizes of the member, as the hub will see them. */
@@ -5594,11 +5660,15 @@ int ps__hub_shm_io_open(ps__hub_t *h, const header_t *hd, ps__shm_io_t *io, char
                       : hd->kind == K_RECV ? 1
                                            : hd->rank,
                       &io->in_total, &io->out_total);
-        if (!shm_holds(map, hd, io->in_total, io->out_total, msg, len)) {
+        if (!shm_holds(map, om, hd, io->in_total, io->out_total, msg, len)) {
             code = GRPC_STATUS_INVALID_ARGUMENT;
         } else {
             shm_ref(map);
+            if (om != map)
+                shm_ref(om);
             io->map = map;
+            io->out_map = om;
+            ps__metrics_shm_call(om != map ? PS_M_SHM_TWO : map->kind);
             io->by_file = shm_by_file(h, map, &c, hd);
             shm_places(hd, io->in_total, io->out_total, &io->in, &io->out);
         }
@@ -5628,7 +5698,7 @@ int ps__hub_shm_io_put(ps__shm_io_t *io, const ps__frame_t *f)
     uint64_t off = f->meta->offset;
     if (off > io->out_total || f->data_len > io->out_total - off)
         return PS_EINVAL;
-    shm_map_t *map = io->map;
+    shm_map_t *map = io->out_map;
     int rc;
     struct iovec iov[PS_HUB_FRAME_IOV];
     int n;
@@ -5654,11 +5724,13 @@ int ps__hub_shm_io_put(ps__shm_io_t *io, const ps__frame_t *f)
 
 int ps__hub_shm_io_broken(const ps__shm_io_t *io)
 {
-    return shm_broken(io->map);
+    return shm_broken(io->map) || shm_broken(io->out_map);
 }
 
 void ps__hub_shm_io_close(ps__shm_io_t *io)
 {
+    if (io->out_map && io->out_map != io->map)
+        shm_unref(io->out_map);
     if (io->map)
         shm_unref(io->map);
     memset(io, 0, sizeof(*io));

@@ -92,6 +92,7 @@ static _Atomic uint64_t g_relayed;
 static _Atomic uint64_t g_ring[PS_M_RING_COUNT];
 static const char *const ring_algos[PS_M_RING_COUNT] = {"ring", "mesh", "recursive_doubling"};
 static _Atomic uint64_t g_shm[2][PS_M_SHM_ACCESSES]; /* [dir][access] */
+static _Atomic uint64_t g_shm_calls[PS_M_SHM_CALL_KINDS];
 static _Atomic uint64_t g_events[PS_M_EV_COUNT];
 static _Atomic int64_t g_inflight;
 
@@ -193,6 +194,12 @@ void ps__metrics_shm_bytes(int dir, int access, uint64_t bytes)
 {
     if (dir >= 0 && dir < 2 && access >= 0 && access < PS_M_SHM_ACCESSES)
         add(&g_shm[dir][access], bytes);
+}
+
+void ps__metrics_shm_call(int segments)
+{
+    if (segments >= 0 && segments < PS_M_SHM_CALL_KINDS)
+        add(&g_shm_calls[segments], 1);
 }
 
 void ps__metrics_reduced(int device, uint64_t bytes)
@@ -449,6 +456,18 @@ static void render_traffic(strbuf_t *b)
         for (int a = 0; a < PS_M_SHM_ACCESSES; a++)
             sb_printf(b, "paramsync_shm_bytes_total{direction=\"%s\",access=\"%s\"} %llu\n",
                       dir_names[d], access_names[a], (unsigned long long)get(&g_shm[d][a]));
+    /* The order of PS_SHM_* (daemon.h), then PS_M_SHM_TWO. */
+    static const char *const seg_names[PS_M_SHM_CALL_KINDS] = {"payload", "doorbell", "registered",
+                                                               "process", "registered_two"};
+    sb_family(b, "paramsync_shm_calls_total", "counter",
+              "Collective calls of this agent's workers served from their shared memory, by "
+              "where input and output lay: the worker's payload segment (copied in and out by "
+              "the worker), its doorbell, registered memory (ps_mem_alloc, empty(): in place), "
+              "two registered segments (input in one, output in another: in place), or its own "
+              "memory through its process segment.");
+    for (int k = 0; k < PS_M_SHM_CALL_KINDS; k++)
+        sb_printf(b, "paramsync_shm_calls_total{segments=\"%s\"} %llu\n", seg_names[k],
+                  (unsigned long long)get(&g_shm_calls[k]));
     sb_family(b, "paramsync_reduced_bytes_total", "counter",
               "Input bytes of every reduction the hub ran, by device.");
     for (int d = 0; d < 2; d++)

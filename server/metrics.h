@@ -84,6 +84,13 @@ void ps__metrics_bytes(int dir, int link, uint64_t bytes);
  * shared-memory segments, through the agent's mapping or the file. */
 void ps__metrics_shm_bytes(int dir, int access, uint64_t bytes);
 
+/** A worker's collective call served from its shared memory, by where its
+ * input and output lay: the segment kind (PS_SHM_PAYLOAD, _DOORBELL,
+ * _REGISTERED, _PROCESS of daemon.h), or PS_M_SHM_TWO for two registered
+ * segments (CollectiveHeader.shm_out). */
+enum { PS_M_SHM_TWO = 4, PS_M_SHM_CALL_KINDS = 5 };
+void ps__metrics_shm_call(int segments);
+
 /** Bytes reduced (the input bytes of every reduction), by device. */
 void ps__metrics_reduced(int device, uint64_t bytes);
 

@@ -647,12 +647,12 @@ def collective(conn, kind, count=0, data=b"", job="", group=0, seq=0, op="SUM",
                dtype="FLOAT32", root=0, peer=0, rank=0, tag=0, timeout_ms=0, chunk=1 << 20,
                incarnation=0, slow_s=0.0, on_sent=None, rpc_timeout=None, shm="",
                shm_in_offset=0, shm_out_offset=0, shm_process=False, own_block=False,
-               shm_in_blocks=(), shm_out_blocks=()):
+               shm_in_blocks=(), shm_out_blocks=(), shm_out=""):
     """One rank's Collective call; returns an RpcOutcome with the received bytes.
 
     chunk: payload bytes per frame; slow_s: pause after each frame; on_sent(n):
     called after each frame with the bytes sent so far; shm, shm_in_offset,
-    shm_out_offset, shm_process, own_block, shm_in_blocks, shm_out_blocks: the
+    shm_out_offset, shm_process, own_block, shm_in_blocks, shm_out_blocks, shm_out: the
     header's shared-memory fields (then data is empty)."""
     pb, _ = stubs()
     hdr = pb.CollectiveHeader(
@@ -662,7 +662,7 @@ def collective(conn, kind, count=0, data=b"", job="", group=0, seq=0, op="SUM",
         count=count, root=root, peer=peer, rank=rank, tag=tag, timeout_ms=timeout_ms,
         chunk_bytes=chunk, incarnation=incarnation, shm=shm, shm_in_offset=shm_in_offset,
         shm_out_offset=shm_out_offset, shm_process=shm_process, own_block=own_block,
-        shm_in_blocks=shm_in_blocks, shm_out_blocks=shm_out_blocks)
+        shm_in_blocks=shm_in_blocks, shm_out_blocks=shm_out_blocks, shm_out=shm_out)
     mv = memoryview(data)
 
     def reqs():

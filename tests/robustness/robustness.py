@@ -1302,6 +1302,101 @@ def block_lists(conns, members, inc, name, pay):
         pw.log("process_segment: %s: %r" % (what, got[0]))
 
 
+def case_two_segments(d, rng):
+    """Input in one registered segment, output in another (CollectiveHeader.shm_out).
+
+    The agent says it takes that (ShmAttachResponse.two_segments), reads the
+    input where the header puts it in the first and writes the output where it
+    puts it in the second, leaving the rest of both as they were. A header whose
+    shm_out names a segment that is not attached, a payload segment, another
+    rank's, one too small for the output, or comes with own_block or without
+    shm, is refused with INVALID_ARGUMENT and the reason, nothing written; the
+    daemon serves on."""
+    if not os.path.isdir("/dev/shm"):
+        pw.skip("no /dev/shm")
+    conns, members, inc = two_ranks(d, "ts")
+    count = 1024
+    nbytes = 4096 + 8 * count
+    resps, kept = [], []
+    a, afd = attach_segment(conns[0], "ts", 0, nbytes, rng, registered=True, pattern=0x11,
+                            resps=resps)
+    kept.append((a, afd))
+    b, bfd = attach_segment(conns[0], "ts", 0, nbytes, rng, registered=True, pattern=0x22,
+                            resps=resps)
+    kept.append((b, bfd))
+    pw.expect(all(r.two_segments for r in resps),
+              "two_segments: registered segments attached without two_segments: %r" % (resps,))
+    mine = [float(i % 89) for i in range(2 * count)]
+    theirs = [1000.0 + i for i in range(2 * count)]
+    os.pwrite(afd, pw.floats(mine), 64)
+
+    def pair(kind, seq, n, **kw):
+        """Rank 0's call from the segments as kw say, rank 1's by frames: both outcomes."""
+        inputs = 2 * n if kind == "REDUCE_SCATTER" else n
+        return pw.in_threads([
+            lambda: pw.collective(conns[0], kind, n, job="ts", seq=seq, rank=0, incarnation=inc,
+                                  rpc_timeout=CALL_DEADLINE_S, shm=a, shm_in_offset=64, **kw),
+            lambda: members[1].collective(kind, n, pw.floats(theirs[:inputs]), seq=seq,
+                                          rpc_timeout=CALL_DEADLINE_S)], CALL_DEADLINE_S + 5)
+
+    a_before, b_before = os.pread(afd, nbytes, 0), os.pread(bfd, nbytes, 0)
+    sums = [x + y for x, y in zip(mine, theirs)]
+    for seq, (kind, want) in enumerate((("ALL_REDUCE", sums[:count]),
+                                       ("REDUCE_SCATTER", sums[:count]))):
+        got = pair(kind, seq, count, shm_out=b, shm_out_offset=128)
+        out = os.pread(bfd, 4 * count, 128)
+        pw.expect(got[0] is not None and got[0].name == "OK" and
+                  list(pw.unfloats(out)) == want and got[1] is not None and
+                  got[1].name == "OK" and list(pw.unfloats(got[1].data)) ==
+                  (want if kind == "ALL_REDUCE" else sums[count:]),
+                  "two_segments: %s from one segment into another: %r, output %s..., want OK "
+                  "and the sums at offset 128 of the second" % (kind, got, list(pw.unfloats(out))[:4]))
+        a_now, b_now = os.pread(afd, nbytes, 0), os.pread(bfd, nbytes, 0)
+        pw.expect(a_now == a_before and b_now[:128] == b_before[:128] and
+                  b_now[128 + 4 * count:] == b_before[128 + 4 * count:],
+                  "two_segments: %s wrote outside its output (input segment %s, the rest of "
+                  "the output's %s)" % (kind, "unchanged" if a_now == a_before else "changed",
+                                        "unchanged" if b_now[:128] == b_before[:128] else "changed"))
+        pw.log("two_segments: %s from one segment into another: %r" % (kind, got[0]))
+        b_before = b_now
+
+    pay, pay_fd = attach_segment(conns[0], "ts", 0, nbytes, rng)
+    kept.append((pay, pay_fd))
+    theirs_seg, theirs_fd = attach_segment(conns[1], "ts", 1, nbytes, rng, registered=True)
+    kept.append((theirs_seg, theirs_fd))
+    alone = (("a segment not attached", dict(shm=a, shm_out="/ps-robust-none"), "not attached"),
+             ("a payload segment", dict(shm=a, shm_out=pay), "only two registered segments"),
+             ("another rank's segment", dict(shm=a, shm_out=theirs_seg), "another rank"),
+             ("its own segment with own_block", dict(shm=a, shm_out=b, own_block=True),
+              "own_block does not go"),
+             ("its own segment without shm", dict(shm_out=b), "both, or neither"))
+    for seq, (what, kw, words) in enumerate(alone, start=100):
+        got = pw.collective(conns[0], "ALL_REDUCE", count, job="ts", seq=seq, rank=0,
+                            incarnation=inc, rpc_timeout=5, shm_in_offset=64, **kw)
+        pw.expect(got.name == "INVALID_ARGUMENT" and words in got.message and
+                  ("shm_out" in got.message),
+                  "two_segments: shm_out naming %s: %r, want INVALID_ARGUMENT (%s, naming "
+                  "shm_out)" % (what, got, words))
+        pw.log("two_segments: shm_out naming %s: %r" % (what, got))
+    got = pair("ALL_REDUCE", 2, count, shm_out=b, shm_out_offset=nbytes - 64)
+    pw.expect(got[0] is not None and got[0].name == "INVALID_ARGUMENT" and
+              "of the other (shm_out" in got[0].message and got[1] is not None and
+              got[1].name != "OK",
+              "two_segments: an output past the end of its segment: %r, want INVALID_ARGUMENT "
+              "(of the other, shm_out) and rank 1 failed too" % (got,))
+    pw.log("two_segments: an output past the end of its segment: %r" % (got[0],))
+    pw.expect(os.pread(bfd, nbytes, 0) == b_before,
+              "two_segments: a refused call wrote into the output's segment")
+    # The job goes on: the next seq, from the segments again.
+    got = pair("ALL_REDUCE", 3, count, shm_out=b, shm_out_offset=128)
+    pw.expect(got[0] is not None and got[0].name == "OK" and got[1] is not None and
+              got[1].name == "OK", "two_segments: the job's next all_reduce: %r" % (got,))
+    for name, fd in kept:
+        drop_segment(name, fd)
+    leave_job(members, conns)
+    still_serves(d, "two_segments")
+
+
 def case_refused_calls_leak(d, rng):
     """Every refused call gives back what it took.
 
@@ -1439,6 +1534,7 @@ CASES = {
     "many_doorbells": case_many_doorbells,
     "payload_slots": case_payload_slots,
     "process_segment": case_process_segment,
+    "two_segments": case_two_segments,
     "tiny_frames": case_tiny_frames,
 }
 
