@@ -56,6 +56,8 @@ static const char usage[] =
     "                        transparent huge pages (aligned, madvise MADV_HUGEPAGE),\n"
     "                        which the agent's direct path copies much faster; shared:\n"
     "                        from ps_mem_alloc, which the agent reads and writes in place;\n"
+    "                        shared2: the same, the input and the output in two\n"
+    "                        allocations (as tensors of two empty() calls);\n"
     "                        device: CUDA device memory (ps_gpu_malloc), which the client\n"
     "                        stages through pinned host memory (a GPU needed; not with\n"
     "                        --inflight)\n"
@@ -134,7 +136,8 @@ typedef struct options {
     ps_dtype_t dtype;
     ps_op_t op;
     const char *init, *csv, *label;
-    int shared_mem; /* --mem shared */
+    int shared_mem; /* --mem shared or shared2 */
+    int two_allocs; /* --mem shared2: input and output in allocations of their own */
     int huge_mem;   /* --mem huge */
     int device_mem; /* --mem device */
     int cuda;       /* --cuda: -1 as --mem device says */
@@ -318,7 +321,8 @@ static int parse_options(int argc, char **argv, options_t *o)
         else if (!strcmp(a, "-a") || !strcmp(a, "--inflight"))
             bad = parse_int_arg(v, 1, &o->inflight) || o->inflight > PS_BENCH_INFLIGHT;
         else if (!strcmp(a, "-m") || !strcmp(a, "--mem")) {
-            o->shared_mem = !strcmp(v, "shared");
+            o->two_allocs = !strcmp(v, "shared2");
+            o->shared_mem = o->two_allocs || !strcmp(v, "shared");
             o->huge_mem = !strcmp(v, "huge");
             o->device_mem = !strcmp(v, "device");
             bad = !o->shared_mem && !o->huge_mem && !o->device_mem && strcmp(v, "malloc") != 0;
@@ -968,15 +972,19 @@ int main(int argc, char **argv)
     b.cap = o.maxbytes > floor_bytes ? o.maxbytes : floor_bytes;
     b.cap += b.es; /* slack for rounding of non-power-of-two sizes */
     /* --mem shared: one allocation holds both buffers, so a collective's
-     * input and output lie in the same shared segment. */
+     * input and output lie in the same shared segment; shared2: two. */
     size_t half = (b.cap + 4095) / 4096 * 4096;
-    uint8_t *shared = o.shared_mem ? ps_mem_alloc(b.comm, 2 * half) : NULL;
+    uint8_t *shared = o.shared_mem ? ps_mem_alloc(b.comm, o.two_allocs ? half : 2 * half) : NULL;
+    uint8_t *shared_out = !o.shared_mem  ? NULL
+                          : o.two_allocs ? ps_mem_alloc(b.comm, half)
+                          : shared       ? shared + half
+                                         : NULL;
     if (o.shared_mem && shared && !ps_mem_is_shared(b.comm, shared) && b.rank == 0)
         fprintf(stderr, "paramsync-bench: --mem shared: the agent does not share this memory; "
                         "collectives copy as with malloc\n");
     int advised = 1;
     b.in = o.shared_mem ? shared : host_alloc(&o, b.cap, &advised);
-    b.out = o.shared_mem ? (shared ? shared + half : NULL) : host_alloc(&o, b.cap, &advised);
+    b.out = o.shared_mem ? shared_out : host_alloc(&o, b.cap, &advised);
     if (!advised && b.rank == 0)
         fprintf(stderr,
                 "paramsync-bench: --mem huge: madvise(MADV_HUGEPAGE) refused (%s); "
@@ -1050,6 +1058,8 @@ int main(int argc, char **argv)
     }
     if (o.shared_mem) {
         ps_mem_free(b.comm, b.in);
+        if (o.two_allocs)
+            ps_mem_free(b.comm, b.out);
     } else {
         free(b.in);
         free(b.out);

@@ -77,9 +77,10 @@ typedef struct ps__coll {
     size_t in_bytes;
     void *out;
     size_t out_bytes;
-    uint8_t *shm_out;    /* output in the shared segment, when this call uses it */
-    struct ps__mem *mem; /* the registered segment this call uses (shm.c), or NULL */
-    struct ps__shm *seg; /* else the payload segment (or spare) it uses, or NULL */
+    uint8_t *shm_out;        /* output in the shared segment, when this call uses it */
+    struct ps__mem *mem;     /* the registered segment this call uses (shm.c), or NULL */
+    struct ps__mem *mem_out; /* a second one that holds the output (shm_out), or NULL */
+    struct ps__shm *seg;     /* else the payload segment (or spare) it uses, or NULL */
     /* Device buffers (device.c): when the caller's in or out is device memory,
      * in/out point into this pinned buffer instead, and the result goes to
      * stage_dev_out once the call has succeeded. */

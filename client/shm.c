@@ -69,6 +69,8 @@ struct ps__shm {
     int ready;     /* the process segment: attached, the agent reaches our memory */
     int own_block; /* a process or registered segment: the agent leaves our own block
                       to us (ShmAttachResponse.own_block) */
+    int two;       /* a registered segment: the agent takes the output in another one
+                      (ShmAttachResponse.two_segments, CollectiveHeader.shm_out) */
     /* a registered segment: the agent's --shm-resident-bytes (UINT64_MAX: not
      * told; ShmAttachResponse.resident_bytes) */
     uint64_t resident;
@@ -171,6 +173,7 @@ static int segment_create(ps_comm_t *comm, struct ps__shm *s, size_t size, int k
     s->doorbells = attached ? (int)resp->doorbells : 0;
     int slots = attached ? (int)resp->payload_slots : 0;
     int own = attached && resp->own_block;
+    int two = attached && resp->two_segments;
     uint64_t resident = attached && resp->resident_told ? resp->resident_bytes : UINT64_MAX;
     if (resp)
         protobuf_c_message_free_unpacked(&resp->base, NULL);
@@ -191,6 +194,7 @@ static int segment_create(ps_comm_t *comm, struct ps__shm *s, size_t size, int k
     pthread_mutex_lock(&comm->lock);
     s->slots = slots;
     s->own_block = own;
+    s->two = two;
     s->resident = resident;
     pthread_mutex_unlock(&comm->lock);
     s->base = base;
@@ -452,30 +456,53 @@ static int placed_apart(const ps__coll_t *c)
            out + c->out_bytes <= in;
 }
 
-/* Takes c through a registered segment holding both its input and output,
- * placed apart or (own: own_in_place) in place where the segment's agent
- * takes that: 1, or 0 when there is none free. */
+/* A free registered segment that holds n bytes at p, or NULL. Lock held. */
+static struct ps__mem *mem_free_holding(ps_comm_t *comm, const void *p, size_t n)
+{
+    for (struct ps__mem *m = comm->mem; m; m = m->next)
+        if (m->shared && !m->in_use && mem_holds(m, p, n))
+            return m;
+    return NULL;
+}
+
+/* Takes c through registered memory: a segment holding both its input and
+ * output, placed apart or (own: own_in_place) in place where the segment's
+ * agent takes that; or (not own) the input in one segment and the output
+ * in another (CollectiveHeader.shm_out), where the agent takes that, as
+ * torch's tensors of two empty() calls are. 1, or 0 when there are none
+ * free. */
 static int mem_begin(ps_comm_t *comm, ps__coll_t *c, int own)
 {
     if ((!c->in_bytes && !c->out_bytes) || !(own || placed_apart(c)))
         return 0;
     uintptr_t in = (uintptr_t)c->in, out = (uintptr_t)c->out;
-    struct ps__mem *m;
+    struct ps__mem *m, *mo = NULL;
     pthread_mutex_lock(&comm->lock);
     for (m = comm->mem; m; m = m->next)
         if (m->shared && !m->in_use && (!own || m->seg.own_block) &&
             mem_holds(m, c->in, c->in_bytes) && mem_holds(m, c->out, c->out_bytes))
             break;
+    if (!m && !own && c->in_bytes && c->out_bytes &&
+        (m = mem_free_holding(comm, c->in, c->in_bytes)))
+        mo = mem_free_holding(comm, c->out, c->out_bytes);
+    if (mo && !(m->seg.two && mo->seg.two))
+        mo = NULL;
+    if (!mo && m && !(mem_holds(m, c->in, c->in_bytes) && mem_holds(m, c->out, c->out_bytes)))
+        m = NULL;
     if (m)
         m->in_use = 1;
+    if (mo)
+        mo->in_use = 1;
     pthread_mutex_unlock(&comm->lock);
     if (!m)
         return 0;
-    uintptr_t base = (uintptr_t)m->seg.base;
+    struct ps__mem *om = mo ? mo : m;
     c->mem = m;
+    c->mem_out = mo;
     c->hdr.shm = m->seg.name;
-    c->hdr.shm_in_offset = c->in_bytes ? (uint64_t)(in - base) : 0;
-    c->hdr.shm_out_offset = c->out_bytes ? (uint64_t)(out - base) : 0;
+    c->hdr.shm_out = mo ? mo->seg.name : (char *)protobuf_c_empty_string;
+    c->hdr.shm_in_offset = c->in_bytes ? (uint64_t)(in - (uintptr_t)m->seg.base) : 0;
+    c->hdr.shm_out_offset = c->out_bytes ? (uint64_t)(out - (uintptr_t)om->seg.base) : 0;
     c->shm_out = c->out_bytes ? c->out : m->seg.base;
     return 1;
 }
@@ -794,16 +821,18 @@ static void shm_end(ps_comm_t *comm, ps__coll_t *c, int discard)
     pthread_mutex_lock(&comm->lock);
     if (c->mem) {
         c->mem->in_use = 0;
+        if (c->mem_out)
+            c->mem_out->in_use = 0;
     } else if (c->seg) {
         if (discard)
             segment_unmap(c->seg);
         c->seg->in_use = 0;
     }
     pthread_mutex_unlock(&comm->lock);
-    c->mem = NULL;
+    c->mem = c->mem_out = NULL;
     c->seg = NULL;
     c->shm_out = NULL;
-    c->hdr.shm = (char *)protobuf_c_empty_string;
+    c->hdr.shm = c->hdr.shm_out = (char *)protobuf_c_empty_string;
     c->hdr.shm_process = 0;
     c->hdr.own_block = 0;
     c->hdr.shm_in_offset = 0;

@@ -169,10 +169,12 @@ static void *xmalloc(size_t n)
 
 /* The `registered` scenario: each case's buffers come from one ps_mem_alloc
  * (so input and output share a segment and the agent uses them in place);
- * otherwise from malloc. */
+ * with PS_TEST_SHARED=2 its outputs from a second one (input and output in
+ * two segments, CollectiveHeader.shm_out, as torch's tensors of two empty()
+ * calls); otherwise from malloc. */
 static ps_comm_t *g_arena_comm;
-static uint8_t *g_arena;
-static size_t g_arena_size, g_arena_used;
+static uint8_t *g_arena, *g_arena_out;
+static size_t g_arena_size, g_arena_used, g_arena_out_used;
 static int g_arena_shared = -1; /* what ps_mem_is_shared must say (PS_TEST_SHARED) */
 
 static int arena_open(ps_comm_t *comm, size_t bytes)
@@ -180,27 +182,40 @@ static int arena_open(ps_comm_t *comm, size_t bytes)
     if (!g_arena_comm)
         return 0;
     g_arena_size = bytes + 8 * 4096;
-    g_arena_used = 0;
+    g_arena_used = g_arena_out_used = 0;
     g_arena = ps_mem_alloc(comm, g_arena_size);
+    if (g_arena && g_arena_shared == 2 && !(g_arena_out = ps_mem_alloc(comm, g_arena_size)))
+        return fail("ps_mem_alloc(%zu) of the outputs returned NULL", g_arena_size);
     if (!g_arena)
         return fail("ps_mem_alloc(%zu) returned NULL", g_arena_size);
     int shared = ps_mem_is_shared(comm, g_arena);
-    if (g_arena_shared >= 0 && shared != g_arena_shared)
-        return fail("ps_mem_is_shared says %d, expected %d", shared, g_arena_shared);
+    if (g_arena_out && !ps_mem_is_shared(comm, g_arena_out))
+        shared = 0;
+    if (g_arena_shared >= 0 && shared != !!g_arena_shared)
+        return fail("ps_mem_is_shared says %d, expected %d", shared, !!g_arena_shared);
     return 0;
 }
 
-static void *case_alloc(size_t n)
+static void *arena_take(uint8_t *arena, size_t *used, size_t n)
 {
-    if (!g_arena)
-        return xmalloc(n);
-    void *p = g_arena + g_arena_used;
-    g_arena_used += (n + 4095) / 4096 * 4096 + 4096; /* a page apart */
-    if (g_arena_used > g_arena_size) {
+    void *p = arena + *used;
+    *used += (n + 4095) / 4096 * 4096 + 4096; /* a page apart */
+    if (*used > g_arena_size) {
         fprintf(stderr, "case arena too small\n");
         exit(1);
     }
     return p;
+}
+
+static void *case_alloc(size_t n)
+{
+    return g_arena ? arena_take(g_arena, &g_arena_used, n) : xmalloc(n);
+}
+
+/* A case's output buffer: from the outputs' arena where there is one. */
+static void *case_alloc_out(size_t n)
+{
+    return g_arena_out ? arena_take(g_arena_out, &g_arena_out_used, n) : case_alloc(n);
 }
 
 static void case_free(void *p)
@@ -214,7 +229,9 @@ static int arena_close(void)
     if (!g_arena)
         return 0;
     int rc = ps_mem_free(g_arena_comm, g_arena);
-    g_arena = NULL;
+    if (g_arena_out && rc == 0)
+        rc = ps_mem_free(g_arena_comm, g_arena_out);
+    g_arena = g_arena_out = NULL;
     return rc ? fail("ps_mem_free: %d (%s)", rc, ps_strerror(rc)) : 0;
 }
 
@@ -497,7 +514,7 @@ static int run_case(ctx_t *cx, kind_t kind, ps_dtype_t dt, ps_op_t op, size_t co
         in = case_alloc(count * esz);
         fill(dt, op, salt, me, in, 0, count);
         if (kind == K_ALL_GATHER || me == root) {
-            out = case_alloc(all * esz);
+            out = case_alloc_out(all * esz);
             memset(out, 0xa5, all * esz);
             want = case_alloc(all * esz);
             for (int r = 0; r < n; r++)
@@ -516,7 +533,7 @@ static int run_case(ctx_t *cx, kind_t kind, ps_dtype_t dt, ps_op_t op, size_t co
             in = case_alloc(all * esz);
             fill(dt, op, salt, root, in, 0, all);
         }
-        out = case_alloc(count * esz);
+        out = case_alloc_out(count * esz);
         memset(out, 0xa5, count * esz);
         want = case_alloc(count * esz);
         fill(dt, op, salt, root, want, (size_t)me * count, count);
@@ -527,7 +544,7 @@ static int run_case(ctx_t *cx, kind_t kind, ps_dtype_t dt, ps_op_t op, size_t co
     case K_REDUCE_SCATTER:
         in = case_alloc(all * esz);
         fill(dt, op, salt, me, in, 0, all);
-        out = case_alloc(count * esz);
+        out = case_alloc_out(count * esz);
         memset(out, 0xa5, count * esz);
         want = case_alloc(count * esz);
         expect_reduced(dt, op, salt, n, want, (size_t)me * count, count);
@@ -538,7 +555,7 @@ static int run_case(ctx_t *cx, kind_t kind, ps_dtype_t dt, ps_op_t op, size_t co
     case K_ALL_TO_ALL:
         in = case_alloc(all * esz);
         fill(dt, op, salt, me, in, 0, all);
-        out = case_alloc(all * esz);
+        out = case_alloc_out(all * esz);
         memset(out, 0xa5, all * esz);
         want = case_alloc(all * esz);
         for (int r = 0; r < n; r++)
