@@ -447,20 +447,23 @@ class Registered {
     this.closed = false;
   }
 
-  /** { ab, name, size, inUse, retired, resident } of at least nbytes (a page at least);
-   * name null for plain memory; resident the agent's --shm-resident-bytes
-   * (ShmAttachResponse.resident_bytes), null where it did not say. */
+  /** { ab, name, size, inUse, retired, resident, two } of at least nbytes (a page at
+   * least); name null for plain memory; resident the agent's --shm-resident-bytes
+   * (ShmAttachResponse.resident_bytes), null where it did not say; two: the agent takes a
+   * call's output in another allocation than its input (two_segments, header.shm_out). */
   async alloc(nbytes) {
     const size = Math.max(SHM_ALIGN, Math.ceil(nbytes / SHM_ALIGN) * SHM_ALIGN);
     let mem = null;
     if (native && shmEnabled() && !this.closed) {
       try {
         let resident = null;
+        let two = false;
         const { name, ab, fd } = await shmCreate(size, this.attach, (resp) => {
           if (resp && resp.resident_told) resident = Number(resp.resident_bytes);
+          two = !!(resp && resp.two_segments);
         }, true, size >= PEER.FD_MIN_BYTES && peerMapWanted());
         mem = { ab, name, size, base: native.address(ab), inUse: false, retired: false,
-          resident, fd: fd === undefined ? null : fd };
+          resident, two, fd: fd === undefined ? null : fd };
       } catch (e) { /* refused or failed: plain memory, as in C */ }
     }
     if (!mem) mem = { ab: new ArrayBuffer(size), name: null, size, inUse: false, retired: false };
@@ -469,31 +472,42 @@ class Registered {
   }
 
   /** Claims the allocation a collective's input and output lie in (one run of bytes each
-   * way, apart, or all_reduce's and reduce's one run): a segment for it (as ShmSegment's:
-   * name, get, end) and the input and output offsets; or null. */
+   * way, apart, or all_reduce's and reduce's one run), or the input's and the output's
+   * where the agent takes two (header.shm_out), as arrays of two empty() calls: a segment
+   * for them (as ShmSegment's: name, get, end; outName: the output's allocation where it
+   * is another) and the input and output offsets; or null. */
   begin(inPlace, send, recv) {
     if (!shmEnabled() || this.closed || !this.mems.some((m) => m.name)) return null;
     const at = placedAt(inPlace, send, recv, false);
     if (!at) return null;
-    const first = at.in !== null ? at.in : at.out;
-    const mem = this.mems.find((m) => m.name && m.base <= first && first < m.base + m.size);
-    const inside = (a, x) => a === null || (mem.base <= a && a + x.total <= mem.base + mem.size);
-    if (!mem || mem.inUse || mem.retired || !inside(at.in, send) || !inside(at.out, recv)) {
-      return null;
+    const holds = (m, a, x) => m.base <= a && a + x.total <= m.base + m.size;
+    const free = (a, x) => this.mems.find((m) => m.name && !m.inUse && !m.retired &&
+      holds(m, a, x));
+    const spans = [[at.in, send], [at.out, recv]].filter(([a]) => a !== null);
+    const mems = [free(...spans[0])];
+    if (mems[0] && spans.length > 1 && !holds(mems[0], ...spans[1])) {
+      const out = free(...spans[1]);
+      mems.push(out && mems[0].two && out.two ? out : undefined);
     }
-    mem.inUse = true;
-    return { seg: { name: mem.name, get() {}, end(discard = false) {
-      mem.inUse = false;
-      mem.retired = mem.retired || discard; // the agent may still write into it
-    } }, inOff: at.in !== null ? at.in - mem.base : 0,
-    outOff: at.out !== null ? at.out - mem.base : 0 };
+    if (!mems.every(Boolean)) return null;
+    mems.forEach((m) => { m.inUse = true; });
+    const [mem, outMem] = [mems[0], mems[mems.length - 1]];
+    return { seg: { name: mem.name, outName: outMem === mem ? '' : outMem.name, get() {},
+      end(discard = false) {
+        mems.forEach((m) => {
+          m.inUse = false;
+          m.retired = m.retired || discard; // the agent may still write into it
+        });
+      } }, inOff: at.in !== null ? at.in - mem.base : 0,
+    outOff: at.out !== null ? at.out - outMem.base : 0 };
   }
 
   /** Whether every buffer of send and recv (Segments, or null) lies in one allocation
-   * from empty() that the agent keeps and would take in place, through its mapping (only
-   * where one allocation holds both sides: begin), in a call touching `touched` bytes of
-   * its ranks' memory (summed over them): not over its --shm-resident-bytes (the C
-   * client's ps__mem_in_place). */
+   * from empty() that the agent keeps and would take in place, through its mapping, in a
+   * call touching `touched` bytes of its ranks' memory (summed over them): not over its
+   * --shm-resident-bytes (the C client's ps__mem_in_place). From two allocations the agent
+   * takes them in place too (begin: shm_out), but peer copies measured about as fast
+   * there and spare the agent's CPU, so not asked. */
   inPlace(send, recv, touched) {
     const bufs = [send, recv].flatMap((x) => (x ? x.bufs : []));
     const ab = bufs.length ? bufs[0].buffer : null;
@@ -1702,6 +1716,7 @@ class World {
     const direct = !!(seg && seg.direct);
     try {
       header.shm = seg ? seg.name : d.name;
+      header.shm_out = (seg && seg.outName) || '';
       // Direct: addresses in this process, a list for a side of several buffers.
       header.shm_process = direct;
       header.shm_in_blocks = Array.isArray(inOff) ? inOff.map(String) : [];
@@ -1721,7 +1736,11 @@ class World {
         header.shm_process = false;
         header.shm_in_blocks = [];
         header.shm_out_blocks = [];
-        if (!got) { header.shm = ''; header.shm_in_offset = '0'; header.shm_out_offset = '0'; }
+        if (!got) {
+          header.shm = header.shm_out = '';
+          header.shm_in_offset = '0';
+          header.shm_out_offset = '0';
+        }
       }
       if (!got) return null;
       if (got.code) throw makeError(what, got.code, got.message);
@@ -1931,6 +1950,7 @@ class World {
     }
     if (shm) {
       header.shm = shm.name;
+      header.shm_out = shm.outName || '';
       header.shm_in_offset = inOff;
       header.shm_out_offset = shmOff;
     }

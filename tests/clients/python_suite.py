@@ -1170,8 +1170,8 @@ def w_shm_paths():
 def w_registered():
     """Tensors from dist.empty(): with shared memory the daemon reads and writes them in
     place (no payload bytes between workers and agent, and the process group's copying
-    segment never made); with PARAMSYNC_SHM=0 they are plain memory on gRPC frames. Every
-    element checked; then free()'s refusals, the 64 the daemon shares per rank, and two
+    segment never made), input and output in two allocations too; with PARAMSYNC_SHM=0
+    they are plain memory on gRPC frames. Every element checked; then free()'s refusals, the 64 the daemon shares per rank, and two
     collectives on one allocation at once."""
     import numpy as np
     dist = _w_init()
@@ -1225,12 +1225,24 @@ def w_registered():
         expect_eq(chunks[q], data(q, c, "int32", salt=9), "all_gather into chunks in place [%d]"
                   % q)
     dist.free(whole)
+    # Input and output from two empty() calls, reduce_scatter_tensor's way: the agent
+    # writes the output into its own allocation (header.shm_out), nothing copied here.
+    src, dst = dist.empty(n * c, "float32"), dist.empty(c, "float32")
+    src[:] = np.concatenate([data(r, c, "float32", salt=10 + q) for q in range(n)])
+    on_path(dist, "reduce_scatter between two allocations",
+            lambda: dist.reduce_scatter_tensor(dst, src), (n * 4 * n * c, n * 4 * c))
+    expect_eq(dst, sum(data(q, c, "float32", salt=10 + r) for q in range(n)),
+              "reduce_scatter between two allocations")
+    dist.free(src)
+    dist.free(dst)
     w = dist._get_world()
     if shm:
         assert w.shm.size == 0, "a collective on empty() memory copied through the segment"
         m = H.scrape(os.environ["SUITE_METRICS"])
         got = int(m['paramsync_shm_bytes_total{direction="received",access="mapped"}'])
         assert got >= 4 * c, "the agent read %d bytes of shared memory" % got
+        two = int(m.get('paramsync_shm_calls_total{segments="registered_two"}', 0))
+        assert two >= n, "%d calls from two empty() allocations, want one a rank" % two
 
     dist.free(x)
     for bad in (x, np.zeros(4, np.float32), inp):  # inp: inside an allocation, not its start
@@ -1772,9 +1784,9 @@ def w_peer_registered():
     assert w.peer_used - before == 1, "all_to_all_single with split sizes from empty(): " \
         "through the agent"
     dist.free(buf)
-    # Input and output in two allocations, or one side plain memory: the agent would copy
-    # through its payload segment (it takes empty() memory in place only where one
-    # allocation holds both), so these go rank to rank too.
+    # Input and output in two allocations, or one side plain memory: rank to rank too
+    # (the agent would take two allocations in place, but peer copies measured about as
+    # fast and spare its CPU; plain memory it would copy through its payload segment).
     b = (4 << 20) // 4
     x = dist.empty(n * b, np.int32)
     x[:] = np.concatenate([np.full(b, 1000 * r + j, np.int32) for j in range(n)])

@@ -5,7 +5,7 @@
 const test = require('node:test');
 const assert = require('node:assert');
 const dist = require('..');
-const { filled, sumOf, fixture } = require('./helpers');
+const { filled, sumOf, fixture, scrapeMetrics } = require('./helpers');
 
 const N = 2;
 const f = fixture(test, dist, { job: 'node-mem', n: N, native: true });
@@ -74,17 +74,28 @@ test('collectives on empty() memory: in place, no frame, no payload segment', as
   await all((w, r) => w.allToAllSingle(a2a[r].subarray(2 * k), a2a[r].subarray(0, 2 * k)));
   a2a.forEach((x, r) => [0, 1].forEach((s) =>
     assert.deepStrictEqual(x.subarray(2 * k + s * k, 2 * k + (s + 1) * k), filled(10 * s + r, k))));
+  // reduce_scatter with input and output in two arrays from empty(): the agent writes the
+  // output into its own allocation (header.shm_out).
+  const two = () => f.url && scrapeMetrics(f.url).then((m) =>
+    m.get('paramsync_shm_calls_total{segments="registered_two"}'));
+  const twoBefore = await two();
+  const rsIn = await all((w) => w.empty(2 * k, 'int32'));
+  const rsOut = await all((w) => w.empty(k, 'int32'));
+  rsIn.forEach((x, r) => { fill(x.subarray(0, k), r + 4); fill(x.subarray(k), r + 6); });
+  await all((w, r) => w.reduceScatterTensor(rsOut[r], rsIn[r]));
+  rsOut.forEach((x, r) => assert.deepStrictEqual(x, sumOf([2 * r + 4, 2 * r + 5], k)));
+  assert.strictEqual(await two() - twoBefore, N, 'reduce_scatter from two arrays in place');
   assert.strictEqual(await frameBytes(), frames, 'payload went as gRPC frames');
   f.ws.forEach((w, r) => {
     assert.strictEqual(w.shm.fd, null, 'the payload segment was made: something was copied');
-    // Six collectives, and the descriptors the all_to_all exchanged first (it is large
+    // Seven collectives, and the descriptors the all_to_all exchanged first (it is large
     // enough for peer copies, whose descriptors say empty() memory goes to the agent).
-    assert.strictEqual(w.doorbellRung - rung[r], 7, 'each through the doorbell');
+    assert.strictEqual(w.doorbellRung - rung[r], 8, 'each through the doorbell');
   });
 });
 
-test('PARAMSYNC_SHM=0, two arrays, or a second collective on a busy array: copies, same ' +
-  'results', async (t) => {
+test('PARAMSYNC_SHM=0, an array beside plain memory, or a second collective on a busy ' +
+  'array: copies, same results', async (t) => {
   if (!ready(t)) return;
   const k = 100000;
   // PARAMSYNC_SHM=0: frames, though the array is the agent's.
@@ -99,10 +110,10 @@ test('PARAMSYNC_SHM=0, two arrays, or a second collective on a busy array: copie
   }
   xs.forEach((x) => assert.deepStrictEqual(x, sumOf([0, 1], k)));
   assert.strictEqual(await frameBytes() - frames, 2 * N * 4 * k);
-  // Input and output in two arrays from empty(): through the payload segment.
+  // Input from empty(), output plain memory: through the payload segment.
   frames = await frameBytes();
   const ins = await all((w) => w.empty(k, 'int32'));
-  const outs = await all((w) => w.empty(N * k, 'int32'));
+  const outs = f.ws.map(() => new Int32Array(N * k));
   ins.forEach(fill);
   await all((w, r) => w.allGatherIntoTensor(outs[r], ins[r]));
   outs.forEach((o) => [0, 1].forEach((j) =>

@@ -541,9 +541,9 @@ class Mem:
     """One allocation of Registered: its segment (name None: plain memory, the agent
     could not share it), where it is mapped here, and whether a collective uses it."""
     __slots__ = ("name", "map", "addr", "size", "in_use", "retired", "own_block", "resident",
-                 "fd")
+                 "fd", "two")
 
-    def __init__(self, name, m, size, own_block=False, resident=None, fd=-1):
+    def __init__(self, name, m, size, own_block=False, resident=None, fd=-1, two=False):
         self.name = name
         # The segment's file, kept open (FD_MIN_BYTES and up) for the ranks that copy from
         # it rank to rank to map (_peer.Maps); -1: none.
@@ -557,6 +557,12 @@ class Mem:
         # The agent's --shm-resident-bytes (ShmAttachResponse.resident_bytes; None: not
         # told): a collective touching more of its ranks' memory goes through the files.
         self.resident = resident
+        # The agent takes a collective's output in another allocation than its input
+        # (ShmAttachResponse.two_segments, CollectiveHeader.shm_out).
+        self.two = two
+
+    def holds(self, addr, nbytes):
+        return self.addr <= addr and addr + nbytes <= self.addr + self.size
 
     def mapped_for(self, touched):
         """Whether the agent takes a collective touching `touched` bytes of its ranks'
@@ -601,7 +607,8 @@ class Registered:
                                  keep_fd=fd if size >= FD_MIN_BYTES else None)
                 told = getattr(resp[0], "resident_told", False)
                 mem = Mem(name, m, size, bool(getattr(resp[0], "own_block", False)),
-                          resp[0].resident_bytes if told else None, fd[0] if fd else -1)
+                          resp[0].resident_bytes if told else None, fd[0] if fd else -1,
+                          bool(getattr(resp[0], "two_segments", False)))
             except Exception:  # noqa: B902 - refused or failed: plain memory, as in C
                 mem = None
         if mem is None:
@@ -621,8 +628,9 @@ class Registered:
     def in_place(self, send, recv, touched):
         """Whether one shared allocation holds every buffer of send and recv (Segments, or
         None) and the agent takes a collective touching `touched` bytes of its ranks'
-        memory in place there (Mem.mapped_for): it takes such memory in place only where
-        one allocation holds both sides (begin), as the C client's ps__mem_in_place."""
+        memory in place there (Mem.mapped_for), as the C client's ps__mem_in_place: from
+        two allocations the agent takes it in place too (begin: header.shm_out), but peer
+        copies measured about as fast there and spare the agent's CPU, so not asked."""
         spans = [(a, len(mv)) for x in (send, recv) if x is not None
                  for a, mv in zip(addresses(x), x.mvs)]
         if not spans:
@@ -658,33 +666,45 @@ class Registered:
                 pass
         return True
 
+    def _free_holding(self, addr, nbytes):
+        """The shared allocation holding [addr, addr + nbytes) that no collective uses,
+        or None. Lock held."""
+        return next((x for x in self.mems if x.name is not None and not x.in_use and
+                     not x.retired and x.holds(addr, nbytes)), None)
+
     def begin(self, in_place, send, recv, own=False):
         """Claims the allocation that holds this collective's input and output (one
         contiguous buffer each, apart, or all_reduce/reduce's one buffer, or with own the
-        rank's own block in place, where the agent takes that), when there is one.
-        Returns (mem, input offset, output offset), or None."""
+        rank's own block in place, where the agent takes that), or (not own) the input's
+        and the output's allocations where the agent takes two (header.shm_out), as
+        tensors of two empty() calls, when there are such. Returns (mems: one allocation,
+        or the input's and the output's, input offset, output offset), or None."""
         if not self.mems or not enabled():
             return None
         got = placed(in_place, send, recv, own)
         if got is None or got == (None, None):
             return None
         (ins, a_in), (outs, a_out) = (e if e is not None else (0, None) for e in got)
-        first = a_in if a_in is not None else a_out
+        spans = [(a, n) for a, n in ((a_in, ins), (a_out, outs)) if a is not None]
         with self._lock:
-            mem = next((x for x in self.mems
-                        if x.name is not None and x.addr <= first < x.addr + x.size), None)
-            if mem is None or mem.in_use or mem.retired or (own and not mem.own_block) or any(
-                    a is not None and not (mem.addr <= a and a + b <= mem.addr + mem.size)
-                    for a, b in ((a_in, ins), (a_out, outs))):
+            mems = [self._free_holding(*spans[0])]
+            if mems[0] is not None and len(spans) > 1 and not mems[0].holds(*spans[1]):
+                mems.append(None if own else self._free_holding(*spans[1]))
+                if mems[1] is not None and not (mems[0].two and mems[1].two):
+                    mems[1] = None
+            if None in mems or (own and not mems[0].own_block):
                 return None
-            mem.in_use = True
-        return (mem, a_in - mem.addr if a_in is not None else 0,
-                a_out - mem.addr if a_out is not None else 0)
+            for mem in mems:
+                mem.in_use = True
+        return (tuple(mems), a_in - mems[0].addr if a_in is not None else 0,
+                a_out - mems[-1].addr if a_out is not None else 0)
 
-    def end(self, mem, discard=False):
+    def end(self, mems, discard=False):
+        """Releases what begin claimed."""
         with self._lock:
-            mem.in_use = False
-            mem.retired |= discard
+            for mem in mems:
+                mem.in_use = False
+                mem.retired |= discard
 
     def close(self):
         """Forgets every allocation (the rank left: the agent dropped them). Arrays on them

@@ -533,12 +533,13 @@ class _World:
             header.kind == _K.SCATTER, header.rank, send, recv)
         got = self.mem.begin(in_place, send, recv, own)
         if got is not None:
-            mem, in_off, out_off = got
-            header.shm = mem.name
+            mems, in_off, out_off = got
+            header.shm = mems[0].name
+            header.shm_out = mems[1].name if len(mems) > 1 else ""
             header.shm_in_offset = in_off
             header.shm_out_offset = out_off
             header.own_block = own
-            return _ShmUse(self.mem.end, mem, None)
+            return _ShmUse(self.mem.end, mems, None)
         got = self.process.begin(in_place, send, recv, own) if rung else None
         if got is not None:
             header.shm = self.process.name
@@ -619,7 +620,7 @@ class _World:
                 abandoned = True
                 raise
             finally:
-                header.shm = ""
+                header.shm = header.shm_out = ""
                 header.shm_process = False
                 header.own_block = False
                 header.shm_in_offset = 0
