@@ -271,12 +271,14 @@ int ps__shm_off(void);
 
 /** 1 when the input and output that have bytes lie in one allocation of
  * ps_mem_alloc(comm) that the agent shares and would read and write in
- * place, through its mapping (shm.c, mem_begin: only where one allocation
- * holds both sides), in a collective that touches `touched` bytes of its
- * ranks' segments (summed over them): not over the agent's
- * --shm-resident-bytes (ShmAttachResponse.resident_bytes; an agent that
- * does not say maps them always). Else 0: plain memory, two allocations, or
- * read through the segment's file. */
+ * place, through its mapping (shm.c, mem_begin), in a collective that
+ * touches `touched` bytes of its ranks' segments (summed over them): not
+ * over the agent's --shm-resident-bytes (ShmAttachResponse.resident_bytes;
+ * an agent that does not say maps them always). Else 0: plain memory, read
+ * through the segment's file, or two allocations: the agent takes those in
+ * place too (CollectiveHeader.shm_out), but peer copies measured about as
+ * fast there and spare the agent's CPU (PERFORMANCE.md, "Input and output
+ * in two allocations"), so the peer rule (peer.c) asks of one only. */
 int ps__mem_in_place(ps_comm_t *comm, const void *in, size_t in_bytes, const void *out,
                      size_t out_bytes, uint64_t touched);
 

@@ -257,7 +257,8 @@ static void describe(const ps__coll_t *c, size_t block, uint64_t *d)
                        : out && in == (const char *)out + me * block;
     int fits = in_place || !ps__overlap(in, in_bytes, out, out_bytes);
     /* Memory from ps_mem_alloc the agent copies in place, between its
-     * mappings (where one allocation holds input and output): 1.1-2.2x faster
+     * mappings (asked where one allocation holds input and output; from two,
+     * ps__mem_in_place says why not): 1.1-2.2x faster
      * at 16-64 MiB than reads that pin its shared pages one by one
      * (PERFORMANCE.md, "Peer copies"). Not where the call
      * is over the agent's --shm-resident-bytes: it would copy through the
