@@ -359,6 +359,16 @@ static void sb_family(strbuf_t *b, const char *name, const char *type, const cha
     sb_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
+/* A counter family of one label: name{label="names[k]"} vals[k], k < n. */
+static void sb_counters(strbuf_t *b, const char *name, const char *help, const char *label,
+                        const char *const *names, _Atomic uint64_t *vals, int n)
+{
+    sb_family(b, name, "counter", help);
+    for (int k = 0; k < n; k++)
+        sb_printf(b, "%s{%s=\"%s\"} %llu\n", name, label, names[k],
+                  (unsigned long long)get(&vals[k]));
+}
+
 /* One histogram series; labels is "kind=\"all_reduce\"". Buckets are read
  * once, so _count always equals the +Inf bucket in one scrape. */
 static void sb_histogram(strbuf_t *b, const char *name, const char *labels, m_histogram_t *h)
@@ -459,20 +469,16 @@ static void render_traffic(strbuf_t *b)
     /* The order of PS_SHM_* (daemon.h), then PS_M_SHM_TWO. */
     static const char *const seg_names[PS_M_SHM_CALL_KINDS] = {"payload", "doorbell", "registered",
                                                                "process", "registered_two"};
-    sb_family(b, "paramsync_shm_calls_total", "counter",
-              "Collective calls of this agent's workers served from their shared memory, by "
-              "where input and output lay: the worker's payload segment (copied in and out by "
-              "the worker), its doorbell, registered memory (ps_mem_alloc, empty(): in place), "
-              "two registered segments (input in one, output in another: in place), or its own "
-              "memory through its process segment.");
-    for (int k = 0; k < PS_M_SHM_CALL_KINDS; k++)
-        sb_printf(b, "paramsync_shm_calls_total{segments=\"%s\"} %llu\n", seg_names[k],
-                  (unsigned long long)get(&g_shm_calls[k]));
-    sb_family(b, "paramsync_reduced_bytes_total", "counter",
-              "Input bytes of every reduction the hub ran, by device.");
-    for (int d = 0; d < 2; d++)
-        sb_printf(b, "paramsync_reduced_bytes_total{device=\"%s\"} %llu\n", device_names[d],
-                  (unsigned long long)get(&g_reduced[d]));
+    sb_counters(b, "paramsync_shm_calls_total",
+                "Collective calls of this agent's workers served from their shared memory, by "
+                "where input and output lay: the worker's payload segment (copied in and out by "
+                "the worker), its doorbell, registered memory (ps_mem_alloc, empty(): in "
+                "place), two registered segments (input in one, output in another: in place), "
+                "or its own memory through its process segment.",
+                "segments", seg_names, g_shm_calls, PS_M_SHM_CALL_KINDS);
+    sb_counters(b, "paramsync_reduced_bytes_total",
+                "Input bytes of every reduction the hub ran, by device.", "device", device_names,
+                g_reduced, 2);
     static const char *const pin_names[2] = {"segments", "buffers"};
     sb_family(b, "paramsync_pinned_bytes", "gauge",
               "Host memory this agent holds pinned (page-locked) for its CUDA reductions: "
@@ -486,13 +492,11 @@ static void render_traffic(strbuf_t *b)
               "passed on unchanged to the next (all_gather, broadcast steps of ranks on "
               "other agents). An all_to_all goes straight to its rank's agent: none.");
     sb_printf(b, "paramsync_relayed_bytes_total %llu\n", (unsigned long long)get(&g_relayed));
-    sb_family(b, "paramsync_agent_collectives_total", "counter",
-              "Collectives this agent combined with other agents rather than at a hub, by "
-              "algorithm: round the ring, over the mesh (all_to_all), or by recursive doubling "
-              "(all_reduces of at most --rd-max-bytes per rank).");
-    for (int k = 0; k < PS_M_RING_COUNT; k++)
-        sb_printf(b, "paramsync_agent_collectives_total{algorithm=\"%s\"} %llu\n", ring_algos[k],
-                  (unsigned long long)get(&g_ring[k]));
+    sb_counters(b, "paramsync_agent_collectives_total",
+                "Collectives this agent combined with other agents rather than at a hub, by "
+                "algorithm: round the ring, over the mesh (all_to_all), or by recursive doubling "
+                "(all_reduces of at most --rd-max-bytes per rank).",
+                "algorithm", ring_algos, g_ring, PS_M_RING_COUNT);
 }
 
 static void render_events(strbuf_t *b)
