@@ -3,7 +3,7 @@
 
     /usr/bin/python3 bench/uneven_all_to_all.py --paramsyncd BUILD/server/paramsyncd \
         --python VENV/bin/python [--np 4] [--mib 1] [--iters 10] [--rounds 2] \
-        [--memory empty]
+        [--memory empty] [--agents 2]
 
 Rank r sends rank j (r + j + 1) x --mib MiB of float32 rows ("uneven": the
 largest block is (2 np - 1) / np times the mean), then every block --np + 1
@@ -15,6 +15,8 @@ call of rank 0 (the mean of --iters after two untimed calls) and paramsync's
 time over Gloo's. Every run checks its result once. --python: an interpreter
 with paramsync and torch (the client tests' venv: build/tests/clients/venv).
 --memory empty: paramsync's tensors from paramsync's empty() (Gloo's as ever).
+--agents A: paramsync as a coordinator and A agents on loopback, rank r through
+agent r mod A (ranks on several agents: no peer copies), instead of one paramsyncd.
 """
 import argparse
 import os
@@ -66,35 +68,52 @@ def worker(backend, case, memory, np_, mib, iters):
     dist.destroy_process_group()
 
 
+def start_daemon(a, tmp, name, *args):
+    """A paramsyncd with args; (process, its address)."""
+    ann = os.path.join(tmp, name + ".addr")
+    d = subprocess.Popen([a.paramsyncd, "--listen", "127.0.0.1:0", "--announce-file", ann,
+                          "--metrics-addr", "off", *args],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    end = time.monotonic() + 10
+    while not (os.path.exists(ann) and open(ann).read().endswith("\n")):
+        if time.monotonic() > end or d.poll() is not None:
+            d.kill()
+            sys.exit("paramsyncd (%s) did not start" % name)
+        time.sleep(0.02)
+    return d, open(ann).read().strip()
+
+
 def run(a, backend, case):
     """(ms a call, whether correct, MiB a rank sends) of one run."""
-    daemon = None
+    daemons, addrs = [], []
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ, WORLD_SIZE=str(a.np), GLOO_FILE=os.path.join(tmp, "gloo"),
                    PARAMSYNC_JOB="uneven-%d" % os.getpid())
-        if backend == "paramsync":
-            ann = os.path.join(tmp, "addr")
-            daemon = subprocess.Popen([a.paramsyncd, "--listen", "127.0.0.1:0", "--announce-file",
-                                       ann, "--metrics-addr", "off"],
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            end = time.monotonic() + 10
-            while not (os.path.exists(ann) and open(ann).read().endswith("\n")):
-                if time.monotonic() > end:
-                    sys.exit("paramsyncd did not start")
-                time.sleep(0.02)
-            env["PARAMSYNC_ADDR"] = open(ann).read().strip()
         try:
+            if backend == "paramsync" and a.agents:
+                d, coord = start_daemon(a, tmp, "coordinator", "--role", "coordinator")
+                daemons.append(d)
+                for k in range(a.agents):
+                    d, addr = start_daemon(a, tmp, "agent%d" % k, "--role", "agent",
+                                           "--coordinator", coord)
+                    daemons.append(d)
+                    addrs.append(addr)
+            elif backend == "paramsync":
+                d, addr = start_daemon(a, tmp, "daemon")
+                daemons.append(d)
+                addrs.append(addr)
             procs = [subprocess.Popen([a.python, os.path.abspath(__file__), "--worker", backend,
                                        case, a.memory, str(a.np), str(a.mib), str(a.iters)],
-                                      env=dict(env, RANK=str(r)), stdout=subprocess.PIPE,
-                                      text=True) for r in range(a.np)]
+                                      env=dict(env, RANK=str(r), **({"PARAMSYNC_ADDR": addrs[
+                                          r % len(addrs)]} if addrs else {})),
+                                      stdout=subprocess.PIPE, text=True) for r in range(a.np)]
             outs = [p.communicate(timeout=300)[0] for p in procs]
             if any(p.returncode for p in procs):
                 sys.exit("%s %s: a rank failed" % (backend, case))
         finally:
-            if daemon:
-                daemon.terminate()
-                daemon.wait()
+            for d in daemons:
+                d.terminate()
+                d.wait()
     ms, ok, mib = outs[0].split()
     return float(ms), ok == "1", float(mib)
 
@@ -114,6 +133,9 @@ def main():
                    help="runs of each case on each system, alternately (default 2)")
     p.add_argument("--memory", choices=("tensor", "empty"), default="tensor",
                    help="where paramsync's tensors are: torch's, or paramsync's empty()")
+    p.add_argument("--agents", type=int, default=0,
+                   help="paramsync as a coordinator and this many agents on loopback, rank r "
+                   "through agent r mod AGENTS (default 0: one paramsyncd)")
     a = p.parse_args()
     print("%-10s %9s %10s %12s %8s" % ("case", "MiB/rank", "gloo ms", "paramsync ms", "ratio"))
     for case in CASES:
