@@ -146,6 +146,10 @@ typedef struct ps__ipc_map {
     uint64_t used; /* the comm's ipc_clock when last used: the oldest unused one goes */
 } ps__ipc_map_t;
 
+/* Scratch buffers ps_comm keeps (ps__scratch_take): how many, and the largest. */
+#define PS__SCRATCH_KEEP 2
+#define PS__SCRATCH_MAX  ((size_t)256 << 20)
+
 struct ps_comm {
     pthread_mutex_t lock;
     pthread_cond_t cond; /* join state changes, in-flight list empties */
@@ -199,6 +203,12 @@ struct ps_comm {
     struct ps__doorbells *doorbells; /* the doorbell segments (shm.c), or NULL */
     struct ps__shm *process;         /* the process segment (shm.c), or NULL */
     struct ps__mem *mem;             /* registered memory, ps_mem_alloc (shm.c) */
+    /* ps_all_to_all_v's padded buffers kept for the next call, largest first
+     * (ps__scratch_take; guarded by lock): ps_mem_alloc memory. */
+    struct {
+        void *p;
+        size_t size;
+    } scratch[PS__SCRATCH_KEEP];
 
     /* Pinned staging buffers kept between calls on device buffers, one of each
      * slot (device.c; guarded by lock): page-locking memory costs far more
@@ -303,6 +313,15 @@ int ps__doorbell_run(ps_comm_t *comm, ps__coll_t *c, int *rc, char **msg);
 
 /** Unmaps the comm's segments (finalize). */
 void ps__shm_free(ps_comm_t *comm);
+
+/** A buffer of at least `bytes` for blocks the client composes itself (an
+ * uneven all_to_all's padded ones): one kept from an earlier call, else new
+ * ps_mem_alloc memory, which the agent takes in place beside the call's
+ * other buffer (CollectiveHeader.shm_out) and whose pages are in place when
+ * it is taken again; NULL when out of memory. Give it back with
+ * ps__scratch_give (p NULL: nothing). */
+void *ps__scratch_take(ps_comm_t *comm, size_t bytes);
+void ps__scratch_give(ps_comm_t *comm, void *p);
 
 #define PS__HUGE_PAGE ((size_t)2 << 20)
 

@@ -1031,10 +1031,68 @@ int ps__doorbell_run(ps_comm_t *comm, ps__coll_t *c, int *rc, char **msg)
     return rung >= 0;
 }
 
+/* The bytes of the ps_mem_alloc allocation at p (0: none). */
+static size_t mem_size(ps_comm_t *comm, const void *p)
+{
+    pthread_mutex_lock(&comm->lock);
+    struct ps__mem *m = comm->mem;
+    while (m && m->seg.base != p)
+        m = m->next;
+    size_t size = m ? m->seg.size : 0;
+    pthread_mutex_unlock(&comm->lock);
+    return size;
+}
+
+void *ps__scratch_take(ps_comm_t *comm, size_t bytes)
+{
+    void *p = NULL;
+    pthread_mutex_lock(&comm->lock);
+    /* The smallest kept one that fits: the largest stays for larger calls. */
+    int k = -1;
+    for (int i = 0; i < PS__SCRATCH_KEEP; i++)
+        if (comm->scratch[i].p && comm->scratch[i].size >= bytes)
+            k = i;
+    if (k >= 0) {
+        p = comm->scratch[k].p;
+        for (int i = k; i + 1 < PS__SCRATCH_KEEP; i++)
+            comm->scratch[i] = comm->scratch[i + 1];
+        comm->scratch[PS__SCRATCH_KEEP - 1].p = NULL;
+        comm->scratch[PS__SCRATCH_KEEP - 1].size = 0;
+    }
+    pthread_mutex_unlock(&comm->lock);
+    return p ? p : ps_mem_alloc(comm, bytes ? bytes : 1);
+}
+
+void ps__scratch_give(ps_comm_t *comm, void *p)
+{
+    if (!p)
+        return;
+    size_t size = mem_size(comm, p);
+    void *drop = p;
+    pthread_mutex_lock(&comm->lock);
+    if (size && size <= PS__SCRATCH_MAX) {
+        /* Into its place by size, largest first; the smallest falls out. */
+        int k = 0;
+        while (k < PS__SCRATCH_KEEP && comm->scratch[k].p && comm->scratch[k].size >= size)
+            k++;
+        if (k < PS__SCRATCH_KEEP) {
+            drop = comm->scratch[PS__SCRATCH_KEEP - 1].p;
+            for (int i = PS__SCRATCH_KEEP - 1; i > k; i--)
+                comm->scratch[i] = comm->scratch[i - 1];
+            comm->scratch[k].p = p;
+            comm->scratch[k].size = size;
+        }
+    }
+    pthread_mutex_unlock(&comm->lock);
+    if (drop)
+        ps_mem_free(comm, drop);
+}
+
 void ps__shm_free(ps_comm_t *comm)
 {
     /* Registered memory goes with the comm (the agent dropped it when the
-     * rank left). */
+     * rank left), the kept scratch buffers among it. */
+    memset(comm->scratch, 0, sizeof(comm->scratch));
     while (comm->mem) {
         struct ps__mem *m = comm->mem;
         comm->mem = m->next;

@@ -1208,8 +1208,14 @@ function peerTakes(kind, block, sets, groupRanks, rank) {
   const n = groupRanks.length;
   if (!PEER.MIN_BYTES[kind] || !sets || n < 2 || block * n < PEER.MIN_BYTES[kind]) return false;
   if (blocksPerRank(kind) && n > PEER.MAX_ALL_TO_ALL_RANKS) return false;
-  const mine = sets[rank];
-  return mine !== 0 && groupRanks.every((r) => sets[r] === mine);
+  return oneSet(sets, groupRanks, rank);
+}
+
+/** Whether every rank of the group (job ranks groupRanks) is in this rank's (job rank
+ * `rank`) peer-copy set, so that its calls may go rank to rank. */
+function oneSet(sets, groupRanks, rank) {
+  const mine = sets ? sets[rank] : 0;
+  return !!mine && groupRanks.every((r) => sets[r] === mine);
 }
 
 /** The bytes of its ranks' memory an agent taking the call would touch, summed over them,
@@ -1444,6 +1450,7 @@ class World {
     this.failure = null;
     this.inflight = new Set();
     this.scratchFree = []; // padded blocks of uneven allToAllSingle calls, kept (_scratch)
+    this.scratchMem = []; // the same on memory of empty() (_scratch with registered)
     this.shm = new ShmSegment((name, size, magic) => this._shmAttach(name, size, magic));
     this.spares = new ShmSpares((name, size, magic, slot) => this._shmAttach(name, size, magic,
       { slot }));
@@ -2576,17 +2583,27 @@ class World {
   // -------------------------------------------------------------- uneven all_to_all
 
   /** A Uint8Array of at least n bytes for padded blocks; give it back with _scratchGive.
-   * The largest SCRATCH.KEEP of at most SCRATCH.MAX bytes are kept for the next call,
-   * whose pages are then mapped already (as Python's World.scratch). */
-  _scratch(n) {
-    const k = this.scratchFree.findIndex((b) => b.length >= n);
-    return k >= 0 ? this.scratchFree.splice(k, 1)[0] : new Uint8Array(Math.max(n, 1));
+   * The largest SCRATCH.KEEP of at most SCRATCH.MAX bytes of each kind are kept for the
+   * next call, whose pages are then mapped already (as Python's World.scratch). With
+   * registered, memory of empty(), which the agent takes in place beside the call's other
+   * buffer (header.shm_out): for calls through the agent. */
+  async _scratch(n, registered = false) {
+    const pool = registered ? this.scratchMem : this.scratchFree;
+    const k = pool.findIndex((b) => b.length >= n);
+    if (k >= 0) return pool.splice(k, 1)[0];
+    const size = Math.max(n, 1);
+    return registered ? new Uint8Array((await this.mem.alloc(size)).ab) : new Uint8Array(size);
   }
 
-  _scratchGive(...bufs) {
-    this.scratchFree.push(...bufs.filter((b) => b && b.length <= SCRATCH.MAX));
-    this.scratchFree.sort((a, b) => b.length - a.length);
-    this.scratchFree.length = Math.min(this.scratchFree.length, SCRATCH.KEEP);
+  _scratchGive(bufs, registered = false) {
+    const pool = registered ? this.scratchMem : this.scratchFree;
+    pool.push(...bufs.filter(Boolean));
+    pool.sort((a, b) => b.length - a.length);
+    const keep = pool.filter((b) => b.length <= SCRATCH.MAX).slice(0, SCRATCH.KEEP);
+    const drop = pool.filter((b) => !keep.includes(b));
+    pool.splice(0, pool.length, ...keep);
+    // Best effort: the agent drops a rank's segments when it leaves anyway.
+    if (registered) drop.forEach((b) => { this.mem.free(b.buffer).catch(() => {}); });
   }
 
   /** torch's all_to_all_single with split sizes (elements here: typed arrays have one
@@ -2623,8 +2640,12 @@ class World {
       const apart = !overlaps([i], [o]);
       const ownOut = outs.every((k) => k === m) && (!ownIn || apart);
       // Where the ranks read each other (peer copies) the padded buffers are never
-      // written: the input is padded only on the way to the agent (Uneven.pack).
-      const kept = [ownIn ? null : this._scratch(n * mb), ownOut ? null : this._scratch(n * mb)];
+      // written: the input is padded only on the way to the agent (Uneven.pack), and
+      // they are plain memory. Elsewhere the call goes through the agents, which take
+      // padded blocks on empty() memory in place (as the C client's ps__scratch_take).
+      const reg = !oneSet(this.peerSets, g.ranks, this.rank);
+      const kept = [ownIn ? null : await this._scratch(n * mb, reg),
+        ownOut ? null : await this._scratch(n * mb, reg)];
       const src = ownIn ? i.buf : kept[0].subarray(0, n * mb);
       const dst = ownOut ? o.buf : kept[1].subarray(0, n * mb);
       const u = new Uneven(i, o, ins, outs, esize, mb, ownIn ? null : src, ownOut ? null : dst,
@@ -2634,7 +2655,7 @@ class World {
           count: mb, uneven: u }), true);
         u.unpack();
       } finally {
-        this._scratchGive(...kept);
+        this._scratchGive(kept, reg);
       }
       return output;
     });

@@ -2037,7 +2037,8 @@ def shm_paths(a):
     address (unix socket, or this host's own IP); an agent that cannot open it (its
     /dev/shm is another one, as on another host) refuses it once and the rank stays
     on frames; with a coordinator and two agents, each rank shares memory with the
-    agent it joined through, the job's hub or not."""
+    agent it joined through, the job's hub or not, and an uneven all_to_all's padded
+    blocks are empty() memory the agents take in place."""
     py, me = a.python, os.path.abspath(__file__)
     ok = True
 
@@ -2094,6 +2095,19 @@ def shm_paths(a):
                       "of a segment logged, want 0\n%s" % (i + 1, got, refusals,
                                                           ag.read_log()[-3000:]))
                 ok = False
+        # Uneven all_to_alls of 3 ranks over the two agents (no peer copies): their padded
+        # blocks are empty() memory, which the agents take in place beside the caller's.
+        two = 'paramsync_shm_calls_total{segments="registered_two"}'
+        before = sum(H.scrape(ag.metrics_url).get(two, 0) for ag in agents)
+        envs = [H.clean_env(PARAMSYNC_ADDR=agents[r % 2].addr, PARAMSYNC_JOB="paths-uneven",
+                            WORLD_SIZE=3, RANK=r, PARAMSYNC_SHM="1") for r in range(3)]
+        ok = report(H.run_workers([[py, me, "--worker", "uneven"]] * 3, envs, 120, []),
+                    "split-uneven") and ok
+        calls = sum(H.scrape(ag.metrics_url).get(two, 0) for ag in agents) - before
+        if calls < 3:
+            print("FAIL: split-uneven: %d calls from two empty() allocations, want one a rank "
+                  "at least (the padded blocks on empty() memory)" % calls)
+            ok = False
     finally:
         for d in agents + [coord]:
             d.stop()

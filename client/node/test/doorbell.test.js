@@ -228,7 +228,8 @@ test('ranks each in a process of their own: lone collectives are answered on the
   }
 });
 
-test('a job over two agents: the doorbell, the segment, empty() and direct at each, no frame',
+test('a job over two agents: the doorbell, the segment, empty() and direct at each, no frame' +
+  ' (an uneven allToAllSingle\'s padded blocks on empty() memory)',
   async (t) => {
     if (!ready(t)) return;
     const coord = await startDaemon(['--role', 'coordinator']);
@@ -259,10 +260,30 @@ test('a job over two agents: the doorbell, the segment, empty() and direct at ea
       await both((w, r) => w.allGatherIntoTensor(m[r].subarray(k), m[r].subarray(0, k)));
       m.forEach((x) => [0, 1].forEach((j) =>
         assert.deepStrictEqual(x.subarray(k * (j + 1), k * (j + 2)), filled(j, k))));
+      // An uneven allToAllSingle (rank s sends rank r (s + r + 1) K elements of 10 s + r):
+      // its padded blocks are empty() memory, which each agent takes in place beside the
+      // other (two segments), kept for the next call.
+      const K = 100000;
+      const blocks = (r, from) => [0, 1].map((j) => new Int32Array((j + r + 1) * K).fill(
+        from ? 10 * j + r : 10 * r + j));
+      const cat = (arrs) => Int32Array.from(arrs.flatMap((a) => Array.from(a)));
+      const got2 = ws.map((_, r) => new Int32Array((2 * r + 1 + 2) * K));
+      await both((w, r) => w.allToAllSingle(got2[r], cat(blocks(r, false)), {
+        outputSplitSizes: [0, 1].map((s) => (s + r + 1) * K),
+        inputSplitSizes: [0, 1].map((j) => (r + j + 1) * K) }));
+      got2.forEach((o, r) => assert.deepStrictEqual(o, cat(blocks(r, true)), `uneven, rank ${r}`));
       ws.forEach((w, r) => {
-        assert.strictEqual(w.doorbellRung, 7, `rank ${r}: every collective rang`);
+        assert.strictEqual(w.scratchMem.length, 2, `rank ${r}: padded blocks on empty() kept`);
+        assert.strictEqual(w.scratchFree.length, 0, `rank ${r}: padded blocks of plain memory`);
+        assert.strictEqual(w.doorbellRung, 9, `rank ${r}: every collective rang`);
         assert.strictEqual(w.proc.used, 2, `rank ${r}: the 16 MiB ones went directly`);
       });
+      let two = 0;
+      for (const a of agents) {
+        const got = await scrapeMetrics(a.url);
+        two += got.get('paramsync_shm_calls_total{segments="registered_two"}');
+      }
+      assert.strictEqual(two, 2, 'the uneven call from two empty() allocations at each rank');
       for (const [i, a] of agents.entries()) {
         const got = await scrapeMetrics(a.url);
         for (const dir of ['received', 'sent']) {

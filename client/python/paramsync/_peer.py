@@ -91,7 +91,13 @@ def takes(kind, block, sets, group_ranks, rank):
         return False
     if blocks_per_rank(kind) and n > MAX_ALL_TO_ALL_RANKS:
         return False
-    mine = sets[rank]
+    return one_set(sets, group_ranks, rank)
+
+
+def one_set(sets, group_ranks, rank):
+    """Whether every rank of the group (job ranks group_ranks) is in this rank's (job rank
+    `rank`) peer-copy set, so that its calls may go rank to rank."""
+    mine = sets[rank] if sets else 0
     return mine != 0 and all(sets[r] == mine for r in group_ranks)
 
 

@@ -336,7 +336,8 @@ class _World:
         self.incarnation = 0
         self.world_group = None
         self.peer_sets = None
-        self.scratch_free = []
+        self.scratch_free = []  # plain arrays
+        self.scratch_mem = []  # arrays on memory of empty()
         self.barrier_sets = None  # direct barriers (_barrier): the coordinator's sets
         self.bar_groups = []  # every group's _barrier.Group, closed at leave
         self.peer_self = _peer.Self()
@@ -447,24 +448,33 @@ class _World:
             c.cancel()
 
     # Scratch buffers for the collectives composed here (an uneven all_to_all's padded
-    # blocks): the largest SCRATCH_KEEP of at most SCRATCH_MAX bytes are kept for the next
-    # call, whose pages are then mapped (and collapsed into huge pages) already.
+    # blocks): the largest SCRATCH_KEEP of at most SCRATCH_MAX bytes of each kind are kept
+    # for the next call, whose pages are then mapped (and collapsed into huge pages)
+    # already. With registered, memory of empty(), which the agent takes in place beside
+    # the call's other buffer (header.shm_out): for calls through the agent.
     SCRATCH_KEEP, SCRATCH_MAX = 2, 256 << 20
 
-    def scratch(self, nbytes):
+    def scratch(self, nbytes, registered=False):
         """A uint8 buffer of at least nbytes (give it back with scratch_give)."""
+        pool = self.scratch_mem if registered else self.scratch_free
         with self.lock:
-            for k, b in enumerate(self.scratch_free):
+            for k, b in enumerate(pool):
                 if b.size >= nbytes:
-                    return self.scratch_free.pop(k)
+                    return pool.pop(k)
+        if registered:
+            return np.frombuffer(self.mem.alloc(max(nbytes, 1)).map, np.uint8)
         return np.empty(max(nbytes, 1), np.uint8)
 
-    def scratch_give(self, *bufs):
+    def scratch_give(self, *bufs, registered=False):
+        pool = self.scratch_mem if registered else self.scratch_free
         with self.lock:
-            self.scratch_free.extend(b for b in bufs if b is not None and
-                                     b.size <= self.SCRATCH_MAX)
-            self.scratch_free.sort(key=lambda b: -b.size)
-            del self.scratch_free[self.SCRATCH_KEEP:]
+            pool.extend(b for b in bufs if b is not None)
+            pool.sort(key=lambda b: -b.size)
+            kept = [b for b in pool if b.size <= self.SCRATCH_MAX][:self.SCRATCH_KEEP]
+            drop = [b for b in pool if not any(b is k for k in kept)]
+            pool[:] = kept
+        for b in drop if registered else ():
+            self.mem.free(b.ctypes.data)
 
     def leave(self, graceful=True):
         if self.leaving:
@@ -1668,7 +1678,13 @@ def _uneven_all_to_all(g, o, i, ins, outs, row, async_op, output):
     shared = np.shares_memory(i.arr, o.arr)
     own_in = ins == [most] * n
     own_out = outs == [most] * n and not (own_in and shared)
-    kept = [None if own_in else world.scratch(n * m), None if own_out else world.scratch(n * m)]
+    # Where the ranks may copy rank to rank the padded blocks are never touched: plain
+    # memory, whose pages are not even mapped. Elsewhere the call goes through the agents,
+    # which take padded blocks on empty() memory in place (as the C client's
+    # ps__scratch_take).
+    reg = not _peer.one_set(world.peer_sets, g.ranks, world.rank)
+    kept = [None if own_in else world.scratch(n * m, reg),
+            None if own_out else world.scratch(n * m, reg)]
     src = i.arr if own_in else kept[0][:n * m]
     dst = o.arr if own_out else kept[1][:n * m]
     u = _Uneven(i, o, ins, outs, row * esize, m, None if own_in else src,
@@ -1678,11 +1694,11 @@ def _uneven_all_to_all(g, o, i, ins, outs, row, async_op, output):
         w = _step(g, "all_to_all_single", _K.ALL_TO_ALL, send=[src], recv=[dst],
                   dtype=T.UINT8, count=m, async_op=async_op, outputs=[output], uneven=u)
     except BaseException:
-        world.scratch_give(*kept)
+        world.scratch_give(*kept, registered=reg)
         raise
     if not async_op:
         u.unpack()
-        world.scratch_give(*kept)
+        world.scratch_give(*kept, registered=reg)
         return None
 
     def finish():
@@ -1690,7 +1706,7 @@ def _uneven_all_to_all(g, o, i, ins, outs, row, async_op, output):
             w.wait()
             u.unpack()
         finally:
-            world.scratch_give(*kept)
+            world.scratch_give(*kept, registered=reg)
 
     return Work(finish, outputs=[output])
 
