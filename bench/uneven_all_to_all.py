@@ -3,7 +3,7 @@
 
     /usr/bin/python3 bench/uneven_all_to_all.py --paramsyncd BUILD/server/paramsyncd \
         --python VENV/bin/python [--np 4] [--mib 1] [--iters 10] [--rounds 2] \
-        [--memory empty] [--agents 2]
+        [--memory empty] [--agents 2 | --netns 4]
 
 Rank r sends rank j (r + j + 1) x --mib MiB of float32 rows ("uneven": the
 largest block is (2 np - 1) / np times the mean), then every block --np + 1
@@ -17,6 +17,9 @@ with paramsync and torch (the client tests' venv: build/tests/clients/venv).
 --memory empty: paramsync's tensors from paramsync's empty() (Gloo's as ever).
 --agents A: paramsync as a coordinator and A agents on loopback, rank r through
 agent r mod A (ranks on several agents: no peer copies), instead of one paramsyncd.
+--netns N: N network-namespace hosts (tests/netns/hosts.sh, needs root), rank r on
+host r mod N, for both systems: Gloo over the hosts' links, paramsync with a
+coordinator on the first host and an agent on each.
 """
 import argparse
 import os
@@ -26,6 +29,13 @@ import tempfile
 import time
 
 CASES = ("uneven", "even", "no-splits")
+HOSTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "netns",
+                     "hosts.sh")
+
+
+def hosts(*args):
+    """tests/netns/hosts.sh's output for args."""
+    return subprocess.check_output([HOSTS, *args], text=True).strip()
 
 
 def worker(backend, case, memory, np_, mib, iters):
@@ -89,8 +99,14 @@ def run(a, backend, case):
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ, WORLD_SIZE=str(a.np), GLOO_FILE=os.path.join(tmp, "gloo"),
                    PARAMSYNC_JOB="uneven-%d" % os.getpid())
+        if a.netns:
+            env["GLOO_SOCKET_IFNAME"] = "eth0"
         try:
-            if backend == "paramsync" and a.agents:
+            if backend == "paramsync" and a.netns:
+                subprocess.run([HOSTS, "paramsyncd", a.paramsyncd], check=True,
+                               stdout=subprocess.DEVNULL)
+                addrs = [hosts("agent", "h%d" % k) for k in range(a.netns)]
+            elif backend == "paramsync" and a.agents:
                 d, coord = start_daemon(a, tmp, "coordinator", "--role", "coordinator")
                 daemons.append(d)
                 for k in range(a.agents):
@@ -102,8 +118,11 @@ def run(a, backend, case):
                 d, addr = start_daemon(a, tmp, "daemon")
                 daemons.append(d)
                 addrs.append(addr)
-            procs = [subprocess.Popen([a.python, os.path.abspath(__file__), "--worker", backend,
-                                       case, a.memory, str(a.np), str(a.mib), str(a.iters)],
+            on = (lambda r: [HOSTS, "exec", "h%d" % (r % a.netns)]) if a.netns else \
+                (lambda r: [])
+            procs = [subprocess.Popen(on(r) + [a.python, os.path.abspath(__file__), "--worker",
+                                               backend, case, a.memory, str(a.np), str(a.mib),
+                                               str(a.iters)],
                                       env=dict(env, RANK=str(r), **({"PARAMSYNC_ADDR": addrs[
                                           r % len(addrs)]} if addrs else {})),
                                       stdout=subprocess.PIPE, text=True) for r in range(a.np)]
@@ -114,6 +133,10 @@ def run(a, backend, case):
             for d in daemons:
                 d.terminate()
                 d.wait()
+            if backend == "paramsync" and a.netns:
+                for k in range(a.netns):
+                    subprocess.run([HOSTS, "stop", "agent-h%d" % k], check=False)
+                subprocess.run([HOSTS, "stop", "coordinator"], check=False)
     ms, ok, mib = outs[0].split()
     return float(ms), ok == "1", float(mib)
 
@@ -136,7 +159,25 @@ def main():
     p.add_argument("--agents", type=int, default=0,
                    help="paramsync as a coordinator and this many agents on loopback, rank r "
                    "through agent r mod AGENTS (default 0: one paramsyncd)")
+    p.add_argument("--netns", type=int, default=0,
+                   help="this many network-namespace hosts (needs root), rank r on host r mod "
+                   "NETNS, for both systems (default 0: this host)")
     a = p.parse_args()
+    if a.netns and a.agents:
+        p.error("--netns and --agents do not go together")
+    if a.netns:
+        up = subprocess.run([HOSTS, "up", str(a.netns)], capture_output=True, text=True)
+        if up.returncode != 0:
+            sys.exit("hosts.sh up: %s" % up.stderr.strip())
+        os.environ["PS_NETNS"] = up.stdout.strip().split("=", 1)[1]
+        try:
+            return table(a)
+        finally:
+            subprocess.run([HOSTS, "down"], check=False, stdout=subprocess.DEVNULL)
+    return table(a)
+
+
+def table(a):
     print("%-10s %9s %10s %12s %8s" % ("case", "MiB/rank", "gloo ms", "paramsync ms", "ratio"))
     for case in CASES:
         for k in range(a.rounds):
