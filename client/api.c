@@ -657,9 +657,14 @@ int ps_all_to_all_v(ps_comm_t *comm, void *out, const size_t *out_counts, const 
     }
     if (rc == 0 && v.via_agent)
         pad_copy(pad_out, block, out, v.out_at, n, 0);
-    if (kept) {
+    if (kept && rc == 0) {
         ps__scratch_give(comm, v.pad_in);
         ps__scratch_give(comm, pad_out);
+    } else if (kept) {
+        /* A call that failed may have been given up on while an agent
+         * still wrote into them: not for the next call. */
+        ps_mem_free(comm, v.pad_in);
+        ps_mem_free(comm, pad_out);
     } else {
         free(v.pad_in);
         free(pad_out);

@@ -2595,12 +2595,15 @@ class World {
     return registered ? new Uint8Array((await this.mem.alloc(size)).ab) : new Uint8Array(size);
   }
 
-  _scratchGive(bufs, registered = false) {
+  /** keep false (the call failed, and may have been given up on while an agent still
+   * wrote into them): not for the next call. */
+  _scratchGive(bufs, registered = false, keepThem = true) {
     const pool = registered ? this.scratchMem : this.scratchFree;
-    pool.push(...bufs.filter(Boolean));
+    if (keepThem) pool.push(...bufs.filter(Boolean));
     pool.sort((a, b) => b.length - a.length);
     const keep = pool.filter((b) => b.length <= SCRATCH.MAX).slice(0, SCRATCH.KEEP);
     const drop = pool.filter((b) => !keep.includes(b));
+    if (!keepThem) drop.push(...bufs.filter(Boolean));
     pool.splice(0, pool.length, ...keep);
     // Best effort: the agent drops a rank's segments when it leaves anyway.
     if (registered) drop.forEach((b) => { this.mem.free(b.buffer).catch(() => {}); });
@@ -2650,12 +2653,14 @@ class World {
       const dst = ownOut ? o.buf : kept[1].subarray(0, n * mb);
       const u = new Uneven(i, o, ins, outs, esize, mb, ownIn ? null : src, ownOut ? null : dst,
         apart);
+      let ok = false;
       try {
         await step(() => this._inner(g, name, KIND.ALL_TO_ALL, { send: [src], recv: [dst],
           count: mb, uneven: u }), true);
         u.unpack();
+        ok = true;
       } finally {
-        this._scratchGive(kept, reg);
+        this._scratchGive(kept, reg, ok);
       }
       return output;
     });

@@ -465,13 +465,16 @@ class _World:
             return np.frombuffer(self.mem.alloc(max(nbytes, 1)).map, np.uint8)
         return np.empty(max(nbytes, 1), np.uint8)
 
-    def scratch_give(self, *bufs, registered=False):
+    def scratch_give(self, *bufs, registered=False, keep=True):
+        """Gives buffers of scratch back; keep=False (the call failed, and may have been
+        given up on while an agent still wrote into them): not for the next call."""
         pool = self.scratch_mem if registered else self.scratch_free
         with self.lock:
-            pool.extend(b for b in bufs if b is not None)
+            pool.extend(b for b in bufs if b is not None and keep)
             pool.sort(key=lambda b: -b.size)
             kept = [b for b in pool if b.size <= self.SCRATCH_MAX][:self.SCRATCH_KEEP]
             drop = [b for b in pool if not any(b is k for k in kept)]
+            drop += [b for b in bufs if b is not None and not keep]
             pool[:] = kept
         for b in drop if registered else ():
             self.mem.free(b.ctypes.data)
@@ -1694,7 +1697,7 @@ def _uneven_all_to_all(g, o, i, ins, outs, row, async_op, output):
         w = _step(g, "all_to_all_single", _K.ALL_TO_ALL, send=[src], recv=[dst],
                   dtype=T.UINT8, count=m, async_op=async_op, outputs=[output], uneven=u)
     except BaseException:
-        world.scratch_give(*kept, registered=reg)
+        world.scratch_give(*kept, registered=reg, keep=False)
         raise
     if not async_op:
         u.unpack()
@@ -1702,11 +1705,13 @@ def _uneven_all_to_all(g, o, i, ins, outs, row, async_op, output):
         return None
 
     def finish():
+        ok = False
         try:
             w.wait()
             u.unpack()
+            ok = True
         finally:
-            world.scratch_give(*kept, registered=reg)
+            world.scratch_give(*kept, registered=reg, keep=ok)
 
     return Work(finish, outputs=[output])
 
