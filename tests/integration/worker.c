@@ -843,6 +843,66 @@ static int sc_all_to_all_v(ctx_t *cx)
     return 0;
 }
 
+/* An uneven all_to_all whose padded blocks are over the daemon's
+ * --max-tensor-bytes (PS_TEST_MAX_TENSOR_BYTES) though its own bytes are
+ * not: rank 0 sends rank 1 just over the limit's share of a rank, everyone
+ * else one element. Every rank fails with PS_ENOMEM naming the limit, the
+ * padded buffers are let go (ranks on two agents: ps_mem_alloc memory, no
+ * longer mapped), and uneven calls within the limit go on right. */
+/* How many of this process's own paramsync segments of `min` bytes or more it
+ * maps (/dev/shm/paramsync.PID...), or -1. */
+static int own_segments_of(size_t min)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (!f)
+        return -1;
+    char line[1024], mine[64];
+    snprintf(mine, sizeof(mine), "/paramsync.%d.", (int)getpid());
+    int n = 0;
+    unsigned long lo, hi;
+    while (fgets(line, sizeof(line), f))
+        n += strstr(line, mine) && sscanf(line, "%lx-%lx", &lo, &hi) == 2 && hi - lo >= min;
+    fclose(f);
+    return n;
+}
+
+static int sc_all_to_all_v_limit(ctx_t *cx)
+{
+    int n = cx->size, me = cx->rank;
+    size_t limit = (size_t)env_int("PS_TEST_MAX_TENSOR_BYTES", 0);
+    CHECK(limit && n >= 2 && n <= 64, "PS_TEST_MAX_TENSOR_BYTES and 2 to 64 ranks");
+    size_t big = limit / ((size_t)n * sizeof(int32_t)) + 1, in_counts[64], out_counts[64];
+    size_t in_all = 0, out_all = 0;
+    for (int j = 0; j < n; j++) {
+        in_counts[j] = me == 0 && j == 1 ? big : 1;
+        out_counts[j] = me == 1 && j == 0 ? big : 1;
+        in_all += in_counts[j];
+        out_all += out_counts[j];
+    }
+    int32_t *in = xmalloc(in_all * sizeof(int32_t)), *out = xmalloc(out_all * sizeof(int32_t));
+    memset(in, 0, in_all * sizeof(int32_t));
+    for (int round = 0; round < 2; round++) {
+        clear_last_error();
+        int rc = ps_all_to_all_v(cx->comm, out, out_counts, in, in_counts, PS_INT32, NULL);
+        char msg[1024];
+        last_error(msg, sizeof(msg));
+        CHECK(rc == PS_ENOMEM && strstr(msg, "--max-tensor-bytes"),
+              "padded blocks over the limit, round %d: %d (%s): %s", round, rc, ps_strerror(rc),
+              msg);
+        /* Not kept for the next call: no segment that large is left mapped. */
+        int left = own_segments_of(limit);
+        CHECK(left == 0,
+              "padded blocks over the limit, round %d: %d segments of %zu bytes and "
+              "more still mapped, want 0",
+              round, left, limit);
+        TRY(a2av_case(cx, 1));
+        TRY(a2av_case(cx, 1000));
+    }
+    free(in);
+    free(out);
+    return 0;
+}
+
 /* Blocks of --ring-min-bytes (1 MiB) and more, which --ring auto sends
  * straight between the agents (the mesh); odd counts, so that no step
  * boundary lines up with a block's; one of them async. */
@@ -3432,6 +3492,7 @@ static const scenario_t scenarios[] = {
     {"all_to_all", sc_all_to_all, 1, 0},
     {"all_to_all_large", sc_all_to_all_large, 1, 0},
     {"all_to_all_v", sc_all_to_all_v, 1, 0},
+    {"all_to_all_v_limit", sc_all_to_all_v_limit, 1, 0},
     {"reduce_scatter_large", sc_reduce_scatter_large, 1, 0},
     {"forward_stream", sc_forward_stream, 1, 0},
     {"peer", sc_peer, 1, 0},
