@@ -1105,6 +1105,43 @@ def w_shm_reuse():
           "16 MiB checked" % (r, rounds))
 
 
+def w_uneven_limit():
+    """An uneven all_to_all_single whose padded blocks are over the agents'
+    --max-tensor-bytes (SUITE_LIMIT) though its own bytes are not (rank 0 sends rank 1
+    just over the limit's share of a rank): every rank fails with RESOURCE_EXHAUSTED naming
+    the limit, the padded blocks (empty() memory: ranks on two agents) are no longer
+    mapped, and uneven calls within the limit go on right."""
+    import numpy as np
+    dist = _w_init()
+    r, n = dist.get_rank(), dist.get_world_size()
+    limit = int(os.environ["SUITE_LIMIT"])
+    big = limit // (4 * n) + 1
+    ins = [big if (r, j) == (0, 1) else 1 for j in range(n)]
+    outs = [big if (r, j) == (1, 0) else 1 for j in range(n)]
+    mine = "/paramsync.%d." % os.getpid()
+
+    def big_segments():
+        with open("/proc/self/maps") as f:
+            spans = [line.split()[0].split("-") for line in f if mine in line]
+        return sum(int(b, 16) - int(a, 16) >= limit for a, b in spans)
+
+    for round_ in range(2):
+        said = raises(dist.ParamsyncError, dist.all_to_all_single,
+                      np.zeros(sum(outs), np.int32), np.zeros(sum(ins), np.int32), outs, ins)
+        assert "--max-tensor-bytes" in said, said
+        assert big_segments() == 0, "round %d: %d segments of %d bytes and more still " \
+            "mapped after the failed call" % (round_, big_segments(), limit)
+        small = [r + j + 1 for j in range(n)]
+        got = [j + r + 1 for j in range(n)]
+        x = np.concatenate([np.full(k, 10 * r + j, np.int32) for j, k in enumerate(small)])
+        o = np.full(sum(got), -1, np.int32)
+        dist.all_to_all_single(o, x, got, small)
+        expect_eq(o, np.concatenate([np.full(k, 10 * s + r, np.int32)
+                                     for s, k in enumerate(got)]), "uneven after the limit")
+    dist.destroy_process_group()
+    print("rank %d: uneven all_to_all over the limit refused, buffers let go" % r)
+
+
 def w_relay_lost():
     """Rank 1's agent is not the job's hub: its barriers go to the hub agent on its
     doorbell's relay stream. Then rank 1 waits at a barrier rank 0 never comes to, the
@@ -1886,6 +1923,7 @@ WORKERS = {
     "shm_reuse": w_shm_reuse, "shm_paths": w_shm_paths, "peer": w_peer,
     "relay_lost": w_relay_lost, "objects": w_objects, "uneven": w_uneven,
     "peer_unreadable": w_peer, "peer_registered": w_peer_registered,
+    "uneven_limit": w_uneven_limit,
 }
 
 # ---------------------------------------------------------------------------------- driver
@@ -1958,6 +1996,8 @@ def driver(a):
         return shm_paths(a)
     if a.scenario == "relay_lost":
         return relay_lost(a)
+    if a.scenario == "uneven_limit":
+        return uneven_limit(a)
     extra = ("--shm-resident-bytes", "64M") if a.scenario == "peer_registered" else ()
     with H.Daemon(a.paramsyncd, *extra, metrics=bool(a.transport)) as d:
         if a.scenario == "init_methods":
@@ -2113,6 +2153,32 @@ def shm_paths(a):
             d.stop()
     if not ok:
         H.fail("shm_paths")
+    print("PASS")
+
+
+def uneven_limit(a):
+    """A coordinator and two agents of --max-tensor-bytes 4 MiB, 3 ranks over them: an
+    uneven all_to_all_single whose padded blocks are over it (w_uneven_limit)."""
+    py, me = a.python, os.path.abspath(__file__)
+    limit = 4 << 20
+    coord = H.Daemon(a.paramsyncd, "--role", "coordinator")
+    agents = []
+    try:
+        coord.wait_ready()
+        for _ in range(2):
+            agents.append(H.Daemon(a.paramsyncd, "--role", "agent", "--coordinator", coord.addr,
+                                   "--max-tensor-bytes", str(limit)))
+            agents[-1].wait_ready()
+        envs = [H.clean_env(PARAMSYNC_ADDR=agents[r % 2].addr, PARAMSYNC_JOB="uneven-limit",
+                            WORLD_SIZE=3, RANK=r, PARAMSYNC_SHM="1", SUITE_LIMIT=limit)
+                for r in range(3)]
+        ok = report(H.run_workers([[py, me, "--worker", "uneven_limit"]] * 3, envs, 120, []),
+                    "uneven_limit")
+    finally:
+        for d in agents + [coord]:
+            d.stop()
+    if not ok:
+        H.fail("uneven_limit")
     print("PASS")
 
 
