@@ -297,3 +297,54 @@ test('a job over two agents: the doorbell, the segment, empty() and direct at ea
       await coord.stop();
     }
   });
+
+test('an uneven allToAllSingle whose padded blocks are over two agents\' --max-tensor-bytes: ' +
+  'refused on every rank, its padded blocks let go', async (t) => {
+  if (!ready(t)) return;
+  const limit = 4 << 20;
+  const coord = await startDaemon(['--role', 'coordinator']);
+  const agents = [];
+  let ws = [];
+  try {
+    for (let i = 0; i < 2; i++) {
+      agents.push(await startDaemon(['--role', 'agent', '--coordinator', coord.addr,
+        '--max-tensor-bytes', String(limit)]));
+    }
+    ws = await Promise.all([0, 1, 2].map((r) => dist.World.init({
+      initMethod: `tcp://${agents[r % 2].addr}?job=node-uneven-limit`, worldSize: 3, rank: r })));
+    const all3 = (fn) => Promise.all(ws.map((w, r) => fn(w, r)));
+    // Rank 0 sends rank 1 just over the limit's share of a rank, everyone else one element.
+    const big = Math.floor(limit / (4 * 3)) + 1;
+    const ins = (r) => [0, 1, 2].map((j) => (r === 0 && j === 1 ? big : 1));
+    const outs = (r) => [0, 1, 2].map((s) => (r === 1 && s === 0 ? big : 1));
+    const sum = (a) => a.reduce((x, y) => x + y, 0);
+    for (let round = 0; round < 2; round++) {
+      const got = await Promise.allSettled(ws.map((w, r) => w.allToAllSingle(
+        new Int32Array(sum(outs(r))), new Int32Array(sum(ins(r))),
+        { outputSplitSizes: outs(r), inputSplitSizes: ins(r) })));
+      got.forEach((g, r) => {
+        assert.strictEqual(g.status, 'rejected', `round ${round}, rank ${r}`);
+        assert.strictEqual(g.reason.codeName, 'RESOURCE_EXHAUSTED', String(g.reason));
+        assert.match(g.reason.message, /--max-tensor-bytes/);
+      });
+      ws.forEach((w, r) => {
+        assert.ok(w.scratchMem.every((b) => b.length < limit),
+          `round ${round}, rank ${r}: the failed call's padded blocks kept`);
+        assert.ok(!w.mem.mems.some((m) => m.size >= limit),
+          `round ${round}, rank ${r}: a padded block still registered`);
+      });
+      // Uneven calls within the limit go on right.
+      const o = ws.map((_, r) => new Int32Array(sum([0, 1, 2].map((s) => s + r + 1))));
+      await all3((w, r) => w.allToAllSingle(o[r], Int32Array.from([0, 1, 2].flatMap((j) =>
+        new Array(r + j + 1).fill(10 * r + j))), {
+        outputSplitSizes: [0, 1, 2].map((s) => s + r + 1),
+        inputSplitSizes: [0, 1, 2].map((j) => r + j + 1) }));
+      o.forEach((x, r) => assert.deepStrictEqual(Array.from(x), [0, 1, 2].flatMap((s) =>
+        new Array(s + r + 1).fill(10 * s + r)), `round ${round}, rank ${r}: after the limit`));
+    }
+  } finally {
+    await Promise.all(ws.map((w) => w.destroy()));
+    for (const a of agents) await a.stop();
+    await coord.stop();
+  }
+});
