@@ -476,18 +476,19 @@ static int mem_begin(ps_comm_t *comm, ps__coll_t *c, int own)
     if ((!c->in_bytes && !c->out_bytes) || !(own || placed_apart(c)))
         return 0;
     uintptr_t in = (uintptr_t)c->in, out = (uintptr_t)c->out;
-    struct ps__mem *m, *mo = NULL;
+    int ins = c->in_bytes != 0;
     pthread_mutex_lock(&comm->lock);
-    for (m = comm->mem; m; m = m->next)
-        if (m->shared && !m->in_use && (!own || m->seg.own_block) &&
-            mem_holds(m, c->in, c->in_bytes) && mem_holds(m, c->out, c->out_bytes))
-            break;
-    if (!m && !own && c->in_bytes && c->out_bytes &&
-        (m = mem_free_holding(comm, c->in, c->in_bytes)))
-        mo = mem_free_holding(comm, c->out, c->out_bytes);
-    if (mo && !(m->seg.two && mo->seg.two))
-        mo = NULL;
-    if (!mo && m && !(mem_holds(m, c->in, c->in_bytes) && mem_holds(m, c->out, c->out_bytes)))
+    /* Allocations do not overlap: the one holding the input (else the
+     * output) holds both, or the output lies in another. */
+    struct ps__mem *mo = NULL;
+    struct ps__mem *m =
+        mem_free_holding(comm, ins ? c->in : c->out, ins ? c->in_bytes : c->out_bytes);
+    if (m && !mem_holds(m, c->out, c->out_bytes)) {
+        mo = own ? NULL : mem_free_holding(comm, c->out, c->out_bytes);
+        if (!mo || !m->seg.two || !mo->seg.two)
+            m = mo = NULL;
+    }
+    if (m && own && !m->seg.own_block)
         m = NULL;
     if (m)
         m->in_use = 1;
