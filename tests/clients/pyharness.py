@@ -3,6 +3,7 @@
 Exit status 77 means SKIPPED for ctest (SKIP_RETURN_CODE 77); a test prints
 why before it skips.
 """
+import contextlib
 import os
 import re
 import shutil
@@ -88,6 +89,24 @@ class Daemon:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+@contextlib.contextmanager
+def agents(binary, n=2, coord_args=(), agent_args=(), metrics=False):
+    """A coordinator and n agents of it (Daemons, ready), as hosts of a multi-agent job
+    would have; yields the agents and stops them all, the coordinator last."""
+    coord = Daemon(binary, "--role", "coordinator", *coord_args)
+    started = []
+    try:
+        coord.wait_ready()
+        for _ in range(n):
+            started.append(Daemon(binary, "--role", "agent", "--coordinator", coord.addr,
+                                  *agent_args, metrics=metrics))
+            started[-1].wait_ready()
+        yield started
+    finally:
+        for d in started + [coord]:
+            d.stop()
 
 
 def run_workers(cmds, envs, timeout=120, pids=None):

@@ -2118,14 +2118,7 @@ def shm_paths(a):
     else:
         print("SKIPPED: the other-host case (no private mount namespace here: unshare -m)")
     # Split: rank 0 on agent 1 (the job's hub), rank 1 on agent 2.
-    coord = H.Daemon(a.paramsyncd, "--role", "coordinator")
-    agents = []
-    try:
-        coord.wait_ready()
-        for _ in range(2):
-            agents.append(H.Daemon(a.paramsyncd, "--role", "agent", "--coordinator", coord.addr,
-                                   metrics=True))
-            agents[-1].wait_ready()
+    with H.agents(a.paramsyncd, metrics=True) as agents:
         ok = job([agents[0].addr, agents[1].addr], "split") and ok
         for i, ag in enumerate(agents):
             got = H.payload_bytes(ag.metrics_url)
@@ -2148,9 +2141,6 @@ def shm_paths(a):
             print("FAIL: split-uneven: %d calls from two empty() allocations, want one a rank "
                   "at least (the padded blocks on empty() memory)" % calls)
             ok = False
-    finally:
-        for d in agents + [coord]:
-            d.stop()
     if not ok:
         H.fail("shm_paths")
     print("PASS")
@@ -2161,22 +2151,12 @@ def uneven_limit(a):
     uneven all_to_all_single whose padded blocks are over it (w_uneven_limit)."""
     py, me = a.python, os.path.abspath(__file__)
     limit = 4 << 20
-    coord = H.Daemon(a.paramsyncd, "--role", "coordinator")
-    agents = []
-    try:
-        coord.wait_ready()
-        for _ in range(2):
-            agents.append(H.Daemon(a.paramsyncd, "--role", "agent", "--coordinator", coord.addr,
-                                   "--max-tensor-bytes", str(limit)))
-            agents[-1].wait_ready()
+    with H.agents(a.paramsyncd, agent_args=("--max-tensor-bytes", str(limit))) as agents:
         envs = [H.clean_env(PARAMSYNC_ADDR=agents[r % 2].addr, PARAMSYNC_JOB="uneven-limit",
                             WORLD_SIZE=3, RANK=r, PARAMSYNC_SHM="1", SUITE_LIMIT=limit)
                 for r in range(3)]
         ok = report(H.run_workers([[py, me, "--worker", "uneven_limit"]] * 3, envs, 120, []),
                     "uneven_limit")
-    finally:
-        for d in agents + [coord]:
-            d.stop()
     if not ok:
         H.fail("uneven_limit")
     print("PASS")
@@ -2187,48 +2167,43 @@ def relay_lost(a):
     job's hub agent (rank 0's) on its doorbell's relay stream, so no Worker/Collective call
     reaches that agent; killed while rank 1 waits there, rank 1 fails soon (w_relay_lost)."""
     py, me = a.python, os.path.abspath(__file__)
-    coord = H.Daemon(a.paramsyncd, "--role", "coordinator", "--liveness-timeout-ms", "2000")
-    agents, procs, ok = [], [], True
-    try:
-        coord.wait_ready()
-        for _ in range(2):
-            agents.append(H.Daemon(a.paramsyncd, "--role", "agent", "--coordinator", coord.addr,
-                                   "--liveness-timeout-ms", "2000", metrics=True))
-            agents[-1].wait_ready()
-        for r in range(2):
-            env = H.clean_env(PARAMSYNC_ADDR=agents[r].addr, PARAMSYNC_JOB="relay-lost",
-                              WORLD_SIZE=2, RANK=r, SUITE_HUB=agents[0].addr)
-            procs.append(subprocess.Popen([py, me, "--worker", "relay_lost"], env=env,
-                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                          text=True))
-        line = procs[1].stdout.readline()
-        if line.strip() != "rank 1: waiting":
-            H.fail("relay_lost: rank 1 said %r\n%s" % (line, procs[1].stderr.read()[-3000:]))
-        calls = H.scrape(agents[0].metrics_url).get(
-            'paramsync_grpc_calls_total{service="paramsync.v1.Worker",method="Collective",'
-            'code="OK"}', 0)
-        if calls:
-            print("FAIL: %d Collective calls reached the hub agent; rank 1's barriers should "
-                  "have come on its relay" % calls)
-            ok = False
-        time.sleep(0.5)
-        agents[0].proc.kill()
+    live = ("--liveness-timeout-ms", "2000")
+    procs, ok = [], True
+    with H.agents(a.paramsyncd, coord_args=live, agent_args=live, metrics=True) as agents:
         try:
-            out, err = procs[1].communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            procs[1].kill()
-            out, err = procs[1].communicate()
-        print(line + out, end="")
-        if procs[1].returncode != 0:
-            print("FAIL: rank 1 exited with %s\n%s" % (procs[1].returncode, err[-3000:]))
-            ok = False
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.communicate()
-        for d in agents + [coord]:
-            d.stop()
+            for r in range(2):
+                env = H.clean_env(PARAMSYNC_ADDR=agents[r].addr, PARAMSYNC_JOB="relay-lost",
+                                  WORLD_SIZE=2, RANK=r, SUITE_HUB=agents[0].addr)
+                procs.append(subprocess.Popen([py, me, "--worker", "relay_lost"], env=env,
+                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                              text=True))
+            line = procs[1].stdout.readline()
+            if line.strip() != "rank 1: waiting":
+                H.fail("relay_lost: rank 1 said %r\n%s" % (line,
+                                                            procs[1].stderr.read()[-3000:]))
+            calls = H.scrape(agents[0].metrics_url).get(
+                'paramsync_grpc_calls_total{service="paramsync.v1.Worker",method="Collective",'
+                'code="OK"}', 0)
+            if calls:
+                print("FAIL: %d Collective calls reached the hub agent; rank 1's barriers "
+                      "should have come on its relay" % calls)
+                ok = False
+            time.sleep(0.5)
+            agents[0].proc.kill()
+            try:
+                out, err = procs[1].communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                procs[1].kill()
+                out, err = procs[1].communicate()
+            print(line + out, end="")
+            if procs[1].returncode != 0:
+                print("FAIL: rank 1 exited with %s\n%s" % (procs[1].returncode, err[-3000:]))
+                ok = False
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                p.communicate()
     if not ok:
         H.fail("relay_lost")
     print("PASS")

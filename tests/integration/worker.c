@@ -843,15 +843,10 @@ static int sc_all_to_all_v(ctx_t *cx)
     return 0;
 }
 
-/* An uneven all_to_all whose padded blocks are over the daemon's
- * --max-tensor-bytes (PS_TEST_MAX_TENSOR_BYTES) though its own bytes are
- * not: rank 0 sends rank 1 just over the limit's share of a rank, everyone
- * else one element. Every rank fails with PS_ENOMEM naming the limit, the
- * padded buffers are let go (ranks on two agents: ps_mem_alloc memory, no
- * longer mapped), and uneven calls within the limit go on right. */
-/* How many of this process's own paramsync segments of `min` bytes or more it
- * maps (/dev/shm/paramsync.PID...), or -1. */
-static int own_segments_of(size_t min)
+/* How many mappings of paramsync segments (/dev/shm/paramsync.PID..., their
+ * names carry their owners' pids) of `min` bytes or more this process has:
+ * its own (own) or other processes' (the peer copies' mappings); or -1. */
+static int segments_mapped(int own, size_t min)
 {
     FILE *f = fopen("/proc/self/maps", "r");
     if (!f)
@@ -861,11 +856,18 @@ static int own_segments_of(size_t min)
     int n = 0;
     unsigned long lo, hi;
     while (fgets(line, sizeof(line), f))
-        n += strstr(line, mine) && sscanf(line, "%lx-%lx", &lo, &hi) == 2 && hi - lo >= min;
+        n += strstr(line, "/paramsync.") && (strstr(line, mine) != NULL) == own &&
+             sscanf(line, "%lx-%lx", &lo, &hi) == 2 && hi - lo >= min;
     fclose(f);
     return n;
 }
 
+/* An uneven all_to_all whose padded blocks are over the daemon's
+ * --max-tensor-bytes (PS_TEST_MAX_TENSOR_BYTES) though its own bytes are
+ * not: rank 0 sends rank 1 just over the limit's share of a rank, everyone
+ * else one element. Every rank fails with PS_ENOMEM naming the limit, the
+ * padded buffers are let go (ranks on two agents: ps_mem_alloc memory, no
+ * longer mapped), and uneven calls within the limit go on right. */
 static int sc_all_to_all_v_limit(ctx_t *cx)
 {
     int n = cx->size, me = cx->rank;
@@ -890,7 +892,7 @@ static int sc_all_to_all_v_limit(ctx_t *cx)
               "padded blocks over the limit, round %d: %d (%s): %s", round, rc, ps_strerror(rc),
               msg);
         /* Not kept for the next call: no segment that large is left mapped. */
-        int left = own_segments_of(limit);
+        int left = segments_mapped(1, limit);
         CHECK(left == 0,
               "padded blocks over the limit, round %d: %d segments of %zu bytes and "
               "more still mapped, want 0",
@@ -1965,22 +1967,6 @@ static int peer_mapped_gathers(ctx_t *cx, int32_t *in, size_t in_bytes, int32_t 
     return 0;
 }
 
-/* How many mappings of other processes' paramsync segments this one has
- * (their names carry their pids: /dev/shm/paramsync.PID...), or -1. */
-static int others_segments_mapped(void)
-{
-    FILE *f = fopen("/proc/self/maps", "r");
-    if (!f)
-        return -1;
-    char line[1024], mine[64];
-    snprintf(mine, sizeof(mine), "/paramsync.%d.", (int)getpid());
-    int n = 0;
-    while (fgets(line, sizeof(line), f))
-        n += strstr(line, "/paramsync.") && !strstr(line, mine);
-    fclose(f);
-    return n;
-}
-
 /* Peer copies from ps_mem_alloc memory through a mapping of the owner's
  * segment file (client/peer.c, read_mapped): gathers of 3 MiB blocks and
  * some, over the agent's --shm-resident-bytes (the harness makes it small,
@@ -2011,7 +1997,7 @@ static int sc_peer_mapped(ctx_t *cx)
         rc = ps_mem_is_shared(cx->comm, in)
                  ? peer_mapped_gathers(cx, in, in_bytes, out, count)
                  : fail("ps_mem_alloc memory is not shared with the agent");
-        int mapped = cx->rank == 0 ? others_segments_mapped() : kept;
+        int mapped = cx->rank == 0 ? segments_mapped(0, 0) : kept;
         if (rc == 0 && mapped != kept)
             rc = fail("after the gathers on allocation %d the root maps %d of the others' "
                       "segments, expected %d",
