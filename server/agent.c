@@ -1067,8 +1067,10 @@ int ps__agent_create(const ps__config_t *cfg, ps__rpc_server_t *srv, const char 
     static const char *const ring_names[] = {
         [PS_RING_OFF] = "off", [PS_RING_ON] = "on", [PS_RING_AUTO] = "auto"};
     snprintf(a->settings, sizeof(a->settings),
-             "--ring %s --ring-min-bytes %" PRIu64 " --rd-max-bytes %" PRIu64 " --step-bytes %zu",
-             ring_names[cfg->ring], cfg->ring_min_bytes, cfg->rd_max_bytes, cfg->step_bytes);
+             "--ring %s --ring-min-bytes %" PRIu64 " --rd-max-bytes %" PRIu64
+             " --step-bytes %zu --wire %d",
+             ring_names[cfg->ring], cfg->ring_min_bytes, cfg->rd_max_bytes, cfg->step_bytes,
+             PS_WIRE_REVISION);
     if ((rc = ps__rpc_channel_create_ex(coordinator, &cfg->rpc, &a->coord)) < 0)
         goto fail;
     if (cfg->tokens_file && (rc = ps__tokens_load(cfg->tokens_file, &a->tokens)) < 0)

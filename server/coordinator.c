@@ -311,7 +311,8 @@ static void job_purge_refused(ps__coordinator_t *c)
 
 /* What to do about agents' settings that differ, for the messages. */
 #define PS_SETTINGS_ALIKE                                                                          \
-    "give every agent the same --ring, --ring-min-bytes, --rd-max-bytes and --step-bytes"
+    "give every agent the same --ring, --ring-min-bytes, --rd-max-bytes and --step-bytes, "        \
+    "and one release of paramsyncd (--wire: how agents talk to each other)"
 
 /* Two agents' settings ("--flag value ...") for a message, into a (x's) and
  * b (y's), each of size bytes: the pairs whose values differ where both

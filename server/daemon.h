@@ -68,6 +68,13 @@ enum { PS_RING_OFF, PS_RING_ON, PS_RING_AUTO };
  * (ring_use in hub.c). */
 
 /* What a call cut by SIGTERM's drain is told (UNAVAILABLE). */
+/* What agents of one job say to each other between them, in their
+ * settings (JoinRequest.agent_settings, "--wire N"), so that the
+ * coordinator refuses a job whose agents would not understand each other:
+ * 2 since an all_to_all block may cross without its padding
+ * (CollectiveHeader.block_used); agents that name none are older (1). */
+#define PS_WIRE_REVISION 2
+
 #define PS_MSG_STOPPING "paramsyncd is shutting down (SIGTERM)"
 
 /* Method names. */

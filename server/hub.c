@@ -1353,6 +1353,29 @@ static void packed_combine(const coll_t *c, uint8_t *out, blob_t *const *in)
     }
 }
 
+/* The bytes at the start of step p's output that carry data: p->slice, or
+ * fewer for an all_to_all block whose contributor said how much of it is
+ * data (CollectiveHeader.block_used; where that rank is here) or that came
+ * from another agent shorter (out, when given: its bytes). The rest is
+ * padding its receiver does not read, left out of what agents move between
+ * them (ring_send_main) and write into outputs (member_write). */
+static size_t step_used(const coll_t *c, const step_plan_t *p, const blob_t *out)
+{
+    size_t used = p->slice; /* all_to_all's steps not packed: p->len */
+    if (c->kind != K_ALL_TO_ALL || c->packed || p->contrib_one < 0 || p->recv_one < 0)
+        return used;
+    if (out && out->len < used)
+        used = out->len;
+    const member_t *m = c->members[p->contrib_one];
+    const header_t *hd = m && m->first ? m->first->header : NULL;
+    if (!hd || hd->n_block_used != (size_t)c->n)
+        return used;
+    uint64_t have = hd->block_used[p->recv_one] * ps_dtype_size((ps_dtype_t)c->dtype);
+    uint64_t from = p->at - (uint64_t)p->contrib_one * c->block; /* the step's place in its block */
+    uint64_t left = have > from ? have - from : 0;
+    return left < used ? (size_t)left : used;
+}
+
 static int step_contributes(const step_plan_t *p, int i)
 {
     return p->contrib_one < 0 || p->contrib_one == i;
@@ -2613,7 +2636,7 @@ static int member_write(member_t *m, int finish)
             /* the device wrote it there (step_places) */
             ps__metrics_shm_bytes(PS_M_TX, PS_M_SHM_DEVICE, len);
         } else if (m->shm) { /* the result frame follows the data, below */
-            rc = member_put(m, out, soff, len, p.at);
+            rc = member_put(m, out, soff, step_used(c, &p, out), p.at);
         } else {
             rc = send_frame(m, first ? &res : NULL, p.at, out, soff, len, s == last_step);
         }
@@ -2863,6 +2886,21 @@ static int header_check(const ps__config_t *cfg, const header_t *hd, int n, char
                  k, hd->group, hd->rank);
         return GRPC_STATUS_INVALID_ARGUMENT;
     }
+    if (hd->n_block_used && (hd->kind != K_ALL_TO_ALL || hd->n_block_used != (size_t)n)) {
+        snprintf(msg, len,
+                 "%s (group %u, seq %" PRIu64 "): rank %d: block_used gives %zu counts; it is for "
+                 "all_to_all, one count per rank of the group (%d)",
+                 k, hd->group, hd->seq, hd->rank, hd->n_block_used, n);
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    for (size_t j = 0; j < hd->n_block_used; j++)
+        if (hd->block_used[j] > hd->count) {
+            snprintf(msg, len,
+                     "%s (group %u, seq %" PRIu64 "): rank %d: block_used[%zu] is %" PRIu64
+                     " elements, more than the block's %" PRIu64 " (count)",
+                     k, hd->group, hd->seq, hd->rank, j, hd->block_used[j], hd->count);
+            return GRPC_STATUS_INVALID_ARGUMENT;
+        }
     /* Limits are checked before any memory is taken. */
     uint64_t esize = ps_dtype_size((ps_dtype_t)hd->dtype);
     uint64_t mult = 1;
@@ -3862,9 +3900,14 @@ static void *ring_send_main(void *arg)
         int relays = rg->mode == RING_PASS && ring_at(c, s) == RING_AT_MID;
         blob_t *b = sl->out;
         blob_ref(b);
+        size_t off = 0, len = sl->len;
+        if (rg->mesh) { /* an all_to_all block's padding stays here */
+            step_plan_t p;
+            plan_step(c, s, &p);
+            len = step_used(c, &p, NULL);
+        }
         l->busy = 1;
         pthread_mutex_unlock(c->lock);
-        size_t off = 0, len = sl->len;
         if (!ring_whole(c))
             ring_piece(c, sl->len, ring_piece_of_round(rg, r, 0), &off, &len);
         uint64_t tag = (uint64_t)s * (uint64_t)rounds + (uint64_t)r;
@@ -4265,25 +4308,30 @@ static void ring_pass_apply(coll_t *c)
             rg->q_tail = before;
         left--;
         slot_t *sl = slot_take(c, best) > 0 ? &c->slots[best % c->window] : NULL;
-        int hold = sl && pass_step_held(c, best, &q->f);
-        blob_t *b = !sl || q->f.data_len != sl->len ? NULL
-                    : hold                          ? blob_pieces(sl->len)
-                                                    : blob_new(sl->len);
-        if (sl && q->f.data_len != sl->len)
+        /* An all_to_all block may come without its padding (step_used):
+         * held, it stays that short (only segments take it, member_write);
+         * copied, the padding is zeros for a rank answered in frames. */
+        size_t got = q->f.data_len;
+        int fits = sl && (got == sl->len || (c->kind == K_ALL_TO_ALL && got < sl->len));
+        int hold = fits && pass_step_held(c, best, &q->f);
+        blob_t *b = !fits ? NULL : hold ? blob_pieces(got) : blob_new(sl->len);
+        if (sl && !fits)
             coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
                       "%s (group %u, seq %" PRIu64 "): agent %s sent %zu bytes for a step of %zu",
-                      pre, c->group, c->seq, q->from->addr, q->f.data_len, sl->len);
+                      pre, c->group, c->seq, q->from->addr, got, sl->len);
         else if (sl && !b)
             coll_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", pre);
         if (b) {
             /* Claimed and not computed: nobody else touches the slot. */
             pthread_mutex_unlock(c->lock);
             int rc = 0;
-            if (hold)
-                rc = blob_hold(b, &q->f, 0, sl->len);
-            else
-                ps__frame_copy_data(&q->f, 0, b->data, sl->len);
-            ps__metrics_bytes(PS_M_RX, PS_M_LINK_AGENT, sl->len);
+            if (hold) {
+                rc = blob_hold(b, &q->f, 0, got);
+            } else {
+                ps__frame_copy_data(&q->f, 0, b->data, got);
+                memset(b->data + got, 0, sl->len - got);
+            }
+            ps__metrics_bytes(PS_M_RX, PS_M_LINK_AGENT, got);
             pthread_mutex_lock(c->lock);
             if (rc < 0) {
                 coll_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", pre);
