@@ -173,6 +173,10 @@ static int prepare(ps_comm_t *comm, const request_t *r, ps__coll_t *c)
     c->out_bytes = out_bytes;
     c->source = -1;
     c->v = r->v;
+    if (r->v && r->v->used) { /* the agents need not move the padding */
+        c->hdr.block_used = r->v->used;
+        c->hdr.n_block_used = (size_t)n;
+    }
     return 0;
 }
 
@@ -592,7 +596,7 @@ int ps_all_to_all_v(ps_comm_t *comm, void *out, const size_t *out_counts, const 
     /* This rank's 2n counts, then every rank's (table), then the byte
      * offsets of its blocks (2 (n + 1)). */
     size_t words = (size_t)2 * n * (n + 1) + (size_t)2 * (n + 1);
-    int64_t *mine = malloc(words * sizeof(int64_t)), *table = mine + 2 * n;
+    int64_t *mine = malloc((words + (size_t)n) * sizeof(int64_t)), *table = mine + 2 * n;
     if (!mine) {
         ps__report(comm, PS_ENOMEM, "all_to_all_v", "no memory for the counts");
         return PS_ENOMEM;
@@ -637,6 +641,11 @@ int ps_all_to_all_v(ps_comm_t *comm, void *out, const size_t *out_counts, const 
     ps__a2av_t v = {.in = in, .out = out, .in_at = at, .out_at = at + n + 1, .block = block};
     offsets(at, in_counts, n, esz);
     offsets(at + n + 1, out_counts, n, esz);
+    if (!own_in) { /* the bytes of each padded input block that are data */
+        v.used = (uint64_t *)(mine + words);
+        for (int j = 0; j < n; j++)
+            v.used[j] = (uint64_t)(at[j + 1] - at[j]);
+    }
     unsigned char *src = own_in ? (unsigned char *)(uintptr_t)in : NULL;
     unsigned char *dst = own_out ? out : NULL, *pad_out = NULL;
     ps_group_t *g = group ? group : &comm->world;
