@@ -2130,13 +2130,23 @@ def shm_paths(a):
                 ok = False
         # Uneven all_to_alls of 3 ranks over the two agents (no peer copies): their padded
         # blocks are empty() memory, which the agents take in place beside the caller's.
+        # Between the agents only the blocks' own bytes cross (header.block_used): of the
+        # two megabyte calls, 7.68 MB, where their padded blocks are 15.36 MB.
         two = 'paramsync_shm_calls_total{segments="registered_two"}'
+        crossed = 'paramsync_payload_bytes_total{direction="sent",link="agent"}'
         before = sum(H.scrape(ag.metrics_url).get(two, 0) for ag in agents)
+        sent = sum(H.scrape(ag.metrics_url).get(crossed, 0) for ag in agents)
         envs = [H.clean_env(PARAMSYNC_ADDR=agents[r % 2].addr, PARAMSYNC_JOB="paths-uneven",
                             WORLD_SIZE=3, RANK=r, PARAMSYNC_SHM="1") for r in range(3)]
         ok = report(H.run_workers([[py, me, "--worker", "uneven"]] * 3, envs, 120, []),
                     "split-uneven") and ok
         calls = sum(H.scrape(ag.metrics_url).get(two, 0) for ag in agents) - before
+        sent = sum(H.scrape(ag.metrics_url).get(crossed, 0) for ag in agents) - sent
+        print("split-uneven: %d bytes sent between the agents" % sent)
+        if not 7_680_000 <= sent < 10_000_000:
+            print("FAIL: split-uneven: %d bytes sent between the agents, want the blocks' own "
+                  "7.68 MB and little more (padded: 15.36 MB)" % sent)
+            ok = False
         if calls < 3:
             print("FAIL: split-uneven: %d calls from two empty() allocations, want one a rank "
                   "at least (the padded blocks on empty() memory)" % calls)

@@ -268,10 +268,24 @@ test('a job over two agents: the doorbell, the segment, empty() and direct at ea
         from ? 10 * j + r : 10 * r + j));
       const cat = (arrs) => Int32Array.from(arrs.flatMap((a) => Array.from(a)));
       const got2 = ws.map((_, r) => new Int32Array((2 * r + 1 + 2) * K));
+      // Between the agents only the blocks' own bytes cross (header.block_used): 1.6 MB,
+      // where the padded blocks are 2.4 MB.
+      const crossed = async () => {
+        let b = 0;
+        for (const a of agents) {
+          b += (await scrapeMetrics(a.url)).get(
+            'paramsync_payload_bytes_total{direction="sent",link="agent"}');
+        }
+        return b;
+      };
+      const sentBefore = await crossed();
       await both((w, r) => w.allToAllSingle(got2[r], cat(blocks(r, false)), {
         outputSplitSizes: [0, 1].map((s) => (s + r + 1) * K),
         inputSplitSizes: [0, 1].map((j) => (r + j + 1) * K) }));
       got2.forEach((o, r) => assert.deepStrictEqual(o, cat(blocks(r, true)), `uneven, rank ${r}`));
+      const sent = await crossed() - sentBefore;
+      assert.ok(sent >= 1600000 && sent < 2000000,
+        `uneven: ${sent} bytes sent between the agents, want the blocks' own 1.6 MB`);
       ws.forEach((w, r) => {
         assert.strictEqual(w.scratchMem.length, 2, `rank ${r}: padded blocks on empty() kept`);
         assert.strictEqual(w.scratchFree.length, 0, `rank ${r}: padded blocks of plain memory`);

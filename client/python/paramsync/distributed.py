@@ -1379,6 +1379,8 @@ def _start(g, name, kind, *, send=(), recv=(), op=0, dtype=0, count=0, root=0, p
                                  dtype=dtype, count=count, root=root, peer=peer, rank=g.rank(),
                                  tag=tag, timeout_ms=timeout_ms or w.timeout_ms,
                                  incarnation=w.incarnation)
+    if uneven is not None:  # the agents need not move the padding
+        header.block_used.extend(uneven.block_used())
 
     def run():
         if peer_copies and w.peer_run(g, header, send_segs, recv_segs, name, copy_send,
@@ -1752,6 +1754,11 @@ class _Uneven:
             else:
                 flat[at:at + b] = pad[j * self._m:j * self._m + b]
             at += b
+
+    def block_used(self):
+        """The bytes of each padded input block that are data (CollectiveHeader.block_used);
+        none where the input goes as it is."""
+        return [] if self._pad_in is None else [k * self._row for k in self._in_rows]
 
     def pack(self):
         self.via_agent = True
