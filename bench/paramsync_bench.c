@@ -41,8 +41,11 @@ static const char usage[] =
     "  -B, --iter-bytes N    fewer calls for large sizes: at most N/size calls, at least\n"
     "                        one (default 0: no cap)\n"
     "  -t, --collectives L   comma-separated: all_reduce, broadcast, reduce, all_gather,\n"
-    "                        gather, scatter, reduce_scatter, all_to_all, barrier, or\n"
-    "                        all (default)\n"
+    "                        gather, scatter, reduce_scatter, all_to_all, all_to_all_v,\n"
+    "                        barrier, or all (default). all_to_all_v: ps_all_to_all_v,\n"
+    "                        rank r sends rank j a block of u (1 + (r + j) mod p)\n"
+    "                        elements, the size being what each rank sends (host\n"
+    "                        memory only)\n"
     "  -d, --dtype NAME      float32 (default), float64, float16, bfloat16, int8, uint8,\n"
     "                        int16, int32, int64\n"
     "  -o, --op NAME         sum (default), prod, min, max, avg\n"
@@ -83,13 +86,14 @@ enum coll {
     C_SCATTER,
     C_REDUCE_SCATTER,
     C_ALL_TO_ALL,
+    C_ALL_TO_ALL_V,
     C_BARRIER,
     C_COUNT
 };
 
 static const char *const coll_names[C_COUNT] = {
-    "all_reduce", "broadcast",      "reduce",     "all_gather", "gather",
-    "scatter",    "reduce_scatter", "all_to_all", "barrier",
+    "all_reduce", "broadcast",      "reduce",     "all_gather",   "gather",
+    "scatter",    "reduce_scatter", "all_to_all", "all_to_all_v", "barrier",
 };
 
 /* Collectives whose size is split in world-size blocks. */
@@ -97,6 +101,18 @@ static int coll_blocked(int c)
 {
     return c == C_ALL_GATHER || c == C_GATHER || c == C_SCATTER || c == C_REDUCE_SCATTER ||
            c == C_ALL_TO_ALL;
+}
+
+/* all_to_all_v's units per rank: rank r sends rank j a block of u (1 + (r
+ * + j) mod p) elements, so every rank sends and receives u p (p + 1) / 2. */
+static size_t a2av_units(int p)
+{
+    return (size_t)p * (size_t)(p + 1) / 2;
+}
+
+static size_t a2av_count(int r, int j, int p, size_t u)
+{
+    return u * (size_t)(1 + (r + j) % p);
 }
 
 static int coll_reduces(int c)
@@ -132,7 +148,7 @@ typedef struct options {
     size_t minbytes, maxbytes, iter_bytes;
     double factor;
     int warmup, iters, root, check;
-    int want[C_COUNT];
+    int want[C_COUNT]; /* 1: wanted, 2: named in -t */
     ps_dtype_t dtype;
     ps_op_t op;
     const char *init, *csv, *label;
@@ -243,10 +259,12 @@ static int parse_colls(const char *list, int *want)
     int rc = 0;
     char *save = NULL;
     for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        int found = 0;
+        int found = strcasecmp(tok, "all") == 0;
         for (int c = 0; c < C_COUNT; c++)
-            if (strcasecmp(tok, "all") == 0 || strcasecmp(tok, coll_names[c]) == 0)
-                want[c] = found = 1;
+            if (strcasecmp(tok, coll_names[c]) == 0)
+                want[c] = found = 2; /* named */
+            else if (found == 1 && !want[c])
+                want[c] = 1;
         if (!found) {
             fprintf(stderr, "paramsync-bench: unknown collective '%s'\n", tok);
             rc = -1;
@@ -345,6 +363,13 @@ static int parse_options(int argc, char **argv, options_t *o)
         fprintf(stderr, "paramsync-bench: avg needs a floating dtype\n");
         return -1;
     }
+    if (o->device_mem && o->want[C_ALL_TO_ALL_V] == 2) {
+        fprintf(stderr, "paramsync-bench: all_to_all_v takes host memory, not --mem device "
+                        "(choose others with -t)\n");
+        return -1;
+    }
+    if (o->device_mem) /* all: the others */
+        o->want[C_ALL_TO_ALL_V] = 0;
     if (o->inflight > 1 && o->device_mem) {
         fprintf(stderr, "paramsync-bench: --mem device takes blocking calls only, not "
                         "--inflight\n");
@@ -610,6 +635,7 @@ typedef struct bench {
     void *outs[PS_BENCH_INFLIGHT]; /* --inflight: one all_reduce buffer per call (outs[0] = out) */
     size_t cap;                    /* bytes in each */
     double *times;                 /* per-call times of one size */
+    size_t *counts; /* all_to_all_v: the block of each rank, sent and received alike */
     FILE *csv;
 } bench_t;
 
@@ -672,6 +698,10 @@ static int run_one(bench_t *b, int c, size_t n)
         return ps_reduce_scatter(b->comm, dev(b, b->out), dev(b, b->in), n, o->dtype, o->op, NULL);
     case C_ALL_TO_ALL:
         return ps_all_to_all(b->comm, dev(b, b->out), dev(b, b->in), n, o->dtype, NULL);
+    case C_ALL_TO_ALL_V:
+        for (int j = 0; j < b->p; j++)
+            b->counts[j] = a2av_count(b->rank, j, b->p, n);
+        return ps_all_to_all_v(b->comm, b->out, b->counts, b->in, b->counts, o->dtype, NULL);
     default:
         return ps_barrier(b->comm, NULL);
     }
@@ -738,6 +768,11 @@ static void prepare(bench_t *b, int c, size_t n)
         fill(b->in, n * (size_t)b->p, 0, &pt, es);
         memset(b->out, 0xa5, (c == C_ALL_TO_ALL ? (size_t)b->p : 1) * n * es);
         break;
+    case C_ALL_TO_ALL_V:
+        pattern_input(&pt, o->dtype, o->op, b->rank);
+        fill(b->in, n * a2av_units(b->p), 0, &pt, es);
+        memset(b->out, 0xa5, n * a2av_units(b->p) * es);
+        break;
     default:
         break;
     }
@@ -793,6 +828,19 @@ static int64_t verify(bench_t *b, int c, size_t n)
                                  o->dtype, PS_SUM);
         }
         return wrong;
+    case C_ALL_TO_ALL_V: {
+        /* out block j = rank j's block `rank`, from where it lies in rank j's input */
+        size_t at = 0;
+        for (int j = 0; j < b->p; j++) {
+            size_t from = 0, k = a2av_count(j, b->rank, b->p, n);
+            for (int i = 0; i < b->rank; i++)
+                from += a2av_count(j, i, b->p, n);
+            pattern_input(&pt, o->dtype, o->op, j);
+            wrong += count_wrong((char *)b->out + at * es, k, from, &pt, o->dtype, PS_SUM);
+            at += k;
+        }
+        return wrong;
+    }
     default:
         return 0;
     }
@@ -859,6 +907,11 @@ static int64_t bench_coll(bench_t *b, int c)
             if (n == 0)
                 n = 1;
             size = n * (size_t)b->p * b->es;
+        } else if (c == C_ALL_TO_ALL_V) {
+            n = bytes / (b->es * a2av_units(b->p));
+            if (n == 0)
+                n = 1;
+            size = n * a2av_units(b->p) * b->es;
         } else {
             n = bytes / b->es;
             if (n == 0)
@@ -968,7 +1021,7 @@ int main(int argc, char **argv)
     /* Largest buffer any wanted collective needs: all_to_all and reduce_scatter
      * inputs hold the whole size; so do all_gather and gather outputs. Sizes
      * rounded up to one element per rank may exceed maxbytes. */
-    size_t floor_bytes = (size_t)b.p * b.es;
+    size_t floor_bytes = a2av_units(b.p) * b.es;
     b.cap = o.maxbytes > floor_bytes ? o.maxbytes : floor_bytes;
     b.cap += b.es; /* slack for rounding of non-power-of-two sizes */
     /* --mem shared: one allocation holds both buffers, so a collective's
@@ -991,7 +1044,8 @@ int main(int argc, char **argv)
                 "the buffers may be on small pages\n",
                 strerror(errno));
     b.times = malloc((size_t)(o.iters > o.warmup ? o.iters : o.warmup + 1) * sizeof *b.times);
-    if (!b.in || !b.out || !b.times) {
+    b.counts = malloc((size_t)b.p * sizeof *b.counts);
+    if (!b.in || !b.out || !b.times || !b.counts) {
         fprintf(stderr, "paramsync-bench: rank %d: cannot allocate 2 x %zu bytes\n", b.rank, b.cap);
         return 1;
     }
@@ -1068,6 +1122,7 @@ int main(int argc, char **argv)
     ps_gpu_free(b.dev_out);
     rc = ps_finalize(b.comm);
     free(b.times);
+    free(b.counts);
     if (rc < 0) {
         fprintf(stderr, "paramsync-bench: rank %d: ps_finalize: %s\n", b.rank, ps_strerror(rc));
         return 1;

@@ -21,13 +21,14 @@ enum {
     C_SCATTER,
     C_REDUCE_SCATTER,
     C_ALL_TO_ALL,
+    C_ALL_TO_ALL_V,
     C_BARRIER,
     C_COUNT
 };
 
-static const char *const names[C_COUNT] = {"all_reduce",     "broadcast",  "reduce",
-                                           "all_gather",     "gather",     "scatter",
-                                           "reduce_scatter", "all_to_all", "barrier"};
+static const char *const names[C_COUNT] = {
+    "all_reduce", "broadcast",      "reduce",     "all_gather",   "gather",
+    "scatter",    "reduce_scatter", "all_to_all", "all_to_all_v", "barrier"};
 
 #define PERIOD 13
 
@@ -85,6 +86,19 @@ static double factor(int c)
 }
 
 static float *in, *out;
+/* all_to_all_v: rank r sends rank j u (1 + (r + j) mod p) elements, as
+ * paramsync-bench; counts and displacements alike both ways. */
+static int *a2av_cnt, *a2av_at;
+
+static size_t a2av_units(void)
+{
+    return (size_t)p * (size_t)(p + 1) / 2;
+}
+
+static int a2av_count(int r, int j, size_t u)
+{
+    return (int)(u * (size_t)(1 + (r + j) % p));
+}
 
 static void run(int c, size_t n)
 {
@@ -116,6 +130,14 @@ static void run(int c, size_t n)
     case C_ALL_TO_ALL:
         MPI_Alltoall(in, cnt, MPI_FLOAT, out, cnt, MPI_FLOAT, MPI_COMM_WORLD);
         break;
+    case C_ALL_TO_ALL_V:
+        for (int j = 0, at = 0; j < p; at += a2av_cnt[j], j++) {
+            a2av_cnt[j] = a2av_count(rank, j, n);
+            a2av_at[j] = at;
+        }
+        MPI_Alltoallv(in, a2av_cnt, a2av_at, MPI_FLOAT, out, a2av_cnt, a2av_at, MPI_FLOAT,
+                      MPI_COMM_WORLD);
+        break;
     default:
         MPI_Barrier(MPI_COMM_WORLD);
     }
@@ -141,6 +163,9 @@ static void prepare(int c, size_t n)
     case C_REDUCE_SCATTER:
     case C_ALL_TO_ALL:
         fill(in, n * (size_t)p, rank, 0);
+        break;
+    case C_ALL_TO_ALL_V:
+        fill(in, n * a2av_units(), rank, 0);
         break;
     }
 }
@@ -170,6 +195,18 @@ static long long verify(int c, size_t n)
         for (int j = 0; j < p; j++)
             w += wrong_vs(out + (size_t)j * n, n, j, (size_t)rank * n);
         return w;
+    case C_ALL_TO_ALL_V: {
+        /* out block j = rank j's block `rank`, from where it lies in rank j's input */
+        size_t at = 0;
+        for (int j = 0; j < p; j++) {
+            size_t from = 0, k = (size_t)a2av_count(j, rank, n);
+            for (int i = 0; i < rank; i++)
+                from += (size_t)a2av_count(j, i, n);
+            w += wrong_vs(out + at, k, j, from);
+            at += k;
+        }
+        return w;
+    }
     }
     return 0;
 }
@@ -233,7 +270,9 @@ int main(int argc, char **argv)
             MPI_Abort(MPI_COMM_WORLD, 2);
         }
     }
-    size_t cap = (maxb > (size_t)p * 4 ? maxb : (size_t)p * 4) + 4;
+    size_t cap = (maxb > a2av_units() * 4 ? maxb : a2av_units() * 4) + 4;
+    a2av_cnt = calloc((size_t)p, sizeof *a2av_cnt);
+    a2av_at = calloc((size_t)p, sizeof *a2av_at);
     int advised = 1;
     in = strcmp(mem, "huge") ? calloc(1, cap) : ps_bench_huge_alloc(cap, &advised);
     out = strcmp(mem, "huge") ? calloc(1, cap) : ps_bench_huge_alloc(cap, &advised);
@@ -258,6 +297,10 @@ int main(int argc, char **argv)
                 n = bytes / (4 * (size_t)p);
                 n = n ? n : 1;
                 size = n * (size_t)p * 4;
+            } else if (c == C_ALL_TO_ALL_V) {
+                n = bytes / (4 * a2av_units());
+                n = n ? n : 1;
+                size = n * a2av_units() * 4;
             } else {
                 n = bytes / 4;
                 n = n ? n : 1;
@@ -319,6 +362,8 @@ int main(int argc, char **argv)
     }
     free(in);
     free(out);
+    free(a2av_cnt);
+    free(a2av_at);
     MPI_Finalize();
     return total_wrong ? 3 : 0;
 }

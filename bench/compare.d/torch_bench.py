@@ -5,11 +5,11 @@ One process per rank (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT in the
 environment; GLOO_SOCKET_IFNAME where it matters). The same sizes, rounding,
 timing (the slowest rank's mean per call; its median in the CSV), check (after the timed calls, on
 freshly filled buffers) and CSV columns as paramsync-bench, float32 and sum.
-Gloo in torch 1.13 has no reduce_scatter: that row is left out.
+Gloo in torch 1.13 has no reduce_scatter: that row is left out. all_to_all_v is
+all_to_all_single with split sizes: rank r sends rank j u (1 + (r + j) mod p) elements.
 Run with Debian's /usr/bin/python3 (python3-torch).
 """
 import argparse
-import os
 import sys
 import time
 
@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 PERIOD = 13
 COLLS = ["all_reduce", "broadcast", "reduce", "all_gather", "gather", "scatter",
-         "reduce_scatter", "all_to_all", "barrier"]
+         "reduce_scatter", "all_to_all", "all_to_all_v", "barrier"]
 UNSUPPORTED = {"reduce_scatter"}  # ProcessGroupGloo does not support reduce_scatter
 
 
@@ -56,6 +56,12 @@ def count_ne(x, want, start=0):
     return bad
 
 
+def a2av_counts(r, p, u):
+    """all_to_all_v, as paramsync-bench: rank r sends rank j u (1 + (r + j) mod p) elements
+    (and receives as many from it)."""
+    return [u * (1 + (r + j) % p) for j in range(p)]
+
+
 def factor(c, p):
     if c == "all_reduce":
         return 2.0 * (p - 1) / p
@@ -83,7 +89,7 @@ def main():
     rank, p = dist.get_rank(), dist.get_world_size()
     want = COLLS if a.t == "all" else a.t.split(",")
     minb, maxb, iter_bytes = parse_size(a.b), parse_size(a.e), parse_size(a.B)
-    cap = max(maxb, 4 * p) // 4 + 1
+    cap = max(maxb, 4 * p * (p + 1) // 2) // 4 + 1
     inp = torch.zeros(cap, dtype=torch.float32)
     out = torch.zeros(cap, dtype=torch.float32)
     csv = None
@@ -106,6 +112,10 @@ def main():
             elif c in ("all_gather", "gather", "scatter", "all_to_all"):
                 n = max(1, nb // (4 * p))
                 size = n * p * 4
+            elif c == "all_to_all_v":
+                units = p * (p + 1) // 2
+                n = max(1, nb // (4 * units))
+                size = n * units * 4
             else:
                 n = max(1, nb // 4)
                 size = n * 4
@@ -114,6 +124,9 @@ def main():
             last = size
             x_out = out[:n * p] if c in ("all_gather", "gather", "all_to_all") else out[:n]
             x_in = inp[:n * p] if c in ("scatter", "all_to_all") else inp[:n]
+            splits = a2av_counts(rank, p, n) if c == "all_to_all_v" else None
+            if splits:
+                x_out, x_in = out[:size // 4], inp[:size // 4]
             outs = list(x_out.chunk(p)) if c in ("all_gather", "gather") else None
             ins = list(x_in.chunk(p)) if c == "scatter" else None
 
@@ -132,6 +145,8 @@ def main():
                     dist.scatter(x_out, ins if rank == 0 else None, src=0)
                 elif c == "all_to_all":
                     dist.all_to_all_single(x_out, x_in)
+                elif c == "all_to_all_v":
+                    dist.all_to_all_single(x_out, x_in, splits, splits)
                 else:
                     dist.barrier()
 
@@ -145,6 +160,8 @@ def main():
                         ins[r].copy_(pattern(r, n))
                 elif c == "all_to_all":
                     x_in.copy_(pattern(rank, n * p))
+                elif c == "all_to_all_v":
+                    x_in.copy_(pattern(rank, x_in.numel()))
 
             def verify():
                 if c == "all_reduce":
@@ -164,6 +181,14 @@ def main():
                     return sum(count_ne(x_out[j * n:(j + 1) * n],
                                         lambda k, o, j=j: pattern(j, k, o), rank * n)
                                for j in range(p))
+                if c == "all_to_all_v":  # block j: rank j's block `rank`, where it lies there
+                    bad, at = 0, 0
+                    for j in range(p):
+                        cj = a2av_counts(j, p, n)
+                        bad += count_ne(x_out[at:at + cj[rank]],
+                                        lambda k, o, j=j: pattern(j, k, o), sum(cj[:rank]))
+                        at += cj[rank]
+                    return bad
                 return -1
 
             w, it = a.w, a.n

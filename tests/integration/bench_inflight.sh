@@ -4,7 +4,8 @@
 # bench counts wrong elements), each through a doorbell of its own when the
 # agent is on this host; and --inflight with a collective it does not take,
 # past its limit, or with --mem device, is a clear usage error; --mem device
-# without a usable CUDA device exits 77 with the reason.
+# without a usable CUDA device exits 77 with the reason. all_to_all_v's
+# uneven blocks, checked.
 # usage: bench_inflight.sh PARAMSYNCD PARAMSYNC-BENCH
 set -u
 daemon=$1 bench=$2
@@ -45,7 +46,31 @@ out=$(RANK=0 WORLD_SIZE=1 PARAMSYNC_ADDR=$addr "$bench" -t all_reduce -a 2 -m de
 rc=$?
 [ $rc -eq 2 ] && grep -q "mem device takes blocking calls only" <<< "$out" ||
   fail "--inflight with --mem device: exit $rc, said: $out"
+out=$(RANK=0 WORLD_SIZE=1 PARAMSYNC_ADDR=$addr "$bench" -t all_to_all_v -m device 2>&1)
+rc=$?
+[ $rc -eq 2 ] && grep -q "all_to_all_v takes host memory, not --mem device" <<< "$out" ||
+  fail "all_to_all_v with --mem device: exit $rc, said: $out"
 echo "usage errors: clear"
+
+# all_to_all_v (uneven blocks: rank r sends rank j u (1 + (r + j) mod 3) elements), checked,
+# beside the even all_to_all, through shared memory and over gRPC.
+for shm in 1 0; do
+  pids=()
+  for r in 0 1 2; do
+    RANK=$r WORLD_SIZE=3 PARAMSYNC_ADDR=$addr PARAMSYNC_JOB=a2av-$shm PARAMSYNC_SHM=$shm \
+      "$bench" -t all_to_all,all_to_all_v -b 4 -e 4M -f 32 -w 1 -n 3 -d int32 \
+      > "$work/a2av$r-shm$shm.log" 2>&1 &
+    pids+=($!)
+  done
+  for i in 0 1 2; do
+    wait "${pids[$i]}" || fail "all_to_all_v, PARAMSYNC_SHM=$shm: rank $i exited $?"
+  done
+  log=$work/a2av0-shm$shm.log
+  grep -q "^# OK: 0 wrong elements in all" "$log" || fail "all_to_all_v, PARAMSYNC_SHM=$shm: results not all right"
+  rows=$(grep -c "^ *all_to_all_v " "$log")
+  [ "$rows" -eq 5 ] || fail "all_to_all_v, PARAMSYNC_SHM=$shm: $rows rows, want 5 sizes"
+  echo "all_to_all_v, PARAMSYNC_SHM=$shm: $rows rows, 0 wrong"
+done
 # --mem device where no CUDA device is usable (here, or a build without CUDA): the skip code and
 # a reason, from every rank; on a GPU host it runs, results checked.
 out=$(RANK=0 WORLD_SIZE=1 PARAMSYNC_ADDR=$addr PARAMSYNC_JOB=device "$bench" -t all_reduce \
