@@ -67,7 +67,6 @@ enum { PS_RING_OFF, PS_RING_ON, PS_RING_AUTO };
  * ring from --ring-min-bytes per rank whatever the ranks per agent
  * (ring_use in hub.c). */
 
-/* What a call cut by SIGTERM's drain is told (UNAVAILABLE). */
 /* What agents of one job say to each other between them, in their
  * settings (JoinRequest.agent_settings, "--wire N"), so that the
  * coordinator refuses a job whose agents would not understand each other:
@@ -75,6 +74,7 @@ enum { PS_RING_OFF, PS_RING_ON, PS_RING_AUTO };
  * (CollectiveHeader.block_used); agents that name none are older (1). */
 #define PS_WIRE_REVISION 2
 
+/* What a call cut by SIGTERM's drain is told (UNAVAILABLE). */
 #define PS_MSG_STOPPING "paramsyncd is shutting down (SIGTERM)"
 
 /* Method names. */
