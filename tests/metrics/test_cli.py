@@ -112,6 +112,7 @@ def main():
         h.expect_equal("silent agent: errors", [e["agent"] for e in st["errors"]], [gone])
         h.check("warning" in err and gone in err, f"silent agent: warning on stderr: {err!r}")
         check_refused(d, cli, pb, pbg, grpc)
+        check_wire(args, wd, pb, pbg, grpc)
         status = d.stop()
         h.expect_equal("daemon exit after SIGTERM", status, 0)
     except BaseException:
@@ -178,6 +179,36 @@ def check_refused(d, cli, pb, pbg, grpc):
                 f"refused job: the text says so: {out}")
         hold.set()
     h.log("ok: a job whose agents' settings differ is refused, and status says why")
+
+
+def check_wire(args, wd, pb, pbg, grpc):
+    """A real agent names its release's wire revision in its settings (--wire 2), so an
+    agent of an older release (settings without it, registered here as one would) is warned
+    of at once as one whose jobs with the new one will be refused."""
+    coord = h.Daemon(args.paramsyncd, wd, "wire-coord", role="coordinator", metrics=False)
+    agent = None
+    try:
+        agent = h.Daemon(args.paramsyncd, wd, "wire-agent", role="agent", metrics=False,
+                         extra=("--coordinator", coord.addr))
+        deadline = time.time() + 10
+        while agent.addr not in coord.text() and time.time() < deadline:
+            time.sleep(0.1)
+        old = "--ring auto --ring-min-bytes 1048576 --rd-max-bytes 65536 --step-bytes 1048576"
+        with grpc.insecure_channel(coord.addr) as ch:
+            pbg.CoordinatorStub(ch).RegisterAgent(
+                pb.RegisterAgentRequest(address="127.0.0.1:3", agent_settings=old), timeout=5)
+        deadline = time.time() + 10
+        while "agent 127.0.0.1:3 registered" not in coord.text() and time.time() < deadline:
+            time.sleep(0.1)
+        log = coord.text()
+        h.check(f"agent 127.0.0.1:3 registered with {old}, but agent {agent.addr} with" in log
+                and "--step-bytes 1048576 --wire 2:" in log and "one release of paramsyncd" in log,
+                f"an older agent beside a new one: no warning naming --wire 2:\n{log}")
+    finally:
+        if agent:
+            agent.stop()
+        coord.stop()
+    h.log("ok: agents name their wire revision, and an older one is warned of")
 
 
 def make_certs(wd):
