@@ -1065,6 +1065,7 @@ int main(int argc, char **argv)
             free(b.in);
             free(b.out);
             free(b.times);
+            free(b.counts);
             ps_finalize(b.comm);
             return rc == PS_EUNAVAIL ? 77 : 1;
         }
