@@ -1438,10 +1438,17 @@ static int coll_serves(const coll_t *c, int i)
 }
 
 /* Whether c's ring needs the agreement tokens (see PS_RING_TOKEN) before
- * its ranks are answered. */
+ * its ranks are answered. Not a mesh (all_to_all) with steps: each of its
+ * ranks waits for a block from every rank of the group, which that rank's
+ * agent sends only once the rank came and passed its checks there, and
+ * takes each block over a link whose header it checked itself; so a rank
+ * answered OK knows what the tokens would tell it. Their two laps, 2A - 1
+ * hops after the data, cost 0.7-1 ms a call at 64 KiB and 2-5 ms at 4 MiB
+ * on 4 netns hosts (docs/PERFORMANCE.md, "A mesh all_to_all's fixed
+ * cost"). */
 static int ring_agrees(const coll_t *c)
 {
-    return ring_whole(c);
+    return ring_whole(c) && !(c->ring->mesh && c->nsteps > 0);
 }
 
 /* Waits, before a rank of c is answered OK, until every agent of the ring
