@@ -26,6 +26,7 @@
 #include <paramsync/gpu.h>
 #include <paramsync/paramsync.h>
 
+#include "a2av.h"
 #include "huge.h"
 
 #define PS_BENCH_INFLIGHT 64 /* the most --inflight takes */
@@ -101,18 +102,6 @@ static int coll_blocked(int c)
 {
     return c == C_ALL_GATHER || c == C_GATHER || c == C_SCATTER || c == C_REDUCE_SCATTER ||
            c == C_ALL_TO_ALL;
-}
-
-/* all_to_all_v's units per rank: rank r sends rank j a block of u (1 + (r
- * + j) mod p) elements, so every rank sends and receives u p (p + 1) / 2. */
-static size_t a2av_units(int p)
-{
-    return (size_t)p * (size_t)(p + 1) / 2;
-}
-
-static size_t a2av_count(int r, int j, int p, size_t u)
-{
-    return u * (size_t)(1 + (r + j) % p);
 }
 
 static int coll_reduces(int c)
@@ -700,7 +689,7 @@ static int run_one(bench_t *b, int c, size_t n)
         return ps_all_to_all(b->comm, dev(b, b->out), dev(b, b->in), n, o->dtype, NULL);
     case C_ALL_TO_ALL_V:
         for (int j = 0; j < b->p; j++)
-            b->counts[j] = a2av_count(b->rank, j, b->p, n);
+            b->counts[j] = ps_bench_a2av_count(b->rank, j, b->p, n);
         return ps_all_to_all_v(b->comm, b->out, b->counts, b->in, b->counts, o->dtype, NULL);
     default:
         return ps_barrier(b->comm, NULL);
@@ -770,8 +759,8 @@ static void prepare(bench_t *b, int c, size_t n)
         break;
     case C_ALL_TO_ALL_V:
         pattern_input(&pt, o->dtype, o->op, b->rank);
-        fill(b->in, n * a2av_units(b->p), 0, &pt, es);
-        memset(b->out, 0xa5, n * a2av_units(b->p) * es);
+        fill(b->in, n * ps_bench_a2av_units(b->p), 0, &pt, es);
+        memset(b->out, 0xa5, n * ps_bench_a2av_units(b->p) * es);
         break;
     default:
         break;
@@ -832,9 +821,8 @@ static int64_t verify(bench_t *b, int c, size_t n)
         /* out block j = rank j's block `rank`, from where it lies in rank j's input */
         size_t at = 0;
         for (int j = 0; j < b->p; j++) {
-            size_t from = 0, k = a2av_count(j, b->rank, b->p, n);
-            for (int i = 0; i < b->rank; i++)
-                from += a2av_count(j, i, b->p, n);
+            size_t from = ps_bench_a2av_at(j, b->rank, b->p, n);
+            size_t k = ps_bench_a2av_count(j, b->rank, b->p, n);
             pattern_input(&pt, o->dtype, o->op, j);
             wrong += count_wrong((char *)b->out + at * es, k, from, &pt, o->dtype, PS_SUM);
             at += k;
@@ -908,10 +896,10 @@ static int64_t bench_coll(bench_t *b, int c)
                 n = 1;
             size = n * (size_t)b->p * b->es;
         } else if (c == C_ALL_TO_ALL_V) {
-            n = bytes / (b->es * a2av_units(b->p));
+            n = bytes / (b->es * ps_bench_a2av_units(b->p));
             if (n == 0)
                 n = 1;
-            size = n * a2av_units(b->p) * b->es;
+            size = n * ps_bench_a2av_units(b->p) * b->es;
         } else {
             n = bytes / b->es;
             if (n == 0)
@@ -1021,7 +1009,7 @@ int main(int argc, char **argv)
     /* Largest buffer any wanted collective needs: all_to_all and reduce_scatter
      * inputs hold the whole size; so do all_gather and gather outputs. Sizes
      * rounded up to one element per rank may exceed maxbytes. */
-    size_t floor_bytes = a2av_units(b.p) * b.es;
+    size_t floor_bytes = ps_bench_a2av_units(b.p) * b.es;
     b.cap = o.maxbytes > floor_bytes ? o.maxbytes : floor_bytes;
     b.cap += b.es; /* slack for rounding of non-power-of-two sizes */
     /* --mem shared: one allocation holds both buffers, so a collective's

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../a2av.h"
 #include "../huge.h"
 
 enum {
@@ -86,19 +87,8 @@ static double factor(int c)
 }
 
 static float *in, *out;
-/* all_to_all_v: rank r sends rank j u (1 + (r + j) mod p) elements, as
- * paramsync-bench; counts and displacements alike both ways. */
+/* all_to_all_v's counts and displacements (../a2av.h), alike both ways. */
 static int *a2av_cnt, *a2av_at;
-
-static size_t a2av_units(void)
-{
-    return (size_t)p * (size_t)(p + 1) / 2;
-}
-
-static int a2av_count(int r, int j, size_t u)
-{
-    return (int)(u * (size_t)(1 + (r + j) % p));
-}
 
 static void run(int c, size_t n)
 {
@@ -132,7 +122,7 @@ static void run(int c, size_t n)
         break;
     case C_ALL_TO_ALL_V:
         for (int j = 0, at = 0; j < p; at += a2av_cnt[j], j++) {
-            a2av_cnt[j] = a2av_count(rank, j, n);
+            a2av_cnt[j] = (int)ps_bench_a2av_count(rank, j, p, n);
             a2av_at[j] = at;
         }
         MPI_Alltoallv(in, a2av_cnt, a2av_at, MPI_FLOAT, out, a2av_cnt, a2av_at, MPI_FLOAT,
@@ -165,7 +155,7 @@ static void prepare(int c, size_t n)
         fill(in, n * (size_t)p, rank, 0);
         break;
     case C_ALL_TO_ALL_V:
-        fill(in, n * a2av_units(), rank, 0);
+        fill(in, n * ps_bench_a2av_units(p), rank, 0);
         break;
     }
 }
@@ -199,10 +189,8 @@ static long long verify(int c, size_t n)
         /* out block j = rank j's block `rank`, from where it lies in rank j's input */
         size_t at = 0;
         for (int j = 0; j < p; j++) {
-            size_t from = 0, k = (size_t)a2av_count(j, rank, n);
-            for (int i = 0; i < rank; i++)
-                from += (size_t)a2av_count(j, i, n);
-            w += wrong_vs(out + at, k, j, from);
+            size_t k = ps_bench_a2av_count(j, rank, p, n);
+            w += wrong_vs(out + at, k, j, ps_bench_a2av_at(j, rank, p, n));
             at += k;
         }
         return w;
@@ -270,7 +258,7 @@ int main(int argc, char **argv)
             MPI_Abort(MPI_COMM_WORLD, 2);
         }
     }
-    size_t cap = (maxb > a2av_units() * 4 ? maxb : a2av_units() * 4) + 4;
+    size_t cap = (maxb > ps_bench_a2av_units(p) * 4 ? maxb : ps_bench_a2av_units(p) * 4) + 4;
     a2av_cnt = calloc((size_t)p, sizeof *a2av_cnt);
     a2av_at = calloc((size_t)p, sizeof *a2av_at);
     int advised = 1;
@@ -298,9 +286,9 @@ int main(int argc, char **argv)
                 n = n ? n : 1;
                 size = n * (size_t)p * 4;
             } else if (c == C_ALL_TO_ALL_V) {
-                n = bytes / (4 * a2av_units());
+                n = bytes / (4 * ps_bench_a2av_units(p));
                 n = n ? n : 1;
-                size = n * a2av_units() * 4;
+                size = n * ps_bench_a2av_units(p) * 4;
             } else {
                 n = bytes / 4;
                 n = n ? n : 1;
