@@ -71,7 +71,8 @@ enum { PS_RING_OFF, PS_RING_ON, PS_RING_AUTO };
  * settings (JoinRequest.agent_settings, "--wire N"), so that the
  * coordinator refuses a job whose agents would not understand each other:
  * 2 since an all_to_all block may cross without its padding
- * (CollectiveHeader.block_used); agents that name none are older (1). */
+ * (CollectiveHeader.block_used) and a mesh sends no agreement tokens
+ * (ring_agrees in hub.c); agents that name none are older (1). */
 #define PS_WIRE_REVISION 2
 
 /* What a call cut by SIGTERM's drain is told (UNAVAILABLE). */
