@@ -32,6 +32,15 @@ typedef struct forward {
     struct forward *next;
 } forward_t;
 
+/* A link to another agent (an Agent.Ring call) kept open between the
+ * collectives of a job, to carry the next one (agent_ring_keep). */
+typedef struct kept_link {
+    char *address, *job;
+    ps__rpc_call_t *call;
+    int64_t since_ms; /* idle since */
+    struct kept_link *next;
+} kept_link_t;
+
 typedef struct job_route {
     char *job;
     uint64_t incarnation;
@@ -57,8 +66,10 @@ struct ps__agent {
     /* Held across each RegisterAgent call, so that the drain's "stopping"
      * cannot be overtaken by a refresh sent before it. */
     pthread_mutex_t register_lock;
-    forward_t *forwards; /* in flight; ps__agent_drain cancels them */
-    char settings[160];  /* JoinRequest.agent_settings: what every agent of a job must share */
+    forward_t *forwards;  /* in flight; ps__agent_drain cancels them */
+    kept_link_t *links;   /* idle, for the next collective (agent_ring_open) */
+    kept_link_t *closing; /* half-closed by links_sweep; destroyed at its next pass */
+    char settings[160];   /* JoinRequest.agent_settings: what every agent of a job must share */
 };
 
 /* Control calls to the coordinator are short; a coordinator that does not
@@ -361,16 +372,124 @@ static char *route_get(ps__agent_t *a, const char *job, uint64_t inc, int *code,
     return hub;
 }
 
-/* Opens a Ring call to another agent for the hub (ps__ring_open_fn). */
+static void kept_link_free(kept_link_t *k)
+{
+    free(k->address);
+    free(k->job);
+    free(k);
+}
+
+/* A kept link of job to address, taken off the list; NULL if none. */
+static kept_link_t *link_take(ps__agent_t *a, const char *address, const char *job)
+{
+    pthread_mutex_lock(&a->lock);
+    kept_link_t **p = &a->links;
+    while (*p && (strcmp((*p)->address, address) != 0 || strcmp((*p)->job, job) != 0))
+        p = &(*p)->next;
+    kept_link_t *k = *p;
+    if (k)
+        *p = k->next;
+    pthread_mutex_unlock(&a->lock);
+    return k;
+}
+
+/* The link of a collective to another agent for the hub (ps__ring_open_fn):
+ * one kept from the job's earlier collectives there (1), unless the other
+ * agent has ended it meanwhile (it stopped), or a new Ring call (0). */
 static int agent_ring_open(void *arg, const char *address, const char *job, ps__rpc_call_t **out)
 {
     ps__agent_t *a = arg;
+    kept_link_t *k;
+    while ((k = link_take(a, address, job))) {
+        ps__rpc_call_t *call = k->call;
+        kept_link_free(k);
+        /* Nothing is due on it: a receive that has ended means the call
+         * has (the receive stays started for the hub's watcher). */
+        grpc_byte_buffer *bb = NULL;
+        if (ps__rpc_call_recv_ready(call, &bb) == 1) {
+            *out = call;
+            return 1;
+        }
+        if (bb)
+            grpc_byte_buffer_destroy(bb);
+        ps__rpc_call_destroy(call);
+    }
     ps__rpc_channel_t *ch = peer_channel(a, address);
     if (!ch)
         return PS_ENOMEM;
     char buf[600];
     return ps__rpc_call_start_auth(ch, PS_M_AGENT_RING, 0, job_auth(a, job, buf, sizeof(buf)),
                                    a->self, out);
+}
+
+/* Keeps a link whose collective ended cleanly for the job's next one to the
+ * same agent (ps__ring_keep_fn), unless --link-keep-ms is 0 or the agent is
+ * draining. */
+static int agent_ring_keep(void *arg, const char *address, const char *job, ps__rpc_call_t *call)
+{
+    ps__agent_t *a = arg;
+    if (a->cfg->link_keep_ms <= 0)
+        return 0;
+    kept_link_t *k = calloc(1, sizeof(*k));
+    if (!k || !(k->address = strdup(address)) || !(k->job = strdup(job))) {
+        if (k)
+            kept_link_free(k);
+        return 0;
+    }
+    k->call = call;
+    k->since_ms = ps__now_ms();
+    pthread_mutex_lock(&a->lock);
+    int kept = !a->draining && !a->stopping;
+    if (kept) {
+        k->next = a->links;
+        a->links = k;
+    }
+    pthread_mutex_unlock(&a->lock);
+    if (!kept) {
+        k->call = NULL;
+        kept_link_free(k);
+    }
+    return kept;
+}
+
+/* Ends the kept links idle for --link-keep-ms (all: every one): each is
+ * half-closed, so that the other agent ends its side with OK, and destroyed
+ * at the next pass (on the agent's destroy at once). */
+static void links_sweep(ps__agent_t *a, int all)
+{
+    int64_t now = ps__now_ms();
+    kept_link_t *old = NULL, *idle = NULL;
+    pthread_mutex_lock(&a->lock);
+    old = a->closing;
+    a->closing = NULL;
+    for (kept_link_t **p = &a->links; *p;) {
+        kept_link_t *k = *p;
+        if (all || now - k->since_ms >= a->cfg->link_keep_ms) {
+            *p = k->next;
+            k->next = idle;
+            idle = k;
+        } else {
+            p = &k->next;
+        }
+    }
+    pthread_mutex_unlock(&a->lock);
+    while (old) {
+        kept_link_t *k = old;
+        old = k->next;
+        ps__rpc_call_destroy(k->call);
+        kept_link_free(k);
+    }
+    for (kept_link_t *k = idle; k; k = k->next)
+        ps__rpc_call_close_send(k->call);
+    if (!idle)
+        return;
+    pthread_mutex_lock(&a->lock);
+    kept_link_t *last = idle;
+    while (last->next)
+        last = last->next;
+    last->next = a->closing;
+    a->closing = idle;
+    pthread_mutex_unlock(&a->lock);
 }
 
 /* The message for a call that another daemon (who, at addr) ended with
@@ -1038,7 +1157,10 @@ static void worker_collective(ps__rpc_call_t *call, void *arg)
     collective_route(a, call, bb, &first, NULL);
 }
 
-/* Agent.Ring: the previous agent of a collective's ring. */
+/* Agent.Ring: another agent's link for a collective (the previous one of a
+ * ring, any of a mesh, a partner in recursive doubling), then, on the same
+ * call, for each next collective of the job it sends here, until it
+ * half-closes the call. */
 static void agent_ring(ps__rpc_call_t *call, void *arg)
 {
     ps__agent_t *a = arg;
@@ -1046,8 +1168,20 @@ static void agent_ring(ps__rpc_call_t *call, void *arg)
     ps__frame_t first;
     if (first_frame(a, call, "ring: ", &bb, &first) < 0)
         return;
-    grpc_byte_buffer_destroy(bb);
-    ps__hub_ring_serve(a->hub, call, &first);
+    for (;;) {
+        grpc_byte_buffer_destroy(bb);
+        if (!ps__hub_ring_serve(a->hub, call, &first))
+            return;
+        bb = NULL;
+        if (ps__rpc_call_recv(call, &bb) < 0)
+            return; /* broken or cancelled: nobody to answer */
+        if (!bb) {
+            ps__rpc_call_send_status(call, GRPC_STATUS_OK, "");
+            return;
+        }
+        if (frame_check(a, call, "ring: ", bb, &bb, &first) < 0)
+            return;
+    }
 }
 
 int ps__agent_create(const ps__config_t *cfg, ps__rpc_server_t *srv, const char *self,
@@ -1075,8 +1209,8 @@ int ps__agent_create(const ps__config_t *cfg, ps__rpc_server_t *srv, const char 
         goto fail;
     if (cfg->tokens_file && (rc = ps__tokens_load(cfg->tokens_file, &a->tokens)) < 0)
         goto fail;
-    if ((rc = ps__hub_create(cfg, self, agent_lookup, agent_ring_open, agent_serve, a, &a->hub)) <
-        0)
+    if ((rc = ps__hub_create(cfg, self, agent_lookup, agent_ring_open, agent_ring_keep, agent_serve,
+                             a, &a->hub)) < 0)
         goto fail;
     rc = ps__rpc_server_add_method(srv, PS_M_WORKER_JOIN, worker_join, a);
     rc = rc ? rc : ps__rpc_server_add_method(srv, PS_M_WORKER_LEAVE, worker_leave, a);
@@ -1158,6 +1292,7 @@ static void *health_main(void *arg)
             ps__health_set(a->health, "", ready);
             was_ready = ready;
         }
+        links_sweep(a, 0);
         pthread_mutex_lock(&a->lock);
         /* Poll fast until the first connection, then once a second (or
          * each refresh, if that is sooner). */
@@ -1202,6 +1337,7 @@ void ps__agent_drain(ps__agent_t *a)
     for (forward_t *f = a->forwards; f; f = f->next)
         ps__rpc_call_cancel(f->up, GRPC_STATUS_UNAVAILABLE, PS_MSG_STOPPING);
     pthread_mutex_unlock(&a->lock);
+    links_sweep(a, 1); /* the other agents let go of their ends */
     ps__hub_drain(a->hub);
 }
 
@@ -1223,6 +1359,8 @@ void ps__agent_destroy(ps__agent_t *a)
     }
     pthread_cond_destroy(&a->stop_cond);
     ps__hub_destroy(a->hub);
+    links_sweep(a, 1);
+    links_sweep(a, 1); /* destroys those half-closed by the first */
     while (a->peers) {
         peer_channel_t *p = a->peers;
         a->peers = p->next;

@@ -37,7 +37,13 @@ typedef struct ps__config {
     const char *machine_id;      /* the machine this agent runs on (--machine-id); "" unknown */
     uint64_t
         shm_resident_bytes; /* larger collectives let go of segment pages (--shm-resident-bytes) */
+    int64_t link_keep_ms; /* an idle link to another agent stays open this long (--link-keep-ms) */
 } ps__config_t;
+
+/* --link-keep-ms: how long a link to another agent (an Agent.Ring stream)
+ * that carried a collective stays open, idle, for the next of its job
+ * between the two agents. */
+#define PS_LINK_KEEP_MS 30000
 
 /* --reduce-device auto: a step of fewer bytes per input reduces on the CPU.
  * On an H200 host (docs/GPU.md, "Pinned host memory") the GPU lost below
@@ -72,8 +78,10 @@ enum { PS_RING_OFF, PS_RING_ON, PS_RING_AUTO };
  * coordinator refuses a job whose agents would not understand each other:
  * 2 since an all_to_all block may cross without its padding
  * (CollectiveHeader.block_used) and a mesh sends no agreement tokens
- * (ring_agrees in hub.c); agents that name none are older (1). */
-#define PS_WIRE_REVISION 2
+ * (ring_agrees in hub.c); 3 since a link between agents ends each
+ * collective with an `end` frame both ways, and may carry the next one
+ * (ps__hub_ring_serve); agents that name none are older (1). */
+#define PS_WIRE_REVISION 3
 
 /* What a call cut by SIGTERM's drain is told (UNAVAILABLE). */
 #define PS_MSG_STOPPING "paramsyncd is shutting down (SIGTERM)"
@@ -160,10 +168,17 @@ typedef int (*ps__job_lookup_fn)(void *arg, const char *job, ps__job_info_t *inf
 
 void ps__job_info_clear(ps__job_info_t *info);
 
-/** Opens the Ring call of a collective to the agent at `address` (with the
- * job's token when the agent has one): 0 or a negative error. */
+/** The link of a collective to the agent at `address`: a Ring call (with
+ * the job's token when the agent has one), one kept open from an earlier
+ * collective of the job (1) or a new one (0); or a negative error. */
 typedef int (*ps__ring_open_fn)(void *arg, const char *address, const char *job,
                                 ps__rpc_call_t **out);
+
+/** Offers a link whose collective ended cleanly (both sides sent their
+ * `end` frame) to be kept for the job's next collective to `address`: 1
+ * when taken (the call is the agent's now), 0 when the hub must close it. */
+typedef int (*ps__ring_keep_fn)(void *arg, const char *address, const char *job,
+                                ps__rpc_call_t *call);
 
 struct ps__frame;
 
@@ -177,11 +192,13 @@ typedef void (*ps__serve_fn)(void *arg, ps__rpc_call_t *call, struct ps__frame *
                              void **state);
 
 /** self: this agent's address as the coordinator knows it (rank_agents);
- * ring_open dials other agents for collectives spanning several; serve
+ * ring_open dials other agents for collectives spanning several, ring_keep
+ * takes their links back when they may carry another; serve
  * routes a doorbell's requests (a worker on this agent, the job's hub here
  * or elsewhere). */
 int ps__hub_create(const ps__config_t *cfg, const char *self, ps__job_lookup_fn lookup,
-                   ps__ring_open_fn ring_open, ps__serve_fn serve, void *arg, ps__hub_t **out);
+                   ps__ring_open_fn ring_open, ps__ring_keep_fn ring_keep, ps__serve_fn serve,
+                   void *arg, ps__hub_t **out);
 void ps__hub_destroy(ps__hub_t *h);
 
 /** Serves one Collective call whose first frame (already decoded) is
@@ -195,9 +212,13 @@ void ps__hub_serve(ps__hub_t *h, ps__rpc_call_t *call, struct ps__frame *first);
  * spans several agents); 0 when it goes to the job's hub. */
 int ps__hub_is_ring(ps__hub_t *h, const Paramsync__V1__CollectiveHeader *hd);
 
-/** Serves one Ring call (from the previous agent of a collective's ring)
- * whose first frame is `first`; ends the call with a status. */
-void ps__hub_ring_serve(ps__hub_t *h, ps__rpc_call_t *call, struct ps__frame *first);
+/** Serves one collective's link from another agent (the previous one of a
+ * ring, any of a mesh, a partner in recursive doubling) on a Ring call,
+ * whose header frame is `first`. 1 when the other agent ended it with an
+ * `end` frame and this one answered with its own: the call stays open for
+ * the next collective's header. 0 when the call has been ended with a
+ * status. */
+int ps__hub_ring_serve(ps__hub_t *h, ps__rpc_call_t *call, struct ps__frame *first);
 
 /** Kinds of shared segments: the comm's payload segments (one per slot, up
  * to PS_HUB_PAYLOAD_SLOTS per rank; a new one replaces its slot's old one),

@@ -753,6 +753,7 @@ struct ps__hub {
     char *self;
     ps__job_lookup_fn lookup;
     ps__ring_open_fn ring_open;
+    ps__ring_keep_fn ring_keep;
     ps__serve_fn serve;
     void *lookup_arg;
     pthread_mutex_t lock;
@@ -3644,27 +3645,21 @@ static void ring_link_failed(const ring_link_t *l, int rc, const char *msg)
 typedef struct ring_watch {
     const ring_link_t *l;
     ps__rpc_call_t *out;
+    int ended; /* the other agent answered the end frame with its own: the call stays open */
 } ring_watch_t;
 
-/* Queues a frame the other agent of recursive doubling replied with on l
- * (rd_apply_main takes it). Fails the collective when it cannot be read. */
-static void rd_reply_queue(const ring_link_t *l, grpc_byte_buffer *bb)
+/* Queues frame q the other agent of recursive doubling replied with on l
+ * (rd_apply_main takes it); takes q. */
+static void rd_reply_queue(const ring_link_t *l, ring_frame_t *q)
 {
     coll_t *c = l->c;
-    ring_frame_t *q = calloc(1, sizeof(*q));
-    int rc = q ? (ps__frame_decode(bb, &q->f) < 0 ? PS_EINVAL : 0) : PS_ENOMEM;
     pthread_mutex_lock(c->lock);
-    if (rc == 0 && !c->failed && !q->f.meta->result) {
+    if (!c->failed) {
         q->from = l;
         *(c->ring->q_tail ? &c->ring->q_tail->next : &c->ring->q_head) = q;
         c->ring->q_tail = q;
         q = NULL;
         pthread_cond_broadcast(&c->cond);
-    } else if (!c->failed) {
-        coll_fail(
-            c, rc == PS_ENOMEM ? GRPC_STATUS_RESOURCE_EXHAUSTED : GRPC_STATUS_INVALID_ARGUMENT,
-            "%s (group %u, seq %" PRIu64 "): agent %s replied %s", kind_name(c->kind), c->group,
-            c->seq, l->addr, rc == PS_ENOMEM ? "(out of memory)" : "a malformed frame");
     }
     pthread_mutex_unlock(c->lock);
     if (q) {
@@ -3676,23 +3671,55 @@ static void rd_reply_queue(const ring_link_t *l, grpc_byte_buffer *bb)
 static void *ring_watch_main(void *arg)
 {
     ring_watch_t *w = arg;
-    /* The other agent sends only its status; in recursive doubling, first
-     * its value of the pair's round (the call is the pair's, both ways). */
+    const ring_link_t *l = w->l;
+    coll_t *c = l->c;
+    const ring_t *rg = c->ring;
+    int replies = rg->rd && !rd_opens(rg->nagents, l->peer, rg->pos);
+    /* The other agent sends its end frame, with the collective's outcome
+     * there, once it has read this one's; in recursive doubling, first its
+     * value of the pair's round (the call is the pair's, both ways). When it
+     * fails the collective it ends the call with a status instead. */
     for (;;) {
         grpc_byte_buffer *bb = NULL;
-        ps__rpc_call_recv(w->out, &bb);
-        if (!bb)
+        if (ps__rpc_call_recv(w->out, &bb) < 0 || !bb)
             break;
-        const ring_t *rg = w->l->c->ring;
-        if (rg->rd && !rd_opens(rg->nagents, w->l->peer, rg->pos))
-            rd_reply_queue(w->l, bb);
+        ring_frame_t *q = calloc(1, sizeof(*q));
+        int rc = q ? (ps__frame_decode(bb, &q->f) < 0 ? PS_EINVAL : 0) : PS_ENOMEM;
         grpc_byte_buffer_destroy(bb);
+        const Paramsync__V1__CollectiveResult *res = rc == 0 ? q->f.meta->result : NULL;
+        if (rc == 0 && q->f.meta->end && !q->f.meta->header && !q->f.data_len) {
+            pthread_mutex_lock(c->lock);
+            if (res && res->code)
+                ring_link_failed(l, -res->code, res->message);
+            pthread_mutex_unlock(c->lock);
+            w->ended = 1;
+        } else if (rc == 0 && replies && !res && !q->f.meta->end) {
+            rd_reply_queue(l, q);
+            continue;
+        } else {
+            pthread_mutex_lock(c->lock);
+            coll_fail(
+                c, rc == PS_ENOMEM ? GRPC_STATUS_RESOURCE_EXHAUSTED : GRPC_STATUS_INVALID_ARGUMENT,
+                "%s (group %u, seq %" PRIu64 "): agent %s replied %s", kind_name(c->kind), c->group,
+                c->seq, l->addr,
+                rc == PS_ENOMEM ? "(out of memory)"
+                : rc < 0        ? "a malformed frame"
+                                : "a frame where none belongs");
+            pthread_mutex_unlock(c->lock);
+            ps__rpc_call_cancel(w->out, GRPC_STATUS_CANCELLED, "a frame where none belongs");
+        }
+        if (q)
+            ps__frame_clear(&q->f);
+        free(q);
+        if (w->ended)
+            return NULL;
+        break;
     }
     char *msg = NULL;
     int rc = ps__rpc_call_finish(w->out, &msg);
-    pthread_mutex_lock(w->l->c->lock);
-    ring_link_failed(w->l, rc, msg);
-    pthread_mutex_unlock(w->l->c->lock);
+    pthread_mutex_lock(c->lock);
+    ring_link_failed(l, rc, msg);
+    pthread_mutex_unlock(c->lock);
     free(msg);
     return NULL;
 }
@@ -3723,36 +3750,47 @@ typedef struct ring_out {
     int watching;
 } ring_out_t;
 
-/* Opens link l (a Ring call to its agent, the collective's header first)
- * and starts watching it; fails the collective when the agent cannot be
- * reached. Called without the lock; returns with it held, 0 or < 0. */
+/* Opens link l (a Ring call to its agent, or one kept open from an earlier
+ * collective, the collective's header first) and starts watching it; fails
+ * the collective when the agent cannot be reached. Called without the lock;
+ * returns with it held, 0 or < 0. */
 static int ring_out_open(ring_link_t *l, ring_out_t *o)
 {
     coll_t *c = l->c;
     ring_t *rg = c->ring;
     ps__hub_t *h = rg->hub;
     job_t *j = c->job;
-    o->call = NULL;
-    int rc = h->ring_open(h->lookup_arg, l->addr, j->name, &o->call);
-    if (rc == 0) {
-        header_t hd = PARAMSYNC__V1__COLLECTIVE_HEADER__INIT;
-        hd.job = j->name;
-        hd.group = c->group;
-        hd.seq = c->seq;
-        hd.kind = (Paramsync__V1__CollectiveKind)c->kind;
-        hd.op = (Paramsync__V1__ReduceOp)c->op;
-        hd.dtype = (Paramsync__V1__DType)c->dtype;
-        hd.count = c->count;
-        hd.root = c->root;
-        hd.rank = rg->pos;
-        hd.incarnation = j->info.incarnation;
-        hd.timeout_ms = (uint32_t)rg->timeout_ms;
-        grpc_byte_buffer *bb = ps__frame_encode(&hd, NULL, 0, NULL, 0, NULL, NULL);
-        rc = bb ? ps__rpc_call_send_or(o->call, bb, ring_open_give_up, l) : PS_ENOMEM;
-        if (bb)
-            grpc_byte_buffer_destroy(bb);
+    header_t hd = PARAMSYNC__V1__COLLECTIVE_HEADER__INIT;
+    hd.job = j->name;
+    hd.group = c->group;
+    hd.seq = c->seq;
+    hd.kind = (Paramsync__V1__CollectiveKind)c->kind;
+    hd.op = (Paramsync__V1__ReduceOp)c->op;
+    hd.dtype = (Paramsync__V1__DType)c->dtype;
+    hd.count = c->count;
+    hd.root = c->root;
+    hd.rank = rg->pos;
+    hd.incarnation = j->info.incarnation;
+    hd.timeout_ms = (uint32_t)rg->timeout_ms;
+    int rc, kept;
+    for (;;) {
+        o->call = NULL;
+        kept = rc = h->ring_open(h->lookup_arg, l->addr, j->name, &o->call);
+        if (rc >= 0) {
+            grpc_byte_buffer *bb = ps__frame_encode(&hd, NULL, 0, NULL, 0, NULL, NULL);
+            rc = bb ? ps__rpc_call_send_or(o->call, bb, ring_open_give_up, l) : PS_ENOMEM;
+            if (bb)
+                grpc_byte_buffer_destroy(bb);
+        }
+        if (kept != 1 || rc == 0 || rc == PS_ENOMEM || ring_open_give_up(l))
+            break;
+        /* A kept link that broke while it waited (the agent restarted):
+         * the header never reached that agent; another link. */
+        ps__rpc_call_destroy(o->call);
     }
-    o->watch = (ring_watch_t){l, o->call};
+    if (rc == 0)
+        ps__metrics_agent_link(kept == 1);
+    o->watch = (ring_watch_t){l, o->call, 0};
     o->watching = rc == 0 && ps__task_start(&o->watcher, ring_watch_main, &o->watch) == 0;
     pthread_mutex_lock(c->lock);
     l->call = o->call;
@@ -3770,9 +3808,27 @@ static int ring_out_open(ring_link_t *l, ring_out_t *o)
     return rc;
 }
 
+/* The frame that ends a collective's frames on a link, both ways (with the
+ * collective's outcome from the receiver). NULL when out of memory. */
+static grpc_byte_buffer *ring_end_frame(int code, const char *message)
+{
+    Paramsync__V1__CollectiveResult res = PARAMSYNC__V1__COLLECTIVE_RESULT__INIT;
+    Paramsync__V1__Frame end = PARAMSYNC__V1__FRAME__INIT;
+    end.end = 1;
+    if (code || (message && *message)) {
+        res.code = code;
+        res.message = (char *)(message ? message : "");
+        end.result = &res;
+    }
+    return ps__rpc_pack(&end.base);
+}
+
 /* Ends link l once its sender is done (broke: a send failed): a failed
- * collective's words go to the other agent first, then the end of the
- * stream and its status. Lock held; ends the sender's thread (unlocks). */
+ * collective's words go to the other agent first, then the end frame,
+ * which the other agent answers with its own. A link that carried a
+ * collective which succeeded goes back to the agent, to be kept for the
+ * job's next one (ring_keep); any other is ended. Lock held; ends the
+ * sender's thread (unlocks). */
 static void ring_out_close(ring_link_t *l, ring_out_t *o, int broke)
 {
     coll_t *c = l->c;
@@ -3780,12 +3836,11 @@ static void ring_out_close(ring_link_t *l, ring_out_t *o, int broke)
     job_t *j = c->job;
     Paramsync__V1__CollectiveResult res = PARAMSYNC__V1__COLLECTIVE_RESULT__INIT;
     char why[sizeof(c->message)];
-    int failed = c->failed, rc = 0;
+    int failed = c->failed, end_sent = 0;
     res.code = c->code;
     snprintf(why, sizeof(why), "%s", c->message);
     l->busy = 1;
     pthread_mutex_unlock(c->lock);
-    char *msg = NULL;
     if (o->call) {
         if (failed && !broke) {
             /* The other agent fails the collective with the same words. */
@@ -3796,22 +3851,31 @@ static void ring_out_close(ring_link_t *l, ring_out_t *o, int broke)
                 grpc_byte_buffer_destroy(bb);
             }
         }
-        ps__rpc_call_close_send(o->call);
+        grpc_byte_buffer *bb = broke ? NULL : ring_end_frame(0, NULL);
+        end_sent = bb && ps__rpc_call_send(o->call, bb) == 0;
+        if (bb)
+            grpc_byte_buffer_destroy(bb);
+        if (!end_sent)
+            ps__rpc_call_close_send(o->call);
         if (o->watching)
             ps__task_join(&o->watcher);
         else
-            rc = ps__rpc_call_finish(o->call, &msg);
+            ring_watch_main(&o->watch);
     }
     pthread_mutex_lock(c->lock);
+    int keep = end_sent && o->watch.ended && !c->failed;
     l->call = NULL;
     l->busy = 0;
     pthread_mutex_unlock(c->lock);
-    ps__rpc_call_destroy(o->call);
+    if (o->call && !(keep && h->ring_keep(h->lookup_arg, l->addr, j->name, o->call))) {
+        if (o->watch.ended) { /* the other agent waits for another header */
+            ps__rpc_call_close_send(o->call);
+            ps__rpc_call_finish(o->call, NULL);
+        }
+        ps__rpc_call_destroy(o->call);
+    }
     pthread_mutex_lock(c->lock);
-    if (o->call && !o->watching)
-        ring_link_failed(l, rc, msg);
     ring_thread_exit(h, j, c);
-    free(msg);
 }
 
 /* A link to another agent, l (the next one, or in a mesh any other): opens
@@ -4176,9 +4240,10 @@ static int coll_index(const coll_t *c, int rank)
  * read by the Ring call's handler thread: frames are queued as they come (so
  * a failure frame is seen at once, even while the pieces before it wait for
  * this agent's own ranks), and taken in order by ring_apply_main. Tokens
- * come only from the previous agent. Ends at the end of the stream or a
- * failure. */
-static void ring_receive(ring_link_t *l, ps__rpc_call_t *call)
+ * come only from the previous agent. Ends at the other agent's end frame
+ * (then 1: the call may carry that agent's next collective), at the end of
+ * the stream, or at a failure (0). */
+static int ring_receive(ring_link_t *l, ps__rpc_call_t *call)
 {
     coll_t *c = l->c;
     ring_t *rg = c->ring;
@@ -4191,11 +4256,16 @@ static void ring_receive(ring_link_t *l, ps__rpc_call_t *call)
         int rc = q ? ps__rpc_call_recv(call, &bb) : PS_ENOMEM;
         if (rc == 0 && bb)
             rc = ps__frame_decode(bb, &q->f) < 0 ? PS_EINVAL : 0;
+        /* The end of the collective's frames: the end frame, or the end of
+         * the stream (an agent before --wire 3). */
+        int end_frame = rc == 0 && bb && q->f.meta->end && !q->f.meta->header &&
+                        !q->f.meta->result && !q->f.data_len;
+        int fin = rc == 0 && (!bb || end_frame);
         if (bb)
             grpc_byte_buffer_destroy(bb);
         pthread_mutex_lock(c->lock);
-        const Paramsync__V1__CollectiveResult *res = rc == 0 && bb ? q->f.meta->result : NULL;
-        int end = 1;
+        const Paramsync__V1__CollectiveResult *res = rc == 0 && !fin ? q->f.meta->result : NULL;
+        int end = 1, kept = 0;
         if (c->failed) {
             /* nothing more to read */
         } else if (res && res->code != 0) {
@@ -4203,7 +4273,7 @@ static void ring_receive(ring_link_t *l, ps__rpc_call_t *call)
         } else if (rc == PS_ENOMEM) {
             coll_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", pre);
         } else if ((rc < 0 && rc != PS_EINVAL) ||
-                   (!bb && (got < want || (tokens && rg->tok_in < ring_tok_in(rg))))) {
+                   (fin && (got < want || (tokens && rg->tok_in < ring_tok_in(rg))))) {
             /* Broken, or ended early: gRPC shows a cancelled stream as an
              * end too. The previous agent cancels the link when the
              * collective fails there, and says why on the link it reads
@@ -4216,8 +4286,8 @@ static void ring_receive(ring_link_t *l, ps__rpc_call_t *call)
                       "%s (group %u, seq %" PRIu64 "): the link from agent %s %s (it failed, "
                       "or died)",
                       pre, c->group, c->seq, l->who, rc < 0 ? "broke" : "ended early");
-        } else if (rc == 0 && bb && !res && tokens && q->f.meta->offset > PS_RING_TOKEN &&
-                   !q->f.meta->header) {
+        } else if (rc == 0 && !fin && !res && tokens && q->f.meta->offset > PS_RING_TOKEN &&
+                   !q->f.meta->header && !q->f.meta->end) {
             int t = (int)(q->f.meta->offset - PS_RING_TOKEN);
             if (t != rg->tok_in + 1 || t > ring_tok_in(rg) || q->f.data_len)
                 coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
@@ -4227,14 +4297,14 @@ static void ring_receive(ring_link_t *l, ps__rpc_call_t *call)
                 ring_token_in(c, t);
                 end = 0;
             }
-        } else if (rc < 0 || res || (bb && got == want)) {
+        } else if (rc < 0 || res || (!fin && (got == want || q->f.meta->end))) {
             coll_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
                       "%s (group %u, seq %" PRIu64 "): agent %s sent %s", pre, c->group, c->seq,
                       l->addr,
                       rc < 0 ? "a malformed frame"
                       : res  ? "a result where a piece belongs"
                              : "more pieces than the collective has");
-        } else if (bb) {
+        } else if (!fin) {
             q->from = l;
             *(rg->q_tail ? &rg->q_tail->next : &rg->q_head) = q;
             rg->q_tail = q;
@@ -4242,6 +4312,8 @@ static void ring_receive(ring_link_t *l, ps__rpc_call_t *call)
             got++;
             end = 0;
             pthread_cond_broadcast(&c->cond);
+        } else {
+            kept = end_frame;
         }
         pthread_mutex_unlock(c->lock);
         if (q) {
@@ -4249,7 +4321,7 @@ static void ring_receive(ring_link_t *l, ps__rpc_call_t *call)
             free(q);
         }
         if (end)
-            return;
+            return kept;
     }
 }
 
@@ -4756,14 +4828,14 @@ static void *rd_apply_main(void *arg)
     return NULL;
 }
 
-void ps__hub_ring_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
+int ps__hub_ring_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
 {
     Paramsync__V1__Frame *meta = first->meta;
     first->meta = NULL;
     ps__frame_clear(first);
     const header_t *hd = meta->header;
     char msg[512];
-    int code = 0;
+    int code = 0, kept = 0;
     coll_t *c = NULL;
     ring_plan_t plan;
     memset(&plan, 0, sizeof(plan));
@@ -4871,7 +4943,7 @@ void ps__hub_ring_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
     pthread_cond_broadcast(&c->cond);
     pthread_mutex_unlock(&h->lock);
 
-    ring_receive(l, call);
+    int ended = ring_receive(l, call);
     if (replying)
         ps__task_join(&reply);
 
@@ -4879,6 +4951,8 @@ void ps__hub_ring_serve(ps__hub_t *h, ps__rpc_call_t *call, ps__frame_t *first)
     l->call = NULL;
     code = c->failed ? c->code : 0;
     snprintf(msg, sizeof(msg), "%s", c->failed ? c->message : "");
+    /* A failure cancelled the call (coll_fail): it ends with its status. */
+    kept = ended && !c->failed;
     c->threads--;
     coll_retire(j, c);
     c = NULL;
@@ -4889,8 +4963,17 @@ done:
     pthread_mutex_unlock(&h->lock);
     if (code)
         PS_LOG(PS_LOG_WARN, "%s", msg);
-    ps__rpc_call_send_status(call, code, code ? msg : "");
+    if (kept) {
+        /* The other agent's end frame answered: the call stays open. */
+        grpc_byte_buffer *bb = ring_end_frame(0, NULL);
+        kept = bb && ps__rpc_call_send(call, bb) == 0;
+        if (bb)
+            grpc_byte_buffer_destroy(bb);
+    } else {
+        ps__rpc_call_send_status(call, code, code ? msg : "");
+    }
     protobuf_c_message_free_unpacked(&meta->base, NULL);
+    return kept;
 }
 
 /* Works out where m's input and output are and checks them: 0, or -1 with
@@ -5260,7 +5343,8 @@ fail_locked:
 }
 
 int ps__hub_create(const ps__config_t *cfg, const char *self, ps__job_lookup_fn lookup,
-                   ps__ring_open_fn ring_open, ps__serve_fn serve, void *arg, ps__hub_t **out)
+                   ps__ring_open_fn ring_open, ps__ring_keep_fn ring_keep, ps__serve_fn serve,
+                   void *arg, ps__hub_t **out)
 {
     ps__hub_t *h = calloc(1, sizeof(*h));
     if (!h || !(h->self = strdup(self))) {
@@ -5270,6 +5354,7 @@ int ps__hub_create(const ps__config_t *cfg, const char *self, ps__job_lookup_fn 
     h->cfg = cfg;
     h->lookup = lookup;
     h->ring_open = ring_open;
+    h->ring_keep = ring_keep;
     h->serve = serve;
     h->lookup_arg = arg;
     pthread_mutex_init(&h->lock, NULL);

@@ -140,6 +140,11 @@ static void usage(FILE *out)
         "                           cores or links [PARAMSYNC_MACHINE_ID] (default: the\n"
         "                           kernel's boot id, /proc/sys/kernel/random/boot_id, which\n"
         "                           containers and network namespaces of one host share)\n"
+        "  --link-keep-ms MS        agent: a link to another agent (an Agent.Ring call) that\n"
+        "                           carried a collective stays open this long, idle, for the\n"
+        "                           job's next one between the two, instead of a call per\n"
+        "                           collective; 0: a call each [PARAMSYNC_LINK_KEEP_MS]\n"
+        "                           (default 30000)\n"
         "  --shm-resident-bytes N   a collective that touches more than N bytes of its ranks'\n"
         "                           shared-memory segments (summed over its ranks) reads and\n"
         "                           writes them through their files, one step at a time, not\n"
@@ -327,6 +332,7 @@ int main(int argc, char **argv)
         .step_bytes = 1u << 20,
         .window = 4,
         .rpc = {.keepalive_ms = 10000, .max_message_bytes = 16u << 20},
+        .link_keep_ms = PS_LINK_KEEP_MS,
         .max_jobs = 1024,
         .max_world_size = 65536,
         .max_groups = 4096,
@@ -370,6 +376,7 @@ int main(int argc, char **argv)
         O_RD_MAX,
         O_SHM_RESIDENT,
         O_MACHINE_ID,
+        O_LINK_KEEP,
         O_COUNT,
         O_VERSION = 1000
     };
@@ -405,6 +412,7 @@ int main(int argc, char **argv)
         "PARAMSYNC_RD_MAX_BYTES",
         "PARAMSYNC_SHM_RESIDENT_BYTES",
         "PARAMSYNC_MACHINE_ID",
+        "PARAMSYNC_LINK_KEEP_MS",
     };
     static const struct option opts[] = {
         {"role", required_argument, 0, O_ROLE},
@@ -438,6 +446,7 @@ int main(int argc, char **argv)
         {"rd-max-bytes", required_argument, 0, O_RD_MAX},
         {"machine-id", required_argument, 0, O_MACHINE_ID},
         {"shm-resident-bytes", required_argument, 0, O_SHM_RESIDENT},
+        {"link-keep-ms", required_argument, 0, O_LINK_KEEP},
         {"version", no_argument, 0, O_VERSION},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
@@ -507,6 +516,7 @@ int main(int argc, char **argv)
          4u << 20, 1u << 30},
         {"--max-inflight-bytes", val[O_MAX_INFLIGHT], &cfg.max_inflight_bytes, 1u << 20,
          UINT64_MAX},
+        {"--link-keep-ms", val[O_LINK_KEEP], (uint64_t *)&cfg.link_keep_ms, 0, 3600000},
     };
     for (size_t i = 0; i < sizeof(nums) / sizeof(nums[0]); i++) {
         uint64_t x;

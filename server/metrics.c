@@ -91,6 +91,7 @@ static _Atomic int64_t g_pinned[2];    /* [PS_M_PIN_*] */
 static _Atomic uint64_t g_relayed;
 static _Atomic uint64_t g_ring[PS_M_RING_COUNT];
 static const char *const ring_algos[PS_M_RING_COUNT] = {"ring", "mesh", "recursive_doubling"};
+static _Atomic uint64_t g_links[2];                  /* [kept] */
 static _Atomic uint64_t g_shm[2][PS_M_SHM_ACCESSES]; /* [dir][access] */
 static _Atomic uint64_t g_shm_calls[PS_M_SHM_CALL_KINDS];
 static _Atomic uint64_t g_events[PS_M_EV_COUNT];
@@ -223,6 +224,11 @@ void ps__metrics_ring(int algorithm)
 {
     if (algorithm >= 0 && algorithm < PS_M_RING_COUNT)
         add(&g_ring[algorithm], 1);
+}
+
+void ps__metrics_agent_link(int kept)
+{
+    add(&g_links[kept ? 1 : 0], 1);
 }
 
 void ps__metrics_event(int event)
@@ -497,6 +503,12 @@ static void render_traffic(strbuf_t *b)
                 "algorithm: round the ring, over the mesh (all_to_all), or by recursive doubling "
                 "(all_reduces of at most --rd-max-bytes per rank).",
                 "algorithm", ring_algos, g_ring, PS_M_RING_COUNT);
+    static const char *const link_uses[2] = {"opened", "kept"};
+    sb_counters(b, "paramsync_agent_links_total",
+                "Links this agent used to send a collective's frames to another agent (one per "
+                "agent it sends to, per collective): opened for it (an Agent.Ring call), or kept "
+                "open from an earlier collective of the job (--link-keep-ms).",
+                "link", link_uses, g_links, 2);
 }
 
 static void render_events(strbuf_t *b)

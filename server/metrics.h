@@ -106,6 +106,10 @@ void ps__metrics_relayed(uint64_t bytes);
 enum { PS_M_RING_RING = 0, PS_M_RING_MESH = 1, PS_M_RING_RD = 2, PS_M_RING_COUNT = 3 };
 void ps__metrics_ring(int algorithm);
 
+/** A link to another agent began carrying a collective: a new Ring call
+ * (kept 0) or one kept open from an earlier collective (kept 1). */
+void ps__metrics_agent_link(int kept);
+
 /** Counts an event (timeouts, mismatches, ...). */
 void ps__metrics_event(int event);
 

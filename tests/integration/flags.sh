@@ -46,12 +46,16 @@ expect_bad "--machine-id is at most 128 characters" --machine-id "$long"
 expect_bad "--step-bytes must be 64 bytes to 4M-4K, not '0'" --step-bytes 0
 expect_bad "--timeout-ms wants a positive number of ms, not '-5'" --timeout-ms -5
 expect_bad "--role must be embedded, coordinator or agent, not 'worker'" --role worker
+expect_bad "--link-keep-ms must be 0 to 3600000, not '3600001'" --link-keep-ms 3600001
+expect_bad "--link-keep-ms must be 0 to 3600000, not 'soon'" --link-keep-ms soon
 expect_bad "unrecognized option '--bogus'" --bogus
 # The same values through the environment.
 expect_run "PARAMSYNC_RING=sideways" 2 "*--ring must be auto, on or off, not 'sideways'*" \
   PARAMSYNC_RING=sideways -- || fail "PARAMSYNC_RING=sideways: exit $last_rc, '$last_err'"
 expect_run "PARAMSYNC_RD_MAX_BYTES=lots" 2 "*--rd-max-bytes must be a byte count, not 'lots'*" \
   PARAMSYNC_RD_MAX_BYTES=lots -- || fail "PARAMSYNC_RD_MAX_BYTES=lots: exit $last_rc, '$last_err'"
+expect_run "PARAMSYNC_LINK_KEEP_MS=-1" 2 "*--link-keep-ms must be 0 to 3600000, not '-1'*" \
+  PARAMSYNC_LINK_KEEP_MS=-1 -- || fail "PARAMSYNC_LINK_KEEP_MS=-1: exit $last_rc, '$last_err'"
 expect_run "PARAMSYNC_MACHINE_ID of 200 characters" 2 "*--machine-id is at most 128 characters*" \
   PARAMSYNC_MACHINE_ID="$long" -- ||
   fail "PARAMSYNC_MACHINE_ID of 200 characters: exit $last_rc, '$last_err'"

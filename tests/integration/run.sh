@@ -10,6 +10,7 @@
 #               [--daemon-arg ARG]... [--agent-arg K ARG]... [--env NAME=VALUE]...
 #               [--sigterm-after SECONDS]
 #               [--then SCENARIO:NP] [--timeout SECONDS] [--metric 'SERIES>N' | 'SERIES=0' | 'SERIES<N']...
+#               [--settle SECONDS]
 #               [--private-shm SIZE]
 # --agents: with --topology split, A agents (default 2); rank r joins through agent r mod A, or
 # with --placement blocks through agent r / ceil(N / A) (ranks 0, 1 on the first, 2, 3 on the
@@ -23,13 +24,15 @@
 # --metric: after the scenario, SERIES (a metric with its labels, exactly as exposed) summed over
 # every daemon must be above N (>0: above zero), or zero (for zero, a series that is not there
 # counts when its family is: counters at zero are left out), or below N.
+# --settle: the metrics are read that many seconds after the scenario's workers exit (what the
+# daemons do once idle).
 # Exit status: 0 passed, 1 failed, 77 skipped (every worker said so). PS_IT_KEEP=1 keeps the logs.
 # PS_IT_DAEMON_ARGS: words added to every daemon's command line (e.g. '--reduce-device cuda', as
 # scripts/gpu-run runs the whole suite on a GPU host).
 set -u
 
 daemon= worker= scenario= example= expect= np=2 jobs=1 topology=embedded init=env nagents=2
-sigterm_after= then= timeout=150 agent_machines= placement=round
+sigterm_after= then= timeout=150 agent_machines= placement=round settle=
 daemon_args=() agent_args=() example_args=() extra_env=() metric_checks=()
 orig_args=("$@")
 while [ $# -gt 0 ]; do
@@ -54,6 +57,7 @@ while [ $# -gt 0 ]; do
     --then) then=$2; shift ;;
     --timeout) timeout=$2; shift ;;
     --metric) metric_checks+=("$2"); shift ;;
+    --settle) settle=$2; shift ;;
     --private-shm)
       # Again, inside a mount namespace with a small tmpfs on /dev/shm.
       if [ -z "${PS_IT_IN_NS:-}" ]; then
@@ -264,6 +268,7 @@ scrape() {
 }
 
 if [ ${#metric_checks[@]} -gt 0 ] && [ $status -eq 0 ]; then
+  [ -n "$settle" ] && sleep "$settle"
   for dname in "${daemon_names[@]}"; do
     scrape "$dname" >"$tmp/$dname.metrics" || failed "could not read the metrics of $dname"
   done

@@ -182,7 +182,7 @@ def check_refused(d, cli, pb, pbg, grpc):
 
 
 def check_wire(args, wd, pb, pbg, grpc):
-    """A real agent names its release's wire revision in its settings (--wire 2), so an
+    """A real agent names its release's wire revision in its settings (--wire 3), so an
     agent of an older release (settings without it, registered here as one would) is warned
     of at once as one whose jobs with the new one will be refused."""
     coord = h.Daemon(args.paramsyncd, wd, "wire-coord", role="coordinator", metrics=False)
@@ -202,8 +202,8 @@ def check_wire(args, wd, pb, pbg, grpc):
             time.sleep(0.1)
         log = coord.text()
         h.check(f"agent 127.0.0.1:3 registered with {old}, but agent {agent.addr} with" in log
-                and "--step-bytes 1048576 --wire 2:" in log and "one release of paramsyncd" in log,
-                f"an older agent beside a new one: no warning naming --wire 2:\n{log}")
+                and "--step-bytes 1048576 --wire 3:" in log and "one release of paramsyncd" in log,
+                f"an older agent beside a new one: no warning naming --wire 3:\n{log}")
     finally:
         if agent:
             agent.stop()

@@ -71,6 +71,15 @@ static int ring_open(void *arg, const char *address, const char *job, ps__rpc_ca
     return PS_EUNAVAIL;
 }
 
+static int ring_keep(void *arg, const char *address, const char *job, ps__rpc_call_t *call)
+{
+    (void)arg;
+    (void)address;
+    (void)job;
+    (void)call;
+    return 0;
+}
+
 static void serve(void *arg, ps__rpc_call_t *call, ps__frame_t *first, void **state)
 {
     (void)arg;
@@ -94,7 +103,8 @@ static int setup(void **state)
     f->cfg.ring_min_bytes = 1u << 20;
     pthread_mutex_init(&f->lock, NULL);
     pthread_cond_init(&f->cond, NULL);
-    assert_int_equal(ps__hub_create(&f->cfg, SELF, lookup, ring_open, serve, f, &f->hub), 0);
+    assert_int_equal(ps__hub_create(&f->cfg, SELF, lookup, ring_open, ring_keep, serve, f, &f->hub),
+                     0);
     *state = f;
     return 0;
 }
