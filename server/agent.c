@@ -1045,6 +1045,23 @@ static int first_frame(ps__agent_t *a, ps__rpc_call_t *call, const char *what,
     return frame_check(a, call, what, bb, bbp, first);
 }
 
+/* The next request on a stream that carries several (Agent.Relay, a kept
+ * Agent.Ring link), checked as first_frame checks a call's first: 0 with
+ * *bbp and *first set, or -1 once the stream has ended (answered OK), broke
+ * (nobody to answer) or was ended for a bad frame. */
+static int next_request(ps__agent_t *a, ps__rpc_call_t *call, const char *what,
+                        grpc_byte_buffer **bbp, ps__frame_t *first)
+{
+    grpc_byte_buffer *bb = NULL;
+    if (ps__rpc_call_recv(call, &bb) < 0)
+        return -1;
+    if (!bb) {
+        ps__rpc_call_send_status(call, GRPC_STATUS_OK, "");
+        return -1;
+    }
+    return frame_check(a, call, what, bb, bbp, first);
+}
+
 /* Serves a collective as this agent routes it; bb is its raw first message,
  * or NULL for a doorbell's request (a shared-memory header, never forwarded
  * as raw frames). Consumes first and bb. */
@@ -1113,13 +1130,7 @@ static void agent_relay(ps__rpc_call_t *call, void *arg)
     for (;;) {
         grpc_byte_buffer *bb = NULL;
         ps__frame_t first;
-        if (ps__rpc_call_recv(call, &bb) < 0)
-            return; /* broken or cancelled: nobody to answer */
-        if (!bb) {
-            ps__rpc_call_send_status(call, GRPC_STATUS_OK, "");
-            return;
-        }
-        if (frame_check(a, call, "relay: ", bb, &bb, &first) < 0)
+        if (next_request(a, call, "relay: ", &bb, &first) < 0)
             return;
         ps__rpc_call_t *local = NULL;
         if (ps__rpc_call_local_on(call, &local) < 0) {
@@ -1172,14 +1183,7 @@ static void agent_ring(ps__rpc_call_t *call, void *arg)
         grpc_byte_buffer_destroy(bb);
         if (!ps__hub_ring_serve(a->hub, call, &first))
             return;
-        bb = NULL;
-        if (ps__rpc_call_recv(call, &bb) < 0)
-            return; /* broken or cancelled: nobody to answer */
-        if (!bb) {
-            ps__rpc_call_send_status(call, GRPC_STATUS_OK, "");
-            return;
-        }
-        if (frame_check(a, call, "ring: ", bb, &bb, &first) < 0)
+        if (next_request(a, call, "ring: ", &bb, &first) < 0)
             return;
     }
 }
