@@ -1145,10 +1145,7 @@ static void agent_relay(ps__rpc_call_t *call, void *arg)
         res.code = ps__rpc_call_local_outcome(local, &msg, NULL); /* its frames went out */
         res.message = msg ? msg : (char *)"";
         ps__rpc_call_destroy(local);
-        Paramsync__V1__Frame end = PARAMSYNC__V1__FRAME__INIT;
-        end.result = &res;
-        end.end = 1;
-        grpc_byte_buffer *eb = ps__rpc_pack(&end.base);
+        grpc_byte_buffer *eb = ps__frame_encode_end(&res);
         int rc = eb ? ps__rpc_call_send(call, eb) : PS_ENOMEM;
         if (eb)
             grpc_byte_buffer_destroy(eb);

@@ -3687,7 +3687,7 @@ static void *ring_watch_main(void *arg)
         int rc = q ? (ps__frame_decode(bb, &q->f) < 0 ? PS_EINVAL : 0) : PS_ENOMEM;
         grpc_byte_buffer_destroy(bb);
         const Paramsync__V1__CollectiveResult *res = rc == 0 ? q->f.meta->result : NULL;
-        if (rc == 0 && q->f.meta->end && !q->f.meta->header && !q->f.data_len) {
+        if (rc == 0 && ps__frame_is_end(&q->f)) {
             pthread_mutex_lock(c->lock);
             if (res && res->code)
                 ring_link_failed(l, -res->code, res->message);
@@ -3706,15 +3706,15 @@ static void *ring_watch_main(void *arg)
                 : rc < 0        ? "a malformed frame"
                                 : "a frame where none belongs");
             pthread_mutex_unlock(c->lock);
-            ps__rpc_call_cancel(w->out, GRPC_STATUS_CANCELLED, "a frame where none belongs");
+            ps__rpc_call_cancel(w->out, GRPC_STATUS_CANCELLED, "a bad reply");
         }
         if (q)
             ps__frame_clear(&q->f);
         free(q);
-        if (w->ended)
-            return NULL;
         break;
     }
+    if (w->ended) /* the call stays open */
+        return NULL;
     char *msg = NULL;
     int rc = ps__rpc_call_finish(w->out, &msg);
     pthread_mutex_lock(c->lock);
@@ -3808,21 +3808,6 @@ static int ring_out_open(ring_link_t *l, ring_out_t *o)
     return rc;
 }
 
-/* The frame that ends a collective's frames on a link, both ways (with the
- * collective's outcome from the receiver). NULL when out of memory. */
-static grpc_byte_buffer *ring_end_frame(int code, const char *message)
-{
-    Paramsync__V1__CollectiveResult res = PARAMSYNC__V1__COLLECTIVE_RESULT__INIT;
-    Paramsync__V1__Frame end = PARAMSYNC__V1__FRAME__INIT;
-    end.end = 1;
-    if (code || (message && *message)) {
-        res.code = code;
-        res.message = (char *)(message ? message : "");
-        end.result = &res;
-    }
-    return ps__rpc_pack(&end.base);
-}
-
 /* Ends link l once its sender is done (broke: a send failed): a failed
  * collective's words go to the other agent first, then the end frame,
  * which the other agent answers with its own. A link that carried a
@@ -3851,7 +3836,7 @@ static void ring_out_close(ring_link_t *l, ring_out_t *o, int broke)
                 grpc_byte_buffer_destroy(bb);
             }
         }
-        grpc_byte_buffer *bb = broke ? NULL : ring_end_frame(0, NULL);
+        grpc_byte_buffer *bb = broke ? NULL : ps__frame_encode_end(NULL);
         end_sent = bb && ps__rpc_call_send(o->call, bb) == 0;
         if (bb)
             grpc_byte_buffer_destroy(bb);
@@ -4258,8 +4243,7 @@ static int ring_receive(ring_link_t *l, ps__rpc_call_t *call)
             rc = ps__frame_decode(bb, &q->f) < 0 ? PS_EINVAL : 0;
         /* The end of the collective's frames: the end frame, or the end of
          * the stream (an agent before --wire 3). */
-        int end_frame = rc == 0 && bb && q->f.meta->end && !q->f.meta->header &&
-                        !q->f.meta->result && !q->f.data_len;
+        int end_frame = rc == 0 && bb && ps__frame_is_end(&q->f) && !q->f.meta->result;
         int fin = rc == 0 && (!bb || end_frame);
         if (bb)
             grpc_byte_buffer_destroy(bb);
@@ -4965,7 +4949,7 @@ done:
         PS_LOG(PS_LOG_WARN, "%s", msg);
     if (kept) {
         /* The other agent's end frame answered: the call stays open. */
-        grpc_byte_buffer *bb = ring_end_frame(0, NULL);
+        grpc_byte_buffer *bb = ps__frame_encode_end(NULL);
         kept = bb && ps__rpc_call_send(call, bb) == 0;
         if (bb)
             grpc_byte_buffer_destroy(bb);

@@ -27,8 +27,22 @@ static size_t varint_put(uint8_t *p, uint64_t v)
     return n;
 }
 
-/* The frame's bytes before its data: the small fields, and the data field's
- * tag and length when len > 0. */
+/* The frame's bytes before its data: the small fields of meta, and the
+ * data field's tag and length when len > 0. */
+static grpc_slice meta_head(const Paramsync__V1__Frame *meta, size_t len)
+{
+    size_t msize = protobuf_c_message_get_packed_size(&meta->base);
+    grpc_slice head = grpc_slice_malloc(msize + (len ? 11 : 0));
+    uint8_t *p = GRPC_SLICE_START_PTR(head);
+    protobuf_c_message_pack(&meta->base, p);
+    size_t used = msize;
+    if (len) {
+        p[used++] = (FRAME_DATA_FIELD << 3) | WIRE_LEN;
+        used += varint_put(p + used, len);
+    }
+    return grpc_slice_sub_no_ref(head, 0, used);
+}
+
 static grpc_slice frame_head(const Paramsync__V1__CollectiveHeader *header,
                              const Paramsync__V1__CollectiveResult *result, uint64_t offset,
                              size_t len)
@@ -37,16 +51,23 @@ static grpc_slice frame_head(const Paramsync__V1__CollectiveHeader *header,
     meta.header = (Paramsync__V1__CollectiveHeader *)header;
     meta.result = (Paramsync__V1__CollectiveResult *)result;
     meta.offset = offset;
-    size_t msize = protobuf_c_message_get_packed_size(&meta.base);
-    grpc_slice head = grpc_slice_malloc(msize + (len ? 11 : 0));
-    uint8_t *p = GRPC_SLICE_START_PTR(head);
-    protobuf_c_message_pack(&meta.base, p);
-    size_t used = msize;
-    if (len) {
-        p[used++] = (FRAME_DATA_FIELD << 3) | WIRE_LEN;
-        used += varint_put(p + used, len);
-    }
-    return grpc_slice_sub_no_ref(head, 0, used);
+    return meta_head(&meta, len);
+}
+
+grpc_byte_buffer *ps__frame_encode_end(const Paramsync__V1__CollectiveResult *result)
+{
+    Paramsync__V1__Frame meta = PARAMSYNC__V1__FRAME__INIT;
+    meta.result = (Paramsync__V1__CollectiveResult *)result;
+    meta.end = 1;
+    grpc_slice head = meta_head(&meta, 0);
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&head, 1);
+    grpc_slice_unref(head);
+    return bb;
+}
+
+int ps__frame_is_end(const ps__frame_t *f)
+{
+    return f->meta && f->meta->end && !f->meta->header && !f->data_len;
 }
 
 grpc_byte_buffer *ps__frame_encode(const Paramsync__V1__CollectiveHeader *header,

@@ -47,6 +47,13 @@ grpc_byte_buffer *ps__frame_encode_slices(const Paramsync__V1__CollectiveHeader 
                                           const Paramsync__V1__CollectiveResult *result,
                                           uint64_t offset, grpc_slice *data, int n);
 
+/**
+ * Builds the frame that ends an answer on a stream carrying several (`end`
+ * set; result may be NULL): a relay's request's answer with its status, a
+ * collective's frames on a Ring link both ways. NULL on ENOMEM.
+ */
+grpc_byte_buffer *ps__frame_encode_end(const Paramsync__V1__CollectiveResult *result);
+
 /** A decoded frame: the small fields unpacked, the data located in place. */
 typedef struct ps__frame {
     Paramsync__V1__Frame *meta; /* header/result/offset; data left empty */
@@ -84,6 +91,10 @@ int ps__frame_data_iov(const ps__frame_t *f, struct iovec *iov, int max);
  * than max pieces; a frame's range never spans more than its nslices. */
 int ps__frame_data_ref(const ps__frame_t *f, size_t from, size_t len, struct iovec *iov,
                        grpc_slice *held, int max);
+
+/** 1 for a decoded frame of ps__frame_encode_end (end set, no header, no
+ * data), else 0. */
+int ps__frame_is_end(const ps__frame_t *f);
 
 /** Frees what decode took. Accepts a zeroed frame. */
 void ps__frame_clear(ps__frame_t *f);
