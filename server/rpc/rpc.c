@@ -124,6 +124,11 @@ static int g_init_refs;
 /* gRPC was up before this module's first grpc_init: the process has another
  * user of it, whose shutdown is not this module's to wait for. */
 static int g_grpc_shared;
+/* This module let gRPC go (its last release) and has not seen it down
+ * since: gRPC may still be up on this module's account (a subchannel waiting
+ * to reconnect holds a grpc_init of its own), which says nothing of another
+ * user. */
+static int g_let_go;
 
 void ps__rpc_acquire(void)
 {
@@ -135,7 +140,12 @@ void ps__rpc_acquire(void)
          * mmap threshold must be set too, or it freezes at 128 KiB. */
         mallopt(M_TRIM_THRESHOLD, 512 << 20);
         mallopt(M_MMAP_THRESHOLD, 32 << 20);
-        g_grpc_shared = grpc_is_initialized();
+        int up = grpc_is_initialized();
+        /* Up while this module's own release may still hold it: whether
+         * another user has it is as it was before. */
+        if (!up || !g_let_go)
+            g_grpc_shared = up;
+        g_let_go = 0;
         grpc_init();
     }
     pthread_mutex_unlock(&g_init_lock);
@@ -144,8 +154,10 @@ void ps__rpc_acquire(void)
 int ps__rpc_release(void)
 {
     pthread_mutex_lock(&g_init_lock);
-    if (g_init_refs > 0 && --g_init_refs == 0)
+    if (g_init_refs > 0 && --g_init_refs == 0) {
         grpc_shutdown();
+        g_let_go = 1;
+    }
     int left = g_init_refs;
     pthread_mutex_unlock(&g_init_lock);
     return left;
@@ -160,6 +172,22 @@ static int grpc_still_wanted(void)
     int wanted = g_init_refs > 0 || g_grpc_shared;
     pthread_mutex_unlock(&g_init_lock);
     return wanted;
+}
+
+/* Whether gRPC is up on this module's account: not wanted (above) and not
+ * shut down yet. Once it is seen down, this module's release holds it no
+ * more. */
+static int grpc_left_up(void)
+{
+    if (grpc_still_wanted())
+        return 0;
+    if (grpc_is_initialized())
+        return 1;
+    pthread_mutex_lock(&g_init_lock);
+    if (g_init_refs == 0)
+        g_let_go = 0;
+    pthread_mutex_unlock(&g_init_lock);
+    return 0;
 }
 
 static void count_event_engine(const char *name, void *n)
@@ -180,7 +208,7 @@ int ps__rpc_wait_shutdown(int64_t timeout_ms)
     int64_t end = ps__now_ms() + timeout_ms;
     /* grpc_is_initialized takes gRPC's init lock, which its clean-up thread
      * holds until the shutdown is done. */
-    while (!grpc_still_wanted() && grpc_is_initialized()) {
+    while (grpc_left_up()) {
         if (ps__now_ms() >= end)
             return PS_ETIMEDOUT;
         /* Once the last channel is gone nothing polls: a connection attempt

@@ -59,8 +59,9 @@ int ps__rpc_release(void);
  * until the threads gRPC's event engine lets end detached are gone. 0 when
  * gRPC is down or acquired again (ps__rpc_acquire: no longer this caller's
  * to wait for), at once when gRPC was up before this module's first
- * ps__rpc_acquire (the process has another user of it), PS_ETIMEDOUT when
- * something still holds it. */
+ * ps__rpc_acquire (the process has another user of it; gRPC still up on
+ * this module's own account when it is acquired again is not another user),
+ * PS_ETIMEDOUT when something still holds it. */
 int ps__rpc_wait_shutdown(int64_t timeout_ms);
 
 /* A thread that ends on its own and is joined later, not detached: its exit

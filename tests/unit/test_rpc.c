@@ -346,6 +346,20 @@ static void test_cancel_before_sending(void **state)
     ps__rpc_call_destroy(c);
 }
 
+/* A call on a channel to a port nobody listens on: the channel's subchannel
+ * waits to reconnect (up to PS_RPC_RECONNECT_MAX_MS) after the channel is
+ * gone, holding a grpc_init of its own. */
+static void call_nobody(void)
+{
+    ps__rpc_channel_t *dead = NULL;
+    assert_int_equal(ps__rpc_channel_create("127.0.0.1:1", &dead), 0);
+    ps__rpc_call_t *c = NULL;
+    assert_int_equal(ps__rpc_call_start(dead, "/t.T/First", 300, &c), 0);
+    assert_true(ps__rpc_call_finish(c, NULL) < 0);
+    ps__rpc_call_destroy(c);
+    ps__rpc_channel_destroy(dead);
+}
+
 static void test_shutdown_ends_every_thread(void **state)
 {
     (void)state;
@@ -360,18 +374,14 @@ static void test_shutdown_ends_every_thread(void **state)
     assert_true(ps__rpc_server_threads(((fixture_t *)f)->srv, &idle) > NCALLS);
     char names[2048];
     assert_non_null(strstr(thread_names(names, sizeof(names)), "ps-rpc"));
-    /* A channel to a port nobody listens on leaves a subchannel waiting to
-     * reconnect after the channel is gone, holding gRPC up past the last
-     * release: the wait sees it through. */
-    ps__rpc_channel_t *dead = NULL;
-    assert_int_equal(ps__rpc_channel_create("127.0.0.1:1", &dead), 0);
-    ps__rpc_call_t *c = NULL;
-    assert_int_equal(ps__rpc_call_start(dead, "/t.T/First", 300, &c), 0);
-    assert_true(ps__rpc_call_finish(c, NULL) < 0);
-    ps__rpc_call_destroy(c);
-    ps__rpc_channel_destroy(dead);
-    /* Handler threads are joined, and gRPC's own end with its shutdown. */
+    /* Handler threads are joined, and gRPC's own end with its shutdown;
+     * a subchannel waiting to reconnect holds gRPC up past the last release
+     * (for under a second: made after the teardown, which can take that
+     * long), and the wait sees it through. */
+    ps__rpc_acquire();
     teardown(&f);
+    call_nobody();
+    assert_int_equal(ps__rpc_release(), 0);
     assert_true(grpc_is_initialized());
     assert_int_equal(ps__rpc_wait_shutdown(5000), 0);
     assert_false(grpc_is_initialized());
@@ -407,6 +417,24 @@ static void test_shutdown_wait_leaves_another_users_grpc(void **state)
     assert_false(grpc_is_initialized());
 }
 
+/* gRPC still up on this module's account (a subchannel of its own) when it
+ * is acquired again, as a worker does that ends its process group and starts
+ * another: no other user has it, and the next wait is for its shutdown. */
+static void test_acquired_again_while_still_up(void **state)
+{
+    (void)state;
+    assert_int_equal(ps__rpc_wait_shutdown(5000), 0);
+    assert_false(grpc_is_initialized());
+    ps__rpc_acquire();
+    call_nobody();
+    assert_int_equal(ps__rpc_release(), 0);
+    assert_true(grpc_is_initialized()); /* the subchannel's */
+    ps__rpc_acquire();
+    assert_int_equal(ps__rpc_release(), 0);
+    assert_int_equal(ps__rpc_wait_shutdown(5000), 0);
+    assert_false(grpc_is_initialized());
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -419,6 +447,7 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_cancel_before_sending, setup, teardown),
         cmocka_unit_test(test_shutdown_ends_every_thread),
+        cmocka_unit_test(test_acquired_again_while_still_up),
         cmocka_unit_test(test_shutdown_wait_leaves_another_users_grpc),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
