@@ -156,7 +156,11 @@ static void usage(FILE *out)
         "  -h, --help               print this help and exit\n"
         "\n"
         "SIGTERM or SIGINT stop the daemon: it stops accepting calls, ends calls in flight\n"
-        "with UNAVAILABLE and exits 0.\n");
+        "with UNAVAILABLE and exits 0.\n"
+        "\n"
+        "Its threads share one malloc arena (fewer page faults and less CPU for large\n"
+        "collectives); MALLOC_ARENA_MAX or GLIBC_TUNABLES in the environment leave the\n"
+        "arenas to glibc.\n");
 }
 
 /* The kernel's boot id into buf (its first line), or "" where it cannot be
@@ -323,6 +327,7 @@ static void admin_status(ps__rpc_call_t *call, void *arg)
 
 int main(int argc, char **argv)
 {
+    ps__malloc_arenas_init(); /* before any thread */
     char machine[64];
     ps__config_t cfg = {
         .role = PS_ROLE_EMBEDDED,

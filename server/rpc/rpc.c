@@ -130,6 +130,13 @@ static int g_grpc_shared;
  * user. */
 static int g_let_go;
 
+int ps__malloc_arenas_init(void)
+{
+    if (getenv("MALLOC_ARENA_MAX") || getenv("GLIBC_TUNABLES"))
+        return 0;
+    return mallopt(M_ARENA_MAX, 1) == 1 ? 1 : 0;
+}
+
 void ps__rpc_acquire(void)
 {
     pthread_mutex_lock(&g_init_lock);

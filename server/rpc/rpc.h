@@ -50,6 +50,15 @@ typedef struct ps__rpc_options {
 void ps__rpc_acquire(void);
 int ps__rpc_release(void);
 
+/** For a daemon, before its first thread: one malloc arena for every thread
+ * (mallopt M_ARENA_MAX). glibc's default, an arena per thread up to 8 a core,
+ * left gRPC's read buffers and the frames they make spread over many arenas
+ * that each grew on their own: the agent page-faulted for the first tens of
+ * large collectives and spent more CPU on each (PERFORMANCE.md, "One malloc
+ * arena"). Left to glibc where MALLOC_ARENA_MAX or GLIBC_TUNABLES is set.
+ * Returns the arenas set (1), or 0 when it left them. */
+int ps__malloc_arenas_init(void);
+
 /** Waits, up to timeout_ms, until gRPC has shut down after the last
  * ps__rpc_release, polling meanwhile. gRPC's subchannels hold grpc_init of
  * their own and are destroyed after their channel, by gRPC's threads; the
