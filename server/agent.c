@@ -864,7 +864,7 @@ static void collective_proxy_shm(ps__agent_t *a, ps__rpc_call_t *down,
             break;
         if (ps__frame_decode(bb, &f) < 0) {
             bad = "a malformed frame";
-        } else if (rl && f.meta->end) {
+        } else if (rl && ps__frame_is_end(&f)) {
             ended = 1;
             end_code = f.meta->result ? f.meta->result->code : GRPC_STATUS_INTERNAL;
             end_msg =

@@ -56,7 +56,8 @@ int ps__rpc_release(void);
  * that each grew on their own: the agent page-faulted for the first tens of
  * large collectives and spent more CPU on each (PERFORMANCE.md, "One malloc
  * arena"). Left to glibc where MALLOC_ARENA_MAX or GLIBC_TUNABLES is set.
- * Returns the arenas set (1), or 0 when it left them. */
+ * Returns the arenas set (1), or 0 when it left them (the environment, or a
+ * mallopt that refused: ASan's). */
 int ps__malloc_arenas_init(void);
 
 /** Waits, up to timeout_ms, until gRPC has shut down after the last
