@@ -105,6 +105,7 @@ struct ps__coordinator {
     ps__tokens_t *tokens;      /* NULL: no authentication */
     int nagent_list;
     uint64_t stops; /* agents that said they were stopping, so far */
+    int draining;   /* SIGTERM: Joins end saying so (ps__coordinator_drain) */
 };
 
 /* The agent registered at addr, or NULL; with c->lock. */
@@ -400,6 +401,10 @@ static int join_register(ps__coordinator_t *c, const Paramsync__V1__JoinRequest 
                  req->rank, req->world_size);
         return PS_EINVAL;
     }
+    if (c->draining) {
+        snprintf(msg, msglen, "%s", PS_MSG_STOPPING);
+        return PS_EUNAVAIL;
+    }
     job_purge_refused(c);
     job_t *j = job_find(c, req->job);
     int refused = j && j->refused && !j->ready;
@@ -560,6 +565,11 @@ static void coord_join(ps__rpc_call_t *call, void *arg)
     int sent_ready = 0;
     for (;;) {
         member_t *m = &j->members[rank];
+        if (c->draining) {
+            code = GRPC_STATUS_UNAVAILABLE;
+            snprintf(msg, sizeof(msg), "%s", PS_MSG_STOPPING);
+            break;
+        }
         if (w.ended)
             break;
         if (!j->ready && j->refused) {
@@ -612,9 +622,10 @@ static void coord_join(ps__rpc_call_t *call, void *arg)
             pthread_cond_wait(&c->changed, &c->lock);
         }
     }
-    /* Leaving: graceful, lost, or a rendezvous that never completed. */
+    /* Leaving: graceful, lost, or a rendezvous that never completed. A
+     * stream the coordinator's own shutdown ends is no rank's loss. */
     member_t *m = &j->members[rank];
-    if (code != GRPC_STATUS_OK || (w.ended == 1 && (m->leaving || !j->ready))) {
+    if (code != GRPC_STATUS_OK || c->draining || (w.ended == 1 && (m->leaving || !j->ready))) {
         m->state = j->ready ? M_LEFT : M_FREE;
         PS_LOG(PS_LOG_INFO, "job %s: rank %d left", j->name, rank);
     } else {
@@ -1127,6 +1138,16 @@ int ps__coordinator_create(const ps__config_t *cfg, ps__rpc_server_t *srv, ps__c
     }
     *out = c;
     return 0;
+}
+
+void ps__coordinator_drain(ps__coordinator_t *c)
+{
+    if (!c)
+        return;
+    pthread_mutex_lock(&c->lock);
+    c->draining = 1;
+    pthread_cond_broadcast(&c->changed);
+    pthread_mutex_unlock(&c->lock);
 }
 
 void ps__coordinator_destroy(ps__coordinator_t *c)

@@ -110,6 +110,11 @@ typedef struct ps__coordinator ps__coordinator_t;
 int ps__coordinator_create(const ps__config_t *cfg, ps__rpc_server_t *srv, ps__coordinator_t **out);
 void ps__coordinator_destroy(ps__coordinator_t *c);
 
+/** SIGTERM: every Join ends, and every new one is refused, with UNAVAILABLE
+ * PS_MSG_STOPPING; the ranks whose streams end with the daemon are not
+ * reported lost. Before the server's shutdown. NULL is a no-op. */
+void ps__coordinator_drain(ps__coordinator_t *c);
+
 /** Adds the jobs (filtered by name when job is non-empty) and agents to
  * resp; everything added is malloc'd, so protobuf_c_message_free_unpacked
  * frees a heap-allocated resp. 0 or PS_ENOMEM. */

@@ -781,6 +781,7 @@ out:
     if (health)
         ps__health_shutdown(health);
     ps__agent_drain(agent);
+    ps__coordinator_drain(coord);
     ps__rpc_server_shutdown(srv);
     ps__rpc_server_destroy(health_srv);
     /* A scrape reads the hub and the coordinator: none after this. */

@@ -913,10 +913,21 @@ void ps__rpc_server_shutdown(ps__rpc_server_t *s)
         return;
     }
     s->shutting_down = 1;
-    grpc_server_shutdown_and_notify(s->server, s->cq, &s->tag_shutdown);
-    /* Workers in a collective learn why their call ended. */
+    /* Workers in a collective learn why their call ended: the statuses go
+     * out before the server's shutdown tells the clients to go away
+     * (GOAWAY), so they reach them ahead of it. Once the last call of a
+     * connection has ended after a GOAWAY, gRPC closes that connection,
+     * and a status queued behind it was lost ("Socket closed"). */
     for (ps__rpc_call_t *c = s->active; c; c = c->next_active)
         grpc_call_cancel_with_status(c->call, GRPC_STATUS_UNAVAILABLE, PS_RPC_MSG_SHUTDOWN, NULL);
+    struct timespec grace = ps__abs_time(CLOCK_REALTIME, PS_RPC_SHUTDOWN_GRACE_MS);
+    while (s->active_handlers > 0 && pthread_cond_timedwait(&s->idle, &s->lock, &grace) == 0)
+        ;
+    grpc_server_shutdown_and_notify(s->server, s->cq, &s->tag_shutdown);
+    /* Connections end gracefully, each once its client has read all that
+     * came before the GOAWAY; those still open after the grace are cut. */
+    while (!s->shutdown_notified && pthread_cond_timedwait(&s->idle, &s->lock, &grace) == 0)
+        ;
     pthread_mutex_unlock(&s->lock);
     grpc_server_cancel_all_calls(s->server);
     pthread_mutex_lock(&s->lock);

@@ -143,8 +143,10 @@ int ps__rpc_server_listen_plain(ps__rpc_server_t *srv, const char *addr, int *po
 /** Starts serving. */
 int ps__rpc_server_start(ps__rpc_server_t *srv);
 
-/** Stops accepting, cancels every call in flight with UNAVAILABLE ("shutting
- * down"), and waits for their handlers to return. Idempotent. */
+/** Cancels every call in flight with UNAVAILABLE ("shutting down"), stops
+ * accepting, lets clients read those statuses and close their connections
+ * (for up to PS_RPC_SHUTDOWN_GRACE_MS in all), cuts those still open, and
+ * waits for the handlers to return. Idempotent. */
 void ps__rpc_server_shutdown(ps__rpc_server_t *srv);
 
 /** Called when each served call ends, with its method and status code
@@ -198,6 +200,10 @@ int ps__rpc_call_start(ps__rpc_channel_t *ch, const char *method, int64_t timeou
 
 /** What the server's shutdown tells every call it cancels (UNAVAILABLE). */
 #define PS_RPC_MSG_SHUTDOWN "the daemon is shutting down"
+
+/** How long the server's shutdown waits for its handlers to end and its
+ * clients to close their connections before it cuts them. */
+#define PS_RPC_SHUTDOWN_GRACE_MS 1000
 
 /** Metadata naming the agent that forwarded a call. */
 #define PS_RPC_VIA_METADATA "x-paramsync-via"

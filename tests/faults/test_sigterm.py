@@ -213,11 +213,14 @@ def hub_stopping_relayed(cl, binary, work):
 
 
 def coordinator_stopping(cl, binary, work):
-    """The coordinator alone stops: the agent ends its workers' Joins saying so."""
+    """The coordinator alone stops: the agent ends its workers' Joins saying so, and
+    no rank is told of another one lost: their streams end with the coordinator."""
     name = "coordinator-stopping"
     coord, (agent,) = P.cluster(cl, binary, work, 1, tag="-" + name)
     P.wait_registered(P.Conn(coord.addr), [agent.addr])
     procs = P.spawn_job(cl, name, 2, agent.addr, {"*": {"steps": [END]}})
+    for p in procs:
+        P.check(p.wait("ready", 10) is not None, "%s: %s" % (name, p.describe()))
     rc = coord.stop(timeout=EXIT_S + 3)
     P.expect(rc == 0, "%s: the coordinator exited %s on SIGTERM" % (name, rc))
     want = "the coordinator at %s is stopping" % coord.addr
@@ -226,6 +229,8 @@ def coordinator_stopping(cl, binary, work):
         P.expect(je is not None and je["code"] == "UNAVAILABLE" and want in je["message"],
                  "%s: %s's Join should end UNAVAILABLE '%s ...': %s" % (name, p.name, want,
                                                                         p.describe()))
+        P.expect(not p.events("lost"), "%s: %s was told of a lost rank while the coordinator "
+                 "was stopping: %s" % (name, p.name, p.describe()))
 
 
 def many_stopping(cl, binary, work):
