@@ -181,6 +181,27 @@ static void ready_handler(ps__rpc_call_t *call, void *arg)
     grpc_byte_buffer_destroy(reply);
 }
 
+/* "Hold" counts itself in and waits for a message that never comes: the
+ * call ends only with the server's shutdown. */
+static struct {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    int held;
+} hold = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+
+static void hold_handler(ps__rpc_call_t *call, void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&hold.lock);
+    hold.held++;
+    pthread_cond_broadcast(&hold.cond);
+    pthread_mutex_unlock(&hold.lock);
+    grpc_byte_buffer *bb = NULL;
+    if (ps__rpc_call_recv(call, &bb) == 0 && bb)
+        grpc_byte_buffer_destroy(bb);
+    ps__rpc_call_send_status(call, GRPC_STATUS_INTERNAL, "hold: a message came");
+}
+
 static int setup(void **state)
 {
     fixture_t *f = calloc(1, sizeof(*f));
@@ -191,6 +212,7 @@ static int setup(void **state)
     assert_int_equal(ps__rpc_server_add_method(f->srv, "/t.T/First", first_handler, NULL), 0);
     assert_int_equal(ps__rpc_server_add_method(f->srv, "/t.T/Md", md_handler, NULL), 0);
     assert_int_equal(ps__rpc_server_add_method(f->srv, "/t.T/Ready", ready_handler, NULL), 0);
+    assert_int_equal(ps__rpc_server_add_method(f->srv, "/t.T/Hold", hold_handler, NULL), 0);
     loopback_start(f->srv, &f->ch);
     *state = f;
     return 0;
@@ -346,6 +368,71 @@ static void test_cancel_before_sending(void **state)
     ps__rpc_call_destroy(c);
 }
 
+#define HOLDERS 4
+
+typedef struct holder {
+    fixture_t *f;
+    int rc;
+    char msg[128];
+} holder_t;
+
+static void *holder_main(void *arg)
+{
+    holder_t *h = arg;
+    ps__rpc_call_t *c = NULL;
+    h->rc = ps__rpc_call_start(h->f->ch, "/t.T/Hold", 10000, &c);
+    if (h->rc == 0) {
+        grpc_byte_buffer *bb = NULL;
+        ps__rpc_call_recv(c, &bb); /* the call reaches the server; nothing comes */
+        if (bb)
+            grpc_byte_buffer_destroy(bb);
+        char *msg = NULL;
+        h->rc = ps__rpc_call_finish(c, &msg);
+        snprintf(h->msg, sizeof(h->msg), "%s", msg ? msg : "");
+        free(msg);
+    }
+    ps__rpc_call_destroy(c);
+    return NULL;
+}
+
+static void test_shutdown_tells_calls_in_flight_why(void **state)
+{
+    (void)state;
+    /* Each call in flight hears why it ended, never "Socket closed": the
+     * statuses go out before the server's GOAWAY, and the connection is not
+     * cut under them. Rounds, since a lost status was a race. */
+    for (int round = 0; round < 10; round++) {
+        void *f = NULL;
+        setup(&f);
+        pthread_mutex_lock(&hold.lock);
+        hold.held = 0;
+        pthread_mutex_unlock(&hold.lock);
+        holder_t h[HOLDERS];
+        pthread_t t[HOLDERS];
+        for (int i = 0; i < HOLDERS; i++) {
+            h[i] = (holder_t){f, 0, ""};
+            assert_int_equal(pthread_create(&t[i], NULL, holder_main, &h[i]), 0);
+        }
+        pthread_mutex_lock(&hold.lock);
+        struct timespec until = ps__abs_time(CLOCK_REALTIME, 10000);
+        while (hold.held < HOLDERS && pthread_cond_timedwait(&hold.cond, &hold.lock, &until) == 0)
+            ;
+        int held = hold.held;
+        pthread_mutex_unlock(&hold.lock);
+        assert_int_equal(held, HOLDERS);
+        int64_t t0 = ps__now_ms();
+        ps__rpc_server_shutdown(((fixture_t *)f)->srv);
+        assert_true(ps__now_ms() - t0 < PS_RPC_SHUTDOWN_GRACE_MS + 1000);
+        for (int i = 0; i < HOLDERS; i++) {
+            pthread_join(t[i], NULL);
+            if (h[i].rc != -GRPC_STATUS_UNAVAILABLE || !strstr(h[i].msg, PS_RPC_MSG_SHUTDOWN))
+                fail_msg("round %d, call %d: status %d '%s', want UNAVAILABLE '%s'", round, i,
+                         -h[i].rc, h[i].msg, PS_RPC_MSG_SHUTDOWN);
+        }
+        teardown(&f);
+    }
+}
+
 /* A call on a channel to a port nobody listens on: the channel's subchannel
  * waits to reconnect (up to PS_RPC_RECONNECT_MAX_MS) after the channel is
  * gone, holding a grpc_init of its own. */
@@ -446,6 +533,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_recv_ready_leaves_its_receive_for_the_next, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_cancel_before_sending, setup, teardown),
+        cmocka_unit_test(test_shutdown_tells_calls_in_flight_why),
         cmocka_unit_test(test_shutdown_ends_every_thread),
         cmocka_unit_test(test_acquired_again_while_still_up),
         cmocka_unit_test(test_shutdown_wait_leaves_another_users_grpc),
