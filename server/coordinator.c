@@ -622,10 +622,12 @@ static void coord_join(ps__rpc_call_t *call, void *arg)
             pthread_cond_wait(&c->changed, &c->lock);
         }
     }
-    /* Leaving: graceful, lost, or a rendezvous that never completed. A
-     * stream the coordinator's own shutdown ends is no rank's loss. */
+    /* Leaving: graceful, lost, or a rendezvous that never completed. The
+     * loop looks at the drain before the stream's end, under the same lock,
+     * so a stream the coordinator's own shutdown ends comes here with
+     * UNAVAILABLE: no rank's loss. */
     member_t *m = &j->members[rank];
-    if (code != GRPC_STATUS_OK || c->draining || (w.ended == 1 && (m->leaving || !j->ready))) {
+    if (code != GRPC_STATUS_OK || (w.ended == 1 && (m->leaving || !j->ready))) {
         m->state = j->ready ? M_LEFT : M_FREE;
         PS_LOG(PS_LOG_INFO, "job %s: rank %d left", j->name, rank);
     } else {
