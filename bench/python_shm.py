@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -190,7 +191,8 @@ def main():
                     break
                 time.sleep(0.05)
             if not addr:
-                raise SystemExit("paramsyncd did not start")
+                log.seek(0)
+                raise SystemExit("paramsyncd did not start; its log:\n" + log.read())
             res = {}
             for shm in (False, True):
                 res[shm] = run_job(a, addr, metrics, n, shm, "bench-%d-%d" % (n, shm))
@@ -203,6 +205,8 @@ def main():
         finally:
             d.send_signal(signal.SIGTERM)
             d.wait()
+            log.close()
+            shutil.rmtree(tmp, ignore_errors=True)
         for op in OPS:
             g = statistics.median(res[False][0][op])
             s = statistics.median(res[True][0][op])

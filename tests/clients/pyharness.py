@@ -3,6 +3,7 @@
 Exit status 77 means SKIPPED for ctest (SKIP_RETURN_CODE 77); a test prints
 why before it skips.
 """
+import atexit
 import contextlib
 import os
 import re
@@ -24,6 +25,14 @@ def skip(reason):
 def fail(msg):
     print("FAIL: " + msg, flush=True)
     sys.exit(1)
+
+
+def scratch(prefix):
+    """A temporary folder for a test's own files (scripts, sockets, rendezvous
+    files; daemon logs go with each Daemon), removed when the test exits."""
+    d = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, d, True)
+    return d
 
 
 class Daemon:

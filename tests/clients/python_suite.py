@@ -20,7 +20,6 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -2021,7 +2020,7 @@ def init_methods(py, d, binary):
         ok = report(H.run_workers([[py, me, "--worker", "init_methods"]] * 2, envs, 60),
                     mode) and ok
     # file://: the workers start first and wait for the daemon's --announce-file.
-    tmp = tempfile.mkdtemp(prefix="ps-file-init-")
+    tmp = H.scratch("ps-file-init-")
     path = os.path.join(tmp, "shared")
     envs = [H.clean_env(SUITE_INIT="file", SUITE_ADDR=d.addr, SUITE_FILE=path, SUITE_RANK=r)
             for r in range(2)]
@@ -2095,7 +2094,7 @@ def shm_paths(a):
             print("FAIL: %s: segment names left in /dev/shm: %s" % (name, left))
         return good and not left
 
-    tmp = tempfile.mkdtemp(prefix="ps-shm-paths-")
+    tmp = H.scratch("ps-shm-paths-")
     with H.Daemon(a.paramsyncd, listen="unix:" + os.path.join(tmp, "sock"), metrics=True) as d:
         if not d.addr.startswith("unix:"):
             H.fail("the daemon announced %r for a unix socket" % d.addr)
@@ -2222,7 +2221,7 @@ def relay_lost(a):
 def launcher(a):
     """python3 -m paramsync.run: env for each rank, a daemon of its own, exit statuses."""
     py = a.python
-    tmp = tempfile.mkdtemp(prefix="ps-launcher-")
+    tmp = H.scratch("ps-launcher-")
     script = os.path.join(tmp, "w.py")
     with open(script, "w") as f:
         f.write("""import os, sys, numpy as np

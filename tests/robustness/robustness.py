@@ -48,7 +48,6 @@ import socket
 import struct
 import sys
 import subprocess
-import tempfile
 import threading
 import time
 
@@ -1571,7 +1570,7 @@ def main(argv):
     metrics = "--metrics-addr" in help_text
     if name == "metrics_garbage" and not metrics:
         pw.skip("paramsyncd has no --metrics-addr: nothing to send garbage to")
-    workdir = tempfile.mkdtemp(prefix="ps-robustness-")
+    workdir = pw.workdir("ps-robustness-")  # removed if the case passes, kept if not
     rng = random.Random("%d-%s" % (SEED, name))
     with pw.Cleanup() as cleanup:
         d = cleanup.add(pw.Daemon(binary, workdir, name, ["--log-level", "warn"],

@@ -27,6 +27,7 @@ beside), threads and descriptors over time. Standard library only. Exit 0 PASS, 
 import argparse
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -250,6 +251,7 @@ def main():
     if failures:
         print("FAILED: %d problem(s); logs in %s" % (len(failures), workdir), flush=True)
         return 1
+    shutil.rmtree(workdir, ignore_errors=True)  # kept (and named above) only on failure
     print("PASS", flush=True)
     return 0
 
