@@ -416,6 +416,13 @@ static int resolve_options(const ps_init_options_t *opts, ps__endpoint_t *ep, ps
         return PS_EINVAL;
     }
     comm->device_min_bytes = rc == 1 ? -1 : v;
+
+    rc = ps__env_int("PARAMSYNC_SCRATCH_BYTES", 0, INT64_MAX, &v);
+    if (rc < 0) {
+        *errmsg = strdup("PARAMSYNC_SCRATCH_BYTES is not a number of bytes");
+        return PS_EINVAL;
+    }
+    comm->scratch_max = rc == 1 ? PS__SCRATCH_DEFAULT_BYTES : (size_t)v;
     return 0;
 }
 

@@ -147,9 +147,13 @@ typedef struct ps__ipc_map {
     uint64_t used; /* the comm's ipc_clock when last used: the oldest unused one goes */
 } ps__ipc_map_t;
 
-/* Scratch buffers ps_comm keeps (ps__scratch_take): how many, and the largest. */
-#define PS__SCRATCH_KEEP 2
-#define PS__SCRATCH_MAX  ((size_t)256 << 20)
+/* Scratch buffers ps_comm keeps (ps__scratch_take): how many, and the largest
+ * by default (PARAMSYNC_SCRATCH_BYTES). One not kept is a fresh segment the
+ * next call faults in page by page: a 256 MiB uneven all_to_all across
+ * agents, whose padded buffers are 429 MB each, took 6.0 s a call under a
+ * 256 MiB cap and 1.5 s kept (PERFORMANCE.md). */
+#define PS__SCRATCH_KEEP          2
+#define PS__SCRATCH_DEFAULT_BYTES ((size_t)1 << 30)
 
 struct ps_comm {
     pthread_mutex_t lock;
@@ -210,6 +214,7 @@ struct ps_comm {
         void *p;
         size_t size;
     } scratch[PS__SCRATCH_KEEP];
+    size_t scratch_max; /* the largest kept (PARAMSYNC_SCRATCH_BYTES) */
 
     /* Pinned staging buffers kept between calls on device buffers, one of each
      * slot (device.c; guarded by lock): page-locking memory costs far more

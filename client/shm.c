@@ -1071,7 +1071,7 @@ void ps__scratch_give(ps_comm_t *comm, void *p)
     size_t size = mem_size(comm, p);
     void *drop = p;
     pthread_mutex_lock(&comm->lock);
-    if (size && size <= PS__SCRATCH_MAX) {
+    if (size && size <= comm->scratch_max) {
         /* Into its place by size, largest first; the smallest falls out. */
         int k = 0;
         while (k < PS__SCRATCH_KEEP && comm->scratch[k].p && comm->scratch[k].size >= size)

@@ -905,6 +905,61 @@ static int sc_all_to_all_v_limit(ctx_t *cx)
     return 0;
 }
 
+/* How many mappings of this process's own paramsync segments are exactly
+ * `bytes` long; or -1. */
+static int own_segments_of(size_t bytes)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (!f)
+        return -1;
+    char line[1024], mine[64];
+    snprintf(mine, sizeof(mine), "/paramsync.%d.", (int)getpid());
+    int n = 0;
+    unsigned long lo, hi;
+    while (fgets(line, sizeof(line), f))
+        n += strstr(line, mine) && sscanf(line, "%lx-%lx", &lo, &hi) == 2 && hi - lo == bytes;
+    fclose(f);
+    return n;
+}
+
+/* PARAMSYNC_SCRATCH_BYTES (ranks on two agents, so the padded buffers are
+ * ps_mem_alloc memory): an uneven all_to_all's two padded buffers (input
+ * and output, each n blocks of the largest) are kept for the next call when
+ * they are at most that size, and let go when larger, while the ones kept
+ * before stay. */
+static int sc_all_to_all_v_scratch(ctx_t *cx)
+{
+    int n = cx->size;
+    size_t cap = (size_t)env_int("PARAMSYNC_SCRATCH_BYTES", 0), page = (size_t)getpagesize();
+    CHECK(cap > page && n <= 64, "PARAMSYNC_SCRATCH_BYTES over a page, and at most 64 ranks");
+    size_t most = 0; /* the largest block at scale 1 */
+    for (int r = 0; r < n; r++)
+        for (int j = 0; j < n; j++)
+            most = a2av_count(r, j, 1) > most ? a2av_count(r, j, 1) : most;
+    size_t per = (size_t)n * most * sizeof(int32_t); /* padded bytes per unit of scale */
+    size_t under = (cap - page) / per, over = cap / per + 1;
+    size_t under_bytes = (under * per + page - 1) / page * page;
+    size_t over_bytes = (over * per + page - 1) / page * page;
+    for (int round = 0; round < 2; round++) {
+        TRY(a2av_case(cx, under));
+        int kept = own_segments_of(under_bytes);
+        CHECK(kept == 2,
+              "round %d: %d segments of %zu bytes (the padded buffers, at most %zu) "
+              "kept after the call, want 2",
+              round, kept, under_bytes, cap);
+        TRY(a2av_case(cx, over));
+        int left = own_segments_of(over_bytes);
+        CHECK(left == 0,
+              "round %d: %d segments of %zu bytes (over %zu) still mapped after the "
+              "call, want 0",
+              round, left, over_bytes, cap);
+        kept = own_segments_of(under_bytes);
+        CHECK(kept == 2, "round %d: the smaller padded buffers gone after a larger call: %d of 2",
+              round, kept);
+    }
+    return 0;
+}
+
 /* Blocks of --ring-min-bytes (1 MiB) and more, which --ring auto sends
  * straight between the agents (the mesh); odd counts, so that no step
  * boundary lines up with a block's; one of them async. */
@@ -2917,6 +2972,8 @@ static int sc_env_errors(ctx_t *cx)
         {"PARAMSYNC_CHUNK_BYTES", "999999999999"},
         {"PARAMSYNC_DEVICE_MIN_BYTES", "-1"},
         {"PARAMSYNC_DEVICE_MIN_BYTES", "4M"},
+        {"PARAMSYNC_SCRATCH_BYTES", "-1"},
+        {"PARAMSYNC_SCRATCH_BYTES", "1G"},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         char what[96];
@@ -3479,6 +3536,7 @@ static const scenario_t scenarios[] = {
     {"all_to_all_large", sc_all_to_all_large, 1, 0},
     {"all_to_all_v", sc_all_to_all_v, 1, 0},
     {"all_to_all_v_limit", sc_all_to_all_v_limit, 1, 0},
+    {"all_to_all_v_scratch", sc_all_to_all_v_scratch, 1, 0},
     {"reduce_scatter_large", sc_reduce_scatter_large, 1, 0},
     {"forward_stream", sc_forward_stream, 1, 0},
     {"peer", sc_peer, 1, 0},
