@@ -1109,8 +1109,18 @@ def w_uneven_limit():
     --max-tensor-bytes (SUITE_LIMIT) though its own bytes are not (rank 0 sends rank 1
     just over the limit's share of a rank): every rank fails with RESOURCE_EXHAUSTED naming
     the limit, the padded blocks (empty() memory: ranks on two agents) are no longer
-    mapped, and uneven calls within the limit go on right."""
+    mapped, and uneven calls within the limit go on right. Then $PARAMSYNC_SCRATCH_BYTES
+    (under the limit): padded blocks of at most that are kept for the next call, larger
+    ones let go; a value that is not a number of bytes fails init_process_group."""
     import numpy as np
+    import paramsync.distributed as dist
+    cap = os.environ["PARAMSYNC_SCRATCH_BYTES"]
+    for bad in ("-1", "1G"):
+        os.environ["PARAMSYNC_SCRATCH_BYTES"] = bad
+        said = raises(ValueError, dist.init_process_group, "paramsync")
+        assert "PARAMSYNC_SCRATCH_BYTES" in said, said
+    os.environ["PARAMSYNC_SCRATCH_BYTES"] = cap
+    cap = int(cap)
     dist = _w_init()
     r, n = dist.get_rank(), dist.get_world_size()
     limit = int(os.environ["SUITE_LIMIT"])
@@ -1137,6 +1147,23 @@ def w_uneven_limit():
         dist.all_to_all_single(o, x, got, small)
         expect_eq(o, np.concatenate([np.full(k, 10 * s + r, np.int32)
                                      for s, k in enumerate(got)]), "uneven after the limit")
+    world = dist._world
+    for pad in (cap - cap // 4, cap + cap // 8):  # padded bytes of each side: n * 4 * big
+        big = pad // (4 * n)
+        ins = [big if (r, j) == (0, 1) else 1 for j in range(n)]
+        outs = [big if (r, j) == (1, 0) else 1 for j in range(n)]
+        x = np.concatenate([np.full(k, 10 * r + j, np.int32) for j, k in enumerate(ins)])
+        o = np.full(sum(outs), -1, np.int32)
+        dist.all_to_all_single(o, x, outs, ins)
+        expect_eq(o, np.concatenate([np.full(k, 10 * s + r, np.int32)
+                                     for s, k in enumerate(outs)]), "uneven of %d" % pad)
+        kept = sum(b.size >= pad for b in world.scratch_mem)
+        want = 2 if pad <= cap else 0
+        assert kept == want, "padded blocks of %d bytes (at most %d kept): %d kept, want %d" \
+            % (pad, cap, kept, want)
+        live = sum(m.size >= pad for m in world.mem.mems)
+        assert live == want, "padded blocks of %d bytes: %d allocations left, want %d" \
+            % (pad, live, want)
     dist.destroy_process_group()
     print("rank %d: uneven all_to_all over the limit refused, buffers let go" % r)
 
@@ -2162,7 +2189,8 @@ def uneven_limit(a):
     limit = 4 << 20
     with H.agents(a.paramsyncd, agent_args=("--max-tensor-bytes", str(limit))) as agents:
         envs = [H.clean_env(PARAMSYNC_ADDR=agents[r % 2].addr, PARAMSYNC_JOB="uneven-limit",
-                            WORLD_SIZE=3, RANK=r, PARAMSYNC_SHM="1", SUITE_LIMIT=limit)
+                            WORLD_SIZE=3, RANK=r, PARAMSYNC_SHM="1", SUITE_LIMIT=limit,
+                            PARAMSYNC_SCRATCH_BYTES=3 << 20)
                 for r in range(3)]
         ok = report(H.run_workers([[py, me, "--worker", "uneven_limit"]] * 3, envs, 120, []),
                     "uneven_limit")

@@ -338,6 +338,7 @@ class _World:
         self.peer_sets = None
         self.scratch_free = []  # plain arrays
         self.scratch_mem = []  # arrays on memory of empty()
+        self.scratch_max = _SCRATCH_BYTES  # the largest kept (init_process_group sets it)
         self.barrier_sets = None  # direct barriers (_barrier): the coordinator's sets
         self.bar_groups = []  # every group's _barrier.Group, closed at leave
         self.peer_self = _peer.Self()
@@ -448,11 +449,12 @@ class _World:
             c.cancel()
 
     # Scratch buffers for the collectives composed here (an uneven all_to_all's padded
-    # blocks): the largest SCRATCH_KEEP of at most SCRATCH_MAX bytes of each kind are kept
-    # for the next call, whose pages are then mapped (and collapsed into huge pages)
-    # already. With registered, memory of empty(), which the agent takes in place beside
-    # the call's other buffer (header.shm_out): for calls through the agent.
-    SCRATCH_KEEP, SCRATCH_MAX = 2, 256 << 20
+    # blocks): the largest SCRATCH_KEEP of at most scratch_max bytes of each kind
+    # ($PARAMSYNC_SCRATCH_BYTES) are kept for the next call, whose pages are then mapped
+    # (and collapsed into huge pages) already. With registered, memory of empty(), which
+    # the agent takes in place beside the call's other buffer (header.shm_out): for calls
+    # through the agent.
+    SCRATCH_KEEP = 2
 
     def scratch(self, nbytes, registered=False):
         """A uint8 buffer of at least nbytes (give it back with scratch_give)."""
@@ -472,7 +474,7 @@ class _World:
         with self.lock:
             pool.extend(b for b in bufs if b is not None and keep)
             pool.sort(key=lambda b: -b.size)
-            kept = [b for b in pool if b.size <= self.SCRATCH_MAX][:self.SCRATCH_KEEP]
+            kept = [b for b in pool if b.size <= self.scratch_max][:self.SCRATCH_KEEP]
             drop = [b for b in pool if not any(b is k for k in kept)]
             drop += [b for b in bufs if b is not None and not keep]
             pool[:] = kept
@@ -940,6 +942,18 @@ def _env_int(name):
         raise ValueError("$%s must be an integer, not %r" % (name, v)) from None
 
 
+# The largest scratch buffer kept for the next call by default ($PARAMSYNC_SCRATCH_BYTES):
+# as the C client's. One not kept is made anew, its pages faulted in again, every call.
+_SCRATCH_BYTES = 1 << 30
+
+
+def _scratch_bytes():
+    v = _env_int("PARAMSYNC_SCRATCH_BYTES")
+    if v is not None and v < 0:
+        raise ValueError("$PARAMSYNC_SCRATCH_BYTES must be a number of bytes, not %r" % v)
+    return _SCRATCH_BYTES if v is None else v
+
+
 def _wait_for_file(path, timeout_s):
     """The daemon address in `path` (written by paramsyncd --announce-file), waiting for it."""
     end = time.monotonic() + timeout_s
@@ -1040,9 +1054,11 @@ def init_process_group(backend=None, init_method=None, timeout=default_pg_timeou
             join_ms = _env_int("PARAMSYNC_JOIN_TIMEOUT_MS") or timeout_ms
         if timeout_ms <= 0 or join_ms <= 0:
             raise ValueError("timeout must be positive")
+        scratch_max = _scratch_bytes()
         addr, job, world_size, rank = _resolve(init_method, world_size, rank, group_name,
                                                join_ms / 1000.0)
         w = _World(addr, job, min(timeout_ms, 0xFFFFFFFF))
+        w.scratch_max = scratch_max
         try:
             w.join(world_size, rank, join_ms)
         except BaseException:
