@@ -1435,6 +1435,10 @@ class World {
     const joinMs = opts.timeout !== undefined ? timeoutMs
       : envInt('PARAMSYNC_JOIN_TIMEOUT_MS') || timeoutMs;
     if (!(timeoutMs > 0) || !(joinMs > 0)) throw new RangeError('timeout must be positive');
+    const scratchMax = envInt('PARAMSYNC_SCRATCH_BYTES') ?? SCRATCH.BYTES;
+    if (scratchMax < 0) {
+      throw new RangeError(`$PARAMSYNC_SCRATCH_BYTES must be a number of bytes, not ${scratchMax}`);
+    }
     timeoutMs = Math.min(timeoutMs, 0xFFFFFFFF);
     const r = await resolve(opts, joinMs);
     this.addr = r.addr;
@@ -1451,6 +1455,7 @@ class World {
     this.inflight = new Set();
     this.scratchFree = []; // padded blocks of uneven allToAllSingle calls, kept (_scratch)
     this.scratchMem = []; // the same on memory of empty() (_scratch with registered)
+    this.scratchMax = scratchMax; // the largest kept ($PARAMSYNC_SCRATCH_BYTES)
     this.shm = new ShmSegment((name, size, magic) => this._shmAttach(name, size, magic));
     this.spares = new ShmSpares((name, size, magic, slot) => this._shmAttach(name, size, magic,
       { slot }));
@@ -2584,7 +2589,7 @@ class World {
   // -------------------------------------------------------------- uneven all_to_all
 
   /** A Uint8Array of at least n bytes for padded blocks; give it back with _scratchGive.
-   * The largest SCRATCH.KEEP of at most SCRATCH.MAX bytes of each kind are kept for the
+   * The largest SCRATCH.KEEP of at most scratchMax bytes of each kind are kept for the
    * next call, whose pages are then mapped already (as Python's World.scratch). With
    * registered, memory of empty(), which the agent takes in place beside the call's other
    * buffer (header.shm_out): for calls through the agent. */
@@ -2602,7 +2607,7 @@ class World {
     const pool = registered ? this.scratchMem : this.scratchFree;
     if (keepThem) pool.push(...bufs.filter(Boolean));
     pool.sort((a, b) => b.length - a.length);
-    const keep = pool.filter((b) => b.length <= SCRATCH.MAX).slice(0, SCRATCH.KEEP);
+    const keep = pool.filter((b) => b.length <= this.scratchMax).slice(0, SCRATCH.KEEP);
     const drop = pool.filter((b) => !keep.includes(b));
     if (!keepThem) drop.push(...bufs.filter(Boolean));
     pool.splice(0, pool.length, ...keep);
@@ -2676,7 +2681,10 @@ class World {
 
 // Padded blocks kept for the next uneven allToAllSingle (World._scratch), as Python keeps
 // them: the largest KEEP of at most MAX bytes.
-const SCRATCH = Object.freeze({ KEEP: 2, MAX: 256 << 20 });
+// How many scratch buffers a World keeps, and the largest by default
+// ($PARAMSYNC_SCRATCH_BYTES, as the C and Python clients'): one not kept is made anew,
+// its pages faulted in again, every call.
+const SCRATCH = Object.freeze({ KEEP: 2, BYTES: 2 ** 30 });
 
 /** An uneven allToAllSingle's blocks where they lie in the caller's arrays (views i and
  * o; ins and outs the elements of each rank's block, esize bytes each), which peer copies

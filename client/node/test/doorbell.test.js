@@ -313,9 +313,11 @@ test('a job over two agents: the doorbell, the segment, empty() and direct at ea
   });
 
 test('an uneven allToAllSingle whose padded blocks are over two agents\' --max-tensor-bytes: ' +
-  'refused on every rank, its padded blocks let go', async (t) => {
+  'refused on every rank, its padded blocks let go; kept up to $PARAMSYNC_SCRATCH_BYTES',
+async (t) => {
   if (!ready(t)) return;
   const limit = 4 << 20;
+  const cap = 3 << 20; // under the limit
   const coord = await startDaemon(['--role', 'coordinator']);
   const agents = [];
   let ws = [];
@@ -324,8 +326,13 @@ test('an uneven allToAllSingle whose padded blocks are over two agents\' --max-t
       agents.push(await startDaemon(['--role', 'agent', '--coordinator', coord.addr,
         '--max-tensor-bytes', String(limit)]));
     }
-    ws = await Promise.all([0, 1, 2].map((r) => dist.World.init({
-      initMethod: `tcp://${agents[r % 2].addr}?job=node-uneven-limit`, worldSize: 3, rank: r })));
+    process.env.PARAMSYNC_SCRATCH_BYTES = String(cap);
+    try {
+      ws = await Promise.all([0, 1, 2].map((r) => dist.World.init({
+        initMethod: `tcp://${agents[r % 2].addr}?job=node-uneven-limit`, worldSize: 3, rank: r })));
+    } finally {
+      delete process.env.PARAMSYNC_SCRATCH_BYTES;
+    }
     const all3 = (fn) => Promise.all(ws.map((w, r) => fn(w, r)));
     // Rank 0 sends rank 1 just over the limit's share of a rank, everyone else one element.
     const big = Math.floor(limit / (4 * 3)) + 1;
@@ -355,6 +362,25 @@ test('an uneven allToAllSingle whose padded blocks are over two agents\' --max-t
         inputSplitSizes: [0, 1, 2].map((j) => r + j + 1) }));
       o.forEach((x, r) => assert.deepStrictEqual(Array.from(x), [0, 1, 2].flatMap((s) =>
         new Array(s + r + 1).fill(10 * s + r)), `round ${round}, rank ${r}: after the limit`));
+    }
+    // Padded blocks (each side n * 4 * big bytes) of at most cap are kept for the next
+    // call, larger ones let go.
+    for (const pad of [cap - cap / 4, cap + cap / 8]) {
+      const big = Math.floor(pad / (4 * 3));
+      const ins2 = (r) => [0, 1, 2].map((j) => (r === 0 && j === 1 ? big : 1));
+      const outs2 = (r) => [0, 1, 2].map((s) => (r === 1 && s === 0 ? big : 1));
+      const o = ws.map((_, r) => new Int32Array(sum(outs2(r))));
+      await all3((w, r) => w.allToAllSingle(o[r], Int32Array.from(ins2(r).flatMap((k, j) =>
+        new Array(k).fill(10 * r + j))), { outputSplitSizes: outs2(r), inputSplitSizes: ins2(r) }));
+      const want = pad <= cap ? 2 : 0;
+      o.forEach((x, r) => {
+        assert.deepStrictEqual(Array.from(x), outs2(r).flatMap((k, s) =>
+          new Array(k).fill(10 * s + r)), `padded ${pad}, rank ${r}`);
+        const kept = ws[r].scratchMem.filter((b) => b.length >= pad).length;
+        assert.strictEqual(kept, want, `padded ${pad} (at most ${cap} kept), rank ${r}: kept`);
+        const live = ws[r].mem.mems.filter((m) => m.size >= pad).length;
+        assert.strictEqual(live, want, `padded ${pad}, rank ${r}: allocations left`);
+      });
     }
   } finally {
     await Promise.all(ws.map((w) => w.destroy()));

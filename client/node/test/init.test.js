@@ -91,6 +91,12 @@ test('errors before a daemon is involved', async () => {
   await assert.rejects(dist.allReduce(new Float32Array(1)), /not been initialized/);
   await assert.rejects(dist.initProcessGroup('gloo'), /'paramsync' backend/);
   await assert.rejects(dist.initProcessGroup({ initMethod: 'bogus://x' }), RangeError);
+  for (const bad of ['-1', '1G']) {
+    process.env.PARAMSYNC_SCRATCH_BYTES = bad;
+    await assert.rejects(dist.initProcessGroup({ worldSize: 1 }),
+      { name: 'RangeError', message: /PARAMSYNC_SCRATCH_BYTES/ });
+    delete process.env.PARAMSYNC_SCRATCH_BYTES;
+  }
   const saved = { ...process.env };
   delete process.env.PARAMSYNC_ADDR;
   delete process.env.MASTER_ADDR;
