@@ -844,9 +844,9 @@ static int sc_all_to_all_v(ctx_t *cx)
 }
 
 /* How many mappings of paramsync segments (/dev/shm/paramsync.PID..., their
- * names carry their owners' pids) of `min` bytes or more this process has:
+ * names carry their owners' pids) of `min` to `max` bytes this process has:
  * its own (own) or other processes' (the peer copies' mappings); or -1. */
-static int segments_mapped(int own, size_t min)
+static int segments_mapped(int own, size_t min, size_t max)
 {
     FILE *f = fopen("/proc/self/maps", "r");
     if (!f)
@@ -857,7 +857,7 @@ static int segments_mapped(int own, size_t min)
     unsigned long lo, hi;
     while (fgets(line, sizeof(line), f))
         n += strstr(line, "/paramsync.") && (strstr(line, mine) != NULL) == own &&
-             sscanf(line, "%lx-%lx", &lo, &hi) == 2 && hi - lo >= min;
+             sscanf(line, "%lx-%lx", &lo, &hi) == 2 && hi - lo >= min && hi - lo <= max;
     fclose(f);
     return n;
 }
@@ -892,7 +892,7 @@ static int sc_all_to_all_v_limit(ctx_t *cx)
               "padded blocks over the limit, round %d: %d (%s): %s", round, rc, ps_strerror(rc),
               msg);
         /* Not kept for the next call: no segment that large is left mapped. */
-        int left = segments_mapped(1, limit);
+        int left = segments_mapped(1, limit, SIZE_MAX);
         CHECK(left == 0,
               "padded blocks over the limit, round %d: %d segments of %zu bytes and "
               "more still mapped, want 0",
@@ -903,23 +903,6 @@ static int sc_all_to_all_v_limit(ctx_t *cx)
     free(in);
     free(out);
     return 0;
-}
-
-/* How many mappings of this process's own paramsync segments are exactly
- * `bytes` long; or -1. */
-static int own_segments_of(size_t bytes)
-{
-    FILE *f = fopen("/proc/self/maps", "r");
-    if (!f)
-        return -1;
-    char line[1024], mine[64];
-    snprintf(mine, sizeof(mine), "/paramsync.%d.", (int)getpid());
-    int n = 0;
-    unsigned long lo, hi;
-    while (fgets(line, sizeof(line), f))
-        n += strstr(line, mine) && sscanf(line, "%lx-%lx", &lo, &hi) == 2 && hi - lo == bytes;
-    fclose(f);
-    return n;
 }
 
 /* PARAMSYNC_SCRATCH_BYTES (ranks on two agents, so the padded buffers are
@@ -940,23 +923,21 @@ static int sc_all_to_all_v_scratch(ctx_t *cx)
     size_t under = (cap - page) / per, over = cap / per + 1;
     size_t under_bytes = (under * per + page - 1) / page * page;
     size_t over_bytes = (over * per + page - 1) / page * page;
-    for (int round = 0; round < 2; round++) {
-        TRY(a2av_case(cx, under));
-        int kept = own_segments_of(under_bytes);
-        CHECK(kept == 2,
-              "round %d: %d segments of %zu bytes (the padded buffers, at most %zu) "
-              "kept after the call, want 2",
-              round, kept, under_bytes, cap);
-        TRY(a2av_case(cx, over));
-        int left = own_segments_of(over_bytes);
-        CHECK(left == 0,
-              "round %d: %d segments of %zu bytes (over %zu) still mapped after the "
-              "call, want 0",
-              round, left, over_bytes, cap);
-        kept = own_segments_of(under_bytes);
-        CHECK(kept == 2, "round %d: the smaller padded buffers gone after a larger call: %d of 2",
-              round, kept);
-    }
+    const struct {
+        size_t scale, bytes;
+        int want;
+    } call[] = {{under, under_bytes, 2}, {over, over_bytes, 0}};
+    for (int round = 0; round < 2; round++)
+        for (int i = 0; i < 2; i++) {
+            TRY(a2av_case(cx, call[i].scale));
+            int got = segments_mapped(1, call[i].bytes, call[i].bytes);
+            CHECK(got == call[i].want,
+                  "round %d: %d segments of %zu bytes (the padded buffers; at most %zu kept) "
+                  "mapped after the call, want %d",
+                  round, got, call[i].bytes, cap, call[i].want);
+        }
+    int kept = segments_mapped(1, under_bytes, under_bytes);
+    CHECK(kept == 2, "the smaller padded buffers gone after a larger call: %d of 2", kept);
     return 0;
 }
 
@@ -2052,7 +2033,7 @@ static int sc_peer_mapped(ctx_t *cx)
         rc = ps_mem_is_shared(cx->comm, in)
                  ? peer_mapped_gathers(cx, in, in_bytes, out, count)
                  : fail("ps_mem_alloc memory is not shared with the agent");
-        int mapped = cx->rank == 0 ? segments_mapped(0, 0) : kept;
+        int mapped = cx->rank == 0 ? segments_mapped(0, 0, SIZE_MAX) : kept;
         if (rc == 0 && mapped != kept)
             rc = fail("after the gathers on allocation %d the root maps %d of the others' "
                       "segments, expected %d",
