@@ -2680,10 +2680,9 @@ class World {
 }
 
 // Padded blocks kept for the next uneven allToAllSingle (World._scratch), as Python keeps
-// them: the largest KEEP of at most MAX bytes.
-// How many scratch buffers a World keeps, and the largest by default
-// ($PARAMSYNC_SCRATCH_BYTES, as the C and Python clients'): one not kept is made anew,
-// its pages faulted in again, every call.
+// them: the largest KEEP, each of at most World.scratchMax bytes ($PARAMSYNC_SCRATCH_BYTES,
+// default BYTES, as the C and Python clients'); one not kept is made anew, its pages
+// faulted in again, every call.
 const SCRATCH = Object.freeze({ KEEP: 2, BYTES: 2 ** 30 });
 
 /** An uneven allToAllSingle's blocks where they lie in the caller's arrays (views i and
