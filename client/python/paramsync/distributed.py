@@ -308,7 +308,7 @@ def _channel(addr):
 class _World:
     """The default process group: the channel, the membership stream and the groups."""
 
-    def __init__(self, addr, job, timeout_ms):
+    def __init__(self, addr, job, timeout_ms, scratch_max):
         self.addr = addr
         self.job = job
         self.timeout_ms = timeout_ms
@@ -338,7 +338,7 @@ class _World:
         self.peer_sets = None
         self.scratch_free = []  # plain arrays
         self.scratch_mem = []  # arrays on memory of empty()
-        self.scratch_max = _SCRATCH_BYTES  # the largest kept (init_process_group sets it)
+        self.scratch_max = scratch_max  # the largest kept ($PARAMSYNC_SCRATCH_BYTES)
         self.barrier_sets = None  # direct barriers (_barrier): the coordinator's sets
         self.bar_groups = []  # every group's _barrier.Group, closed at leave
         self.peer_self = _peer.Self()
@@ -1057,8 +1057,7 @@ def init_process_group(backend=None, init_method=None, timeout=default_pg_timeou
         scratch_max = _scratch_bytes()
         addr, job, world_size, rank = _resolve(init_method, world_size, rank, group_name,
                                                join_ms / 1000.0)
-        w = _World(addr, job, min(timeout_ms, 0xFFFFFFFF))
-        w.scratch_max = scratch_max
+        w = _World(addr, job, min(timeout_ms, 0xFFFFFFFF), scratch_max)
         try:
             w.join(world_size, rank, join_ms)
         except BaseException:
