@@ -177,6 +177,10 @@ static int prepare(ps_comm_t *comm, const request_t *r, ps__coll_t *c)
         c->hdr.block_used = r->v->used;
         c->hdr.n_block_used = (size_t)n;
     }
+    if (r->v && r->v->out_used) { /* nor count it against their memory */
+        c->hdr.block_out_used = r->v->out_used;
+        c->hdr.n_block_out_used = (size_t)n;
+    }
     return 0;
 }
 
@@ -596,7 +600,7 @@ int ps_all_to_all_v(ps_comm_t *comm, void *out, const size_t *out_counts, const 
     /* This rank's 2n counts, then every rank's (table), then the byte
      * offsets of its blocks (2 (n + 1)). */
     size_t words = (size_t)2 * n * (n + 1) + (size_t)2 * (n + 1);
-    int64_t *mine = malloc((words + (size_t)n) * sizeof(int64_t)), *table = mine + 2 * n;
+    int64_t *mine = malloc((words + (size_t)2 * n) * sizeof(int64_t)), *table = mine + 2 * n;
     if (!mine) {
         ps__report(comm, PS_ENOMEM, "all_to_all_v", "no memory for the counts");
         return PS_ENOMEM;
@@ -645,6 +649,11 @@ int ps_all_to_all_v(ps_comm_t *comm, void *out, const size_t *out_counts, const 
         v.used = (uint64_t *)(mine + words);
         for (int j = 0; j < n; j++)
             v.used[j] = (uint64_t)(at[j + 1] - at[j]);
+    }
+    if (!own_out) { /* and of each padded output block */
+        v.out_used = (uint64_t *)(mine + words + n);
+        for (int j = 0; j < n; j++)
+            v.out_used[j] = (uint64_t)(at[n + 1 + j + 1] - at[n + 1 + j]);
     }
     unsigned char *src = own_in ? (unsigned char *)(uintptr_t)in : NULL;
     unsigned char *dst = own_out ? out : NULL, *pad_out = NULL;

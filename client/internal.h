@@ -66,7 +66,8 @@ typedef struct ps__a2av {
     size_t block;                 /* a padded block's bytes */
     unsigned char *pad_in;        /* NULL where the caller's input is sent as it is */
     int via_agent;                /* set by ps__a2av_pack: the output comes padded */
-    uint64_t *used; /* the input blocks' bytes, CollectiveHeader.block_used; NULL if all full */
+    uint64_t *used;     /* the input blocks' bytes, CollectiveHeader.block_used; NULL if all full */
+    uint64_t *out_used; /* the output blocks' (block_out_used); NULL if all full */
 } ps__a2av_t;
 
 /* One collective call of this rank, resolved to the bytes it sends and receives. */

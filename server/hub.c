@@ -1606,6 +1606,19 @@ static void member_totals(const coll_t *c, int i, uint64_t *in, uint64_t *out)
     }
 }
 
+/* The bytes that carry data in one side of a rank's padded all_to_all
+ * blocks, from its header hd: the input's (block_used) or the output's
+ * (block_out_used) when the header gives them; else n whole blocks. */
+static uint64_t a2a_used(const coll_t *c, const header_t *hd, const uint64_t *used, size_t nused)
+{
+    if (!hd || nused != (size_t)c->n)
+        return (uint64_t)c->n * c->block;
+    uint64_t sum = 0;
+    for (size_t j = 0; j < nused; j++)
+        sum += used[j];
+    return sum * ps_dtype_size((ps_dtype_t)hd->dtype);
+}
+
 /* Whether collective c is so large that the agent reads and writes the
  * segments of its members with pread/pwrite on their files rather than
  * through its mappings: when the segment bytes it touches, summed over its
@@ -1614,7 +1627,12 @@ static void member_totals(const coll_t *c, int i, uint64_t *in, uint64_t *out)
  * resident set (as shared pages) for as long as the segment is mapped;
  * through the file they do not, at the price of a copy through a buffer of
  * one step. A segment without a file (a doorbell: small anyway) never goes
- * that way. m is a member's segment, hd its header. */
+ * that way. m is a member's segment, hd its header.
+ *
+ * An all_to_all touches only the bytes of its blocks that carry data
+ * (block_used, block_out_used: padding is neither read nor written), which
+ * each rank's header gives for itself alone; its ranks' padded blocks are
+ * all alike, so each takes an equal share of the budget for its own. */
 static int shm_by_file(const ps__hub_t *h, const shm_map_t *m, const coll_t *c, const header_t *hd)
 {
     if (m->kind == PS_SHM_PROCESS)
@@ -1622,13 +1640,19 @@ static int shm_by_file(const ps__hub_t *h, const shm_map_t *m, const coll_t *c, 
     if (m->fd < 0)
         return 0;
     int in_place = shm_in_place(hd);
-    uint64_t total = 0;
-    for (int i = 0; i < c->n; i++) {
+    uint64_t total = 0, served = 0;
+    for (int k = 0; k < c->n; k++) {
         uint64_t in, out;
-        if (!coll_serves(c, i))
+        if (!coll_serves(c, k))
             continue;
-        member_totals(c, i, &in, &out);
+        member_totals(c, k, &in, &out);
         total += in_place ? (in > out ? in : out) : in + out;
+        served++;
+    }
+    if (c->kind == K_ALL_TO_ALL && served) {
+        uint64_t own = a2a_used(c, hd, hd->block_used, hd->n_block_used) +
+                       a2a_used(c, hd, hd->block_out_used, hd->n_block_out_used);
+        return own > h->cfg->shm_resident_bytes / served;
     }
     return total > h->cfg->shm_resident_bytes;
 }
@@ -2442,13 +2466,21 @@ static void member_deposit(member_t *m)
         if (!b && !c->failed)
             coll_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", kind_name(c->kind));
         pthread_mutex_unlock(c->lock);
+        /* Through a file or the worker's memory, an all_to_all block's
+         * padding is not read (step_used), but zeros: a rank answered in
+         * frames gets the whole step. */
+        size_t got = p.len;
+        if (m->shm && m->by_file && c->kind == K_ALL_TO_ALL && !c->packed)
+            got = step_used(c, &p, NULL); /* p.slice is p.len: at most that */
         if (sl && m->shm) {
             m->in_off += p.len;
-            ps__metrics_shm_bytes(PS_M_RX, shm_access(m->shm, m->by_file), p.len);
+            ps__metrics_shm_bytes(PS_M_RX, shm_access(m->shm, m->by_file), got);
         }
+        if (b && got < p.len)
+            memset(b->data + got, 0, p.len - got);
         if (!sl || (!m->shm && member_read(m, b, p.len) < 0) ||
             (m->shm && m->by_file &&
-             seg_failed(m, 0, seg_io(m->shm, 0, b->data, p.len, &m->shm_in, at)))) {
+             seg_failed(m, 0, seg_io(m->shm, 0, b->data, got, &m->shm_in, at)))) {
             blob_unref(b);
             return;
         }
@@ -2849,6 +2881,31 @@ static void member_free(member_t *m)
     free(m);
 }
 
+/* Checks an all_to_all's list of used counts (CollectiveHeader.block_used
+ * or block_out_used, `field`): none, or one per rank of the group of n, each
+ * at most the block's count. 0, or -1 with msg set. */
+static int used_check(const header_t *hd, const char *field, const uint64_t *used, size_t nused,
+                      int n, char *msg, size_t len)
+{
+    const char *k = kind_name(hd->kind);
+    if (nused && (hd->kind != K_ALL_TO_ALL || nused != (size_t)n)) {
+        snprintf(msg, len,
+                 "%s (group %u, seq %" PRIu64 "): rank %d: %s gives %zu counts; it is for "
+                 "all_to_all, one count per rank of the group (%d)",
+                 k, hd->group, hd->seq, hd->rank, field, nused, n);
+        return -1;
+    }
+    for (size_t j = 0; j < nused; j++)
+        if (used[j] > hd->count) {
+            snprintf(msg, len,
+                     "%s (group %u, seq %" PRIu64 "): rank %d: %s[%zu] is %" PRIu64
+                     " elements, more than the block's %" PRIu64 " (count)",
+                     k, hd->group, hd->seq, hd->rank, field, j, used[j], hd->count);
+            return -1;
+        }
+    return 0;
+}
+
 /* Checks a header on its own; INVALID_ARGUMENT-style codes with msg. */
 static int header_check(const ps__config_t *cfg, const header_t *hd, int n, char *msg, size_t len)
 {
@@ -2894,21 +2951,9 @@ static int header_check(const ps__config_t *cfg, const header_t *hd, int n, char
                  k, hd->group, hd->rank);
         return GRPC_STATUS_INVALID_ARGUMENT;
     }
-    if (hd->n_block_used && (hd->kind != K_ALL_TO_ALL || hd->n_block_used != (size_t)n)) {
-        snprintf(msg, len,
-                 "%s (group %u, seq %" PRIu64 "): rank %d: block_used gives %zu counts; it is for "
-                 "all_to_all, one count per rank of the group (%d)",
-                 k, hd->group, hd->seq, hd->rank, hd->n_block_used, n);
+    if (used_check(hd, "block_used", hd->block_used, hd->n_block_used, n, msg, len) ||
+        used_check(hd, "block_out_used", hd->block_out_used, hd->n_block_out_used, n, msg, len))
         return GRPC_STATUS_INVALID_ARGUMENT;
-    }
-    for (size_t j = 0; j < hd->n_block_used; j++)
-        if (hd->block_used[j] > hd->count) {
-            snprintf(msg, len,
-                     "%s (group %u, seq %" PRIu64 "): rank %d: block_used[%zu] is %" PRIu64
-                     " elements, more than the block's %" PRIu64 " (count)",
-                     k, hd->group, hd->seq, hd->rank, j, hd->block_used[j], hd->count);
-            return GRPC_STATUS_INVALID_ARGUMENT;
-        }
     /* Limits are checked before any memory is taken. */
     uint64_t esize = ps_dtype_size((ps_dtype_t)hd->dtype);
     uint64_t mult = 1;

@@ -748,22 +748,26 @@ def case_malformed_calls(d, rng):
         code, msg, el, _ = c.stream(coll, frames)
         judge("Collective %s" % name, (code, msg), CLEAN | {"DEADLINE_EXCEEDED"}
               if name == "recv_any_alone" else CLEAN, el)
-    # CollectiveHeader.block_used: all_to_all only, one count per rank of the
-    # group, none over the block's count; refused naming the field.
+    # CollectiveHeader.block_used and block_out_used: all_to_all only, one
+    # count per rank of the group, none over the block's count; refused
+    # naming the field.
     a2a = dict(kind=pb.ALL_TO_ALL)
-    for name, kw, words in (("on an all_reduce", dict(block_used=[4]), "it is for all_to_all"),
-                            ("two counts for a group of one", dict(a2a, block_used=[1, 1]),
-                             "one count per rank of the group (1)"),
-                            ("a count over the block's", dict(a2a, block_used=[5]),
-                             "more than the block's 4")):
-        code, msg, el, _ = c.stream(coll, [frame_bytes(pb, h(**kw), data=data16)])
-        judge("Collective block_used %s" % name, (code, msg), {"INVALID_ARGUMENT"}, el)
-        pw.expect("block_used" in msg and words in msg,
-                  "Collective block_used %s: %r, want it named with %r" % (name, msg, words))
-    code, msg, el, resp = c.stream(coll, [frame_bytes(pb, h(block_used=[2], **a2a), data=data16)])
+    for field in ("block_used", "block_out_used"):
+        for name, kw, words in (("on an all_reduce", {field: [4]}, "it is for all_to_all"),
+                                ("two counts for a group of one", dict(a2a, **{field: [1, 1]}),
+                                 "one count per rank of the group (1)"),
+                                ("a count over the block's", dict(a2a, **{field: [5]}),
+                                 "more than the block's 4")):
+            code, msg, el, _ = c.stream(coll, [frame_bytes(pb, h(**kw), data=data16)])
+            judge("Collective %s %s" % (field, name), (code, msg), {"INVALID_ARGUMENT"}, el)
+            pw.expect(field in msg and words in msg,
+                      "Collective %s %s: %r, want it named with %r" % (field, name, msg, words))
+    code, msg, el, resp = c.stream(coll, [frame_bytes(pb, h(block_used=[2], block_out_used=[2],
+                                                         **a2a), data=data16)])
     data = b"".join(pb.Frame.FromString(r).data for r in resp)
     pw.expect(code == "OK" and data[:8] == data16[:8],
-              "Collective all_to_all with block_used [2]: %s %r, data %r" % (code, msg, data))
+              "Collective all_to_all with block_used and block_out_used [2]: %s %r, data %r"
+              % (code, msg, data))
     big = 5 << 20  # over the frame size the clients use, under the message limit
     code, msg, el, _ = c.stream(coll, [frame_bytes(pb, h(count=big // 4), data=bytes(big))])
     judge("Collective one 5 MiB frame", (code, msg), BAD_INPUT | {"OK"}, el)
