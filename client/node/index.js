@@ -2105,7 +2105,10 @@ class World {
       g._seq += peerCopies ? PEER.SEQS : 1;
     }
     const header = this._header(g, seq, { kind, op, dtype, count, root, peer, tag, timeoutMs });
-    if (uneven) header.block_used = uneven.blockUsed(); // the agents need not move the padding
+    if (uneven) { // the agents need not move the padding, nor count it
+      header.block_used = uneven.blockUsed();
+      header.block_out_used = uneven.blockOutUsed();
+    }
     const sendSegs = send.length ? new Segments(send) : null;
     const recvSegs = recv.length ? new Segments(recv) : null;
     // Direct barriers, counted per group, alike on every rank.
@@ -2717,12 +2720,18 @@ class Uneven {
     this._in = [padIn, i.buf, ins];
     this._out = [padOut, o.buf, outs];
     this._used = padIn ? ins.map((k) => k * esize) : [];
+    this._outUsed = padOut ? outs.map((k) => k * esize) : [];
   }
 
   /** The bytes of each padded input block that are data (CollectiveHeader.block_used);
    * none where the input goes as it is. */
   blockUsed() {
     return this._used;
+  }
+
+  /** The same of each padded output block (CollectiveHeader.block_out_used). */
+  blockOutUsed() {
+    return this._outUsed;
   }
 
   pack() {

@@ -2143,8 +2143,10 @@ def shm_paths(a):
                 ok = False
     else:
         print("SKIPPED: the other-host case (no private mount namespace here: unshare -m)")
-    # Split: rank 0 on agent 1 (the job's hub), rank 1 on agent 2.
-    with H.agents(a.paramsyncd, metrics=True) as agents:
+    # Split: rank 0 on agent 1 (the job's hub), rank 1 on agent 2. The agents' budget of
+    # resident segment bytes is for the uneven all_to_alls below.
+    with H.agents(a.paramsyncd, metrics=True,
+                  agent_args=("--shm-resident-bytes", "18M")) as agents:
         ok = job([agents[0].addr, agents[1].addr], "split") and ok
         for i, ag in enumerate(agents):
             got = H.payload_bytes(ag.metrics_url)
@@ -2158,16 +2160,32 @@ def shm_paths(a):
         # blocks are empty() memory, which the agents take in place beside the caller's.
         # Between the agents only the blocks' own bytes cross (header.block_used): of the
         # two megabyte calls, 7.68 MB, where their padded blocks are 15.36 MB.
+        # Only those bytes count against the agents' --shm-resident-bytes too (block_used,
+        # block_out_used): agent 1 serves ranks 0 and 2, and rank 2's 8.64 MB of data are
+        # within its share of 18 MiB (9.44 MB), where its padded blocks (11.52 MB) or
+        # its data in and padded blocks out (9.6 MB) are not: no byte goes by file.
         two = 'paramsync_shm_calls_total{segments="registered_two"}'
         crossed = 'paramsync_payload_bytes_total{direction="sent",link="agent"}'
-        before = sum(H.scrape(ag.metrics_url).get(two, 0) for ag in agents)
-        sent = sum(H.scrape(ag.metrics_url).get(crossed, 0) for ag in agents)
+        by_file = ['paramsync_shm_bytes_total{direction="%s",access="file"}' % d
+                   for d in ("received", "sent")]
+
+        def total(series):
+            return sum(H.scrape(ag.metrics_url).get(series, 0) for ag in agents)
+
+        before = total(two)
+        sent = total(crossed)
+        files = [total(f) for f in by_file]
         envs = [H.clean_env(PARAMSYNC_ADDR=agents[r % 2].addr, PARAMSYNC_JOB="paths-uneven",
                             WORLD_SIZE=3, RANK=r, PARAMSYNC_SHM="1") for r in range(3)]
         ok = report(H.run_workers([[py, me, "--worker", "uneven"]] * 3, envs, 120, []),
                     "split-uneven") and ok
-        calls = sum(H.scrape(ag.metrics_url).get(two, 0) for ag in agents) - before
-        sent = sum(H.scrape(ag.metrics_url).get(crossed, 0) for ag in agents) - sent
+        calls = total(two) - before
+        sent = total(crossed) - sent
+        files = [total(f) - k for f, k in zip(by_file, files)]
+        if files != [0, 0]:
+            print("FAIL: split-uneven: %s bytes read and written through segment files, want "
+                  "none (the blocks' own bytes are within the agents' budget)" % files)
+            ok = False
         print("split-uneven: %d bytes sent between the agents" % sent)
         if not 7_680_000 <= sent < 10_000_000:
             print("FAIL: split-uneven: %d bytes sent between the agents, want the blocks' own "

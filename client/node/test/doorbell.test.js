@@ -237,7 +237,9 @@ test('a job over two agents: the doorbell, the segment, empty() and direct at ea
     let ws = [];
     try {
       for (let i = 0; i < 2; i++) {
-        const [d, url] = await daemonWithMetrics(['--role', 'agent', '--coordinator', coord.addr]);
+        // Its budget of resident segment bytes is for the uneven allToAllSingle below.
+        const [d, url] = await daemonWithMetrics(['--role', 'agent', '--coordinator', coord.addr,
+          '--shm-resident-bytes', '4100000']);
         agents.push({ d, url });
         assert.ok(url, `agent ${i} announced no metrics address:\n${d.log()}`);
       }
@@ -269,21 +271,28 @@ test('a job over two agents: the doorbell, the segment, empty() and direct at ea
       const cat = (arrs) => Int32Array.from(arrs.flatMap((a) => Array.from(a)));
       const got2 = ws.map((_, r) => new Int32Array((2 * r + 1 + 2) * K));
       // Between the agents only the blocks' own bytes cross (header.block_used): 1.6 MB,
-      // where the padded blocks are 2.4 MB.
-      const crossed = async () => {
+      // where the padded blocks are 2.4 MB. Only those count against each agent's
+      // --shm-resident-bytes too (block_used, block_out_used): rank 1's 4.0 MB are within
+      // 4.1 MB, where its padded blocks (4.8 MB) or its data in and padded blocks out
+      // (4.4 MB) are not, so no byte goes through a segment's file.
+      const summed = async (series) => {
         let b = 0;
-        for (const a of agents) {
-          b += (await scrapeMetrics(a.url)).get(
-            'paramsync_payload_bytes_total{direction="sent",link="agent"}');
-        }
+        for (const a of agents) b += (await scrapeMetrics(a.url)).get(series);
         return b;
       };
+      const crossed = () => summed('paramsync_payload_bytes_total{direction="sent",link="agent"}');
+      const byFile = () => Promise.all(['received', 'sent'].map((dir) =>
+        summed(`paramsync_shm_bytes_total{direction="${dir}",access="file"}`)));
       const sentBefore = await crossed();
+      const filesBefore = await byFile();
       await both((w, r) => w.allToAllSingle(got2[r], cat(blocks(r, false)), {
         outputSplitSizes: [0, 1].map((s) => (s + r + 1) * K),
         inputSplitSizes: [0, 1].map((j) => (r + j + 1) * K) }));
       got2.forEach((o, r) => assert.deepStrictEqual(o, cat(blocks(r, true)), `uneven, rank ${r}`));
       const sent = await crossed() - sentBefore;
+      const files = (await byFile()).map((b, i) => b - filesBefore[i]);
+      assert.deepStrictEqual(files, [0, 0],
+        'uneven: bytes read and written through segment files, want none');
       assert.ok(sent >= 1600000 && sent < 2000000,
         `uneven: ${sent} bytes sent between the agents, want the blocks' own 1.6 MB`);
       ws.forEach((w, r) => {

@@ -1394,8 +1394,9 @@ def _start(g, name, kind, *, send=(), recv=(), op=0, dtype=0, count=0, root=0, p
                                  dtype=dtype, count=count, root=root, peer=peer, rank=g.rank(),
                                  tag=tag, timeout_ms=timeout_ms or w.timeout_ms,
                                  incarnation=w.incarnation)
-    if uneven is not None:  # the agents need not move the padding
+    if uneven is not None:  # the agents need not move the padding, nor count it
         header.block_used.extend(uneven.block_used())
+        header.block_out_used.extend(uneven.block_out_used())
 
     def run():
         if peer_copies and w.peer_run(g, header, send_segs, recv_segs, name, copy_send,
@@ -1774,6 +1775,10 @@ class _Uneven:
         """The bytes of each padded input block that are data (CollectiveHeader.block_used);
         none where the input goes as it is."""
         return [] if self._pad_in is None else [k * self._row for k in self._in_rows]
+
+    def block_out_used(self):
+        """The same of each padded output block (CollectiveHeader.block_out_used)."""
+        return [] if self._pad_out is None else [k * self._row for k in self._out_rows]
 
     def pack(self):
         self.via_agent = True
