@@ -2466,15 +2466,16 @@ static void member_deposit(member_t *m)
         if (!b && !c->failed)
             coll_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", kind_name(c->kind));
         pthread_mutex_unlock(c->lock);
-        /* Through a file or the worker's memory, an all_to_all block's
-         * padding is not read (step_used), but zeros: a rank answered in
-         * frames gets the whole step. */
-        size_t got = p.len;
-        if (m->shm && m->by_file && c->kind == K_ALL_TO_ALL && !c->packed)
-            got = step_used(c, &p, NULL); /* p.slice is p.len: at most that */
+        /* An all_to_all block's padding is never read (step_used): through
+         * a file or the worker's memory it is zeros instead, since a rank
+         * answered in frames gets the whole step. */
+        size_t used = p.len;
+        if (m->shm && c->kind == K_ALL_TO_ALL && !c->packed)
+            used = step_used(c, &p, NULL); /* p.slice is p.len: at most that */
+        size_t got = m->shm && m->by_file ? used : p.len;
         if (sl && m->shm) {
             m->in_off += p.len;
-            ps__metrics_shm_bytes(PS_M_RX, shm_access(m->shm, m->by_file), got);
+            ps__metrics_shm_bytes(PS_M_RX, shm_access(m->shm, m->by_file), used);
         }
         if (b && got < p.len)
             memset(b->data + got, 0, p.len - got);
