@@ -575,6 +575,15 @@ void ps__a2av_pack(ps__coll_t *c)
     pad_copy(v->pad_in, v->block, (unsigned char *)(uintptr_t)v->in, v->in_at, c->group->size, 1);
 }
 
+/* The bytes of each of n blocks from their offsets at[0..n] into used[];
+ * returns used. */
+static uint64_t *block_bytes(uint64_t *used, const size_t *at, int n)
+{
+    for (int j = 0; j < n; j++)
+        used[j] = (uint64_t)(at[j + 1] - at[j]);
+    return used;
+}
+
 /* Byte offsets of n blocks of counts[j] elements of esz bytes, end to end:
  * at[0..n]. */
 static void offsets(size_t *at, const size_t *counts, int n, size_t esz)
@@ -598,7 +607,8 @@ int ps_all_to_all_v(ps_comm_t *comm, void *out, const size_t *out_counts, const 
         return rc;
     size_t esz = ps_dtype_size(dtype), most = 0;
     /* This rank's 2n counts, then every rank's (table), then the byte
-     * offsets of its blocks (2 (n + 1)). */
+     * offsets of its blocks (2 (n + 1)); after those words the bytes of its
+     * input and output blocks that are data (2n, block_bytes). */
     size_t words = (size_t)2 * n * (n + 1) + (size_t)2 * (n + 1);
     int64_t *mine = malloc((words + (size_t)2 * n) * sizeof(int64_t)), *table = mine + 2 * n;
     if (!mine) {
@@ -645,16 +655,10 @@ int ps_all_to_all_v(ps_comm_t *comm, void *out, const size_t *out_counts, const 
     ps__a2av_t v = {.in = in, .out = out, .in_at = at, .out_at = at + n + 1, .block = block};
     offsets(at, in_counts, n, esz);
     offsets(at + n + 1, out_counts, n, esz);
-    if (!own_in) { /* the bytes of each padded input block that are data */
-        v.used = (uint64_t *)(mine + words);
-        for (int j = 0; j < n; j++)
-            v.used[j] = (uint64_t)(at[j + 1] - at[j]);
-    }
-    if (!own_out) { /* and of each padded output block */
-        v.out_used = (uint64_t *)(mine + words + n);
-        for (int j = 0; j < n; j++)
-            v.out_used[j] = (uint64_t)(at[n + 1 + j + 1] - at[n + 1 + j]);
-    }
+    if (!own_in) /* the bytes of each padded input block that are data */
+        v.used = block_bytes((uint64_t *)(mine + words), at, n);
+    if (!own_out) /* and of each padded output block */
+        v.out_used = block_bytes((uint64_t *)(mine + words + n), at + n + 1, n);
     unsigned char *src = own_in ? (unsigned char *)(uintptr_t)in : NULL;
     unsigned char *dst = own_out ? out : NULL, *pad_out = NULL;
     ps_group_t *g = group ? group : &comm->world;

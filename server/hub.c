@@ -1645,16 +1645,17 @@ static int shm_by_file(const ps__hub_t *h, const shm_map_t *m, const coll_t *c, 
         uint64_t in, out;
         if (!coll_serves(c, k))
             continue;
+        served++;
+        if (c->kind == K_ALL_TO_ALL)
+            continue; /* its own share, below */
         member_totals(c, k, &in, &out);
         total += in_place ? (in > out ? in : out) : in + out;
-        served++;
     }
-    if (c->kind == K_ALL_TO_ALL && served) {
-        uint64_t own = a2a_used(c, hd, hd->block_used, hd->n_block_used) +
-                       a2a_used(c, hd, hd->block_out_used, hd->n_block_out_used);
-        return own > h->cfg->shm_resident_bytes / served;
-    }
-    return total > h->cfg->shm_resident_bytes;
+    if (c->kind != K_ALL_TO_ALL)
+        return total > h->cfg->shm_resident_bytes;
+    uint64_t own = a2a_used(c, hd, hd->block_used, hd->n_block_used) +
+                   a2a_used(c, hd, hd->block_out_used, hd->n_block_out_used);
+    return served && own > h->cfg->shm_resident_bytes / served;
 }
 
 /* ---- collective instances ---- */
